@@ -1,0 +1,29 @@
+"""tilefuse: an ML compiler written in Python.
+
+Entry points: :func:`tilefuse.jit` for NumPy functions. Every stage can be dumped as text; see
+docs/ARCHITECTURE.md.
+"""
+
+from tilefuse.dtypes import DType
+from tilefuse.errors import (
+    AttrError,
+    CompileError,
+    DTypeError,
+    GuardError,
+    ParseError,
+    ShapeError,
+    SourceLoc,
+    TilefuseError,
+    TraceError,
+    UnknownOpError,
+    VerifyError,
+)
+from tilefuse.graph.types import Sym, TensorType
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttrError", "CompileError", "DType", "DTypeError", "GuardError", "ParseError", "ShapeError",
+    "SourceLoc", "Sym", "TensorType", "TilefuseError", "TraceError", "UnknownOpError",
+    "VerifyError", "__version__",
+]
