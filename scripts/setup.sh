@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Creates (or reuses) the project's virtual environment in .venv and installs tilefuse into it with
+# the development tools. Safe to run again; a fresh machine needs only Python 3.11+ and network
+# access to PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[dev]"
