@@ -1,0 +1,99 @@
+"""Suite-wide fixtures.
+
+Every graph any test builds through ``GraphBuilder.build`` is printed, parsed back and compared
+with ``structurally_equal``: that is how the text format is round-trip tested on every graph the
+tests make. Graphs that do not verify (built broken on purpose) are left alone: their text is
+not meant to parse. A graph that verifies but does not survive the round trip fails the test
+loudly, naming both texts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import pytest
+
+from tilefuse.dtypes import DType
+from tilefuse.errors import TilefuseError, VerifyError
+from tilefuse.graph.builder import GraphBuilder
+from tilefuse.graph.ir import Graph, Value, structurally_equal
+from tilefuse.graph.parser import parse_graph
+from tilefuse.graph.printer import print_graph
+from tilefuse.graph.verifier import verify
+
+
+def check_round_trip(graph: Graph) -> None:
+    """Fails the current test unless ``graph`` prints, parses back and prints the same."""
+    try:
+        verify(graph)
+    except VerifyError:
+        return
+    text = print_graph(graph)
+    try:
+        back = parse_graph(text)
+    except TilefuseError as err:
+        pytest.fail(f"graph text does not parse back: {err}\n--- text ---\n{text}")
+    if not structurally_equal(back, graph):
+        pytest.fail(f"graph text round trip differs\n--- printed ---\n{text}"
+                    f"--- reparsed ---\n{print_graph(back)}")
+
+
+@pytest.fixture(autouse=True)
+def _round_trip_every_graph(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    original = GraphBuilder.build
+    busy: list[bool] = []  # the parser builds graphs too; check only the outermost
+
+    def build(self: GraphBuilder, outputs: Sequence[Value]) -> Graph:
+        graph = original(self, outputs)
+        if not busy:
+            busy.append(True)
+            try:
+                check_round_trip(graph)
+            finally:
+                busy.pop()
+        return graph
+
+    monkeypatch.setattr(GraphBuilder, "build", build)
+    yield
+
+
+_UNARY = ("neg", "exp", "tanh", "gelu")
+_BINARY = ("add", "mul", "div")
+
+
+def random_graph(rng: np.random.Generator, n_nodes: int = 12) -> Graph:
+    """A random f32 graph over inputs x: [2,3] and b: [3] with unary, binary, where and split
+    nodes, some repeated computations (swapped for commutative ops) and some dead nodes."""
+    builder = GraphBuilder("random")
+    values = [builder.input(((2, 3), DType.f32), "x"), builder.input(((3,), DType.f32), "b")]
+    made: list[tuple[str, list[Value], dict]] = []
+    for _ in range(n_nodes):
+        pick = lambda: values[int(rng.integers(len(values)))]  # noqa: E731
+        roll = rng.random()
+        if made and roll < 0.2:
+            op, args, attrs = made[int(rng.integers(len(made)))]
+            args = args[::-1] if op in ("add", "mul") else args
+        elif roll < 0.45:
+            op, args, attrs = str(rng.choice(_UNARY)), [pick()], {}
+        elif roll < 0.8:
+            op, args, attrs = str(rng.choice(_BINARY)), [pick(), pick()], {}
+        elif roll < 0.9:
+            a, b = pick(), pick()
+            cond = builder.add1("lt", [a, b])
+            op, args, attrs = "where", [cond, a, b], {}
+        else:
+            x = pick()
+            op, args, attrs = "split", [x], {"axis": x.type.rank - 1, "sizes": (1, 2)}
+        outs = builder.add(op, args, attrs)
+        made.append((op, args, attrs))
+        values.extend(v for v in outs if v.type.shape[-1] == 3)
+    count = int(rng.integers(1, 4))
+    outputs = [values[int(i)] for i in rng.choice(len(values), size=count)]
+    return builder.build(outputs)
+
+
+@pytest.fixture(scope="session")
+def graph_factory() -> Callable[[np.random.Generator, int], Graph]:
+    """:func:`random_graph`, for tests in any folder."""
+    return random_graph

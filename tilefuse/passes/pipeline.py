@@ -1,0 +1,23 @@
+"""The graph pipeline: one flat list of passes, in the order they run.
+
+Later milestones append to it (constant folding, simplification, fusion, layout, memory plan);
+each entry says why it is where it is.
+"""
+
+from __future__ import annotations
+
+from tilefuse.passes.cse import cse
+from tilefuse.passes.dce import dce
+from tilefuse.passes.manager import PassSpec
+from tilefuse.passes.shape_infer import shape_infer
+
+GRAPH_PIPELINE: tuple[PassSpec, ...] = (
+    # First, so every later pass can trust each node's output types.
+    PassSpec("shape_infer", shape_infer, "re-infer every output type from the op rules"),
+    # Before CSE: no point hashing nodes whose results nobody reads.
+    PassSpec("dce", dce, "drop nodes whose outputs reach no graph output"),
+    # Merges repeated (op, inputs, attrs); drops the duplicates itself.
+    PassSpec("cse", cse, "merge repeated computations (commutative inputs in any order)"),
+    # Cleanup for whatever the passes above (and those later inserted before it) left unused.
+    PassSpec("dce", dce, "drop nodes left dead by the rewrites above"),
+)
