@@ -1,33 +1,73 @@
-"""Elementwise ops: unary math, binary arithmetic and comparisons with broadcasting, where, cast."""
+"""Elementwise ops: unary math, binary arithmetic and comparisons with broadcasting, where, cast,
+clip.
+
+Every reference here follows one recipe (:func:`_mapped`): infer the output dtype with the op's
+own dtype rule, cast the inputs to the dtype the computation runs in (the promoted input type for
+comparisons, else the output type, with f16/bf16 widened to f32), apply the NumPy function, and
+round once to the output dtype. Float math on integer or bool inputs follows NumPy's idea of the
+result (f64), which the ``float_promoted`` dtype rule expresses.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import scipy.special
 
-from tilefuse.dtypes import FLOAT_TYPES, NUMERIC_TYPES, DType
+from tilefuse.dtypes import ALL_TYPES, NUMERIC_TYPES, DType, promote_all
+from tilefuse.errors import AttrError, DTypeError
+from tilefuse.graph.ir import Attrs
+from tilefuse.graph.types import Shape
 from tilefuse.ops.registry import AttrType, OpDef, OpKind, Trait, attr
 from tilefuse.ops.rules import (
     as_dtype,
     boolean,
     broadcast,
+    dtype_of,
     float_promoted,
-    in_f32,
     promoted,
+    quiet,
     same_dtype,
     same_shape,
+    work_dtype,
 )
+
+DTypeRule = Callable[[tuple[DType, ...], Any], tuple[DType, ...]]
+
+
+def _mapped(fn: Callable[..., Any], dtype_rule: DTypeRule) -> Callable[..., np.ndarray]:
+    """The reference for an elementwise NumPy function under tilefuse's dtype rules."""
+
+    def reference(*arrays: np.ndarray, **attrs: Any) -> np.ndarray:
+        in_types = tuple(dtype_of(a) for a in arrays)
+        (out,) = dtype_rule(in_types, attrs)
+        computed_as = promote_all(in_types) if out is DType.bool and in_types else out
+        work = work_dtype(computed_as)
+        with np.errstate(all="ignore"):
+            result = fn(*(a.astype(work, copy=False) for a in arrays), **attrs)
+        return as_dtype(result, out)
+
+    reference.__name__ = getattr(fn, "__name__", "reference")
+    return reference
+
 
 # ---- unary -----------------------------------------------------------------------------------
 
 
-def _unary(name: str, ref: Callable[..., np.ndarray], *, accepts: frozenset[DType] = FLOAT_TYPES,
-           dtype_rule: Callable = same_dtype, traits: frozenset[Trait] = frozenset(),
+def _unary(name: str, fn: Callable[..., Any], *, accepts: frozenset[DType] = ALL_TYPES,
+           dtype_rule: DTypeRule = float_promoted, traits: frozenset[Trait] = frozenset(),
            attrs: tuple = (), doc: str = "") -> OpDef:
-    return OpDef(name, OpKind.ELEMENTWISE, 1, same_shape, dtype_rule, ref, attrs=attrs,
-                 traits=traits, accepts=accepts, doc=doc)
+    """A unary op; by default float math that takes any input and gives f64 for ints/bools."""
+    return OpDef(name, OpKind.ELEMENTWISE, 1, same_shape, dtype_rule, _mapped(fn, dtype_rule),
+                 attrs=attrs, traits=traits, accepts=accepts, doc=doc)
+
+
+def _numeric(name: str, fn: Callable[..., Any], traits: frozenset[Trait] = frozenset(),
+             doc: str = "") -> OpDef:
+    """A unary op on numbers that keeps the input dtype."""
+    return _unary(name, fn, accepts=NUMERIC_TYPES, dtype_rule=same_dtype, traits=traits, doc=doc)
 
 
 def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
@@ -37,40 +77,95 @@ def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
     return 0.5 * x * (1.0 + scipy.special.erf(x / np.sqrt(2.0).astype(x.dtype)))
 
 
-NEG = _unary("neg", lambda x: np.negative(x), accepts=NUMERIC_TYPES,
-             traits=frozenset({Trait.INVOLUTION}), doc="-x")
-EXP = _unary("exp", in_f32(np.exp))
-TANH = _unary("tanh", in_f32(np.tanh))
-GELU = _unary("gelu", in_f32(_gelu),
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, x.dtype.type(0))  # NaN stays NaN, like np.maximum
+
+
+_IDEMPOTENT = frozenset({Trait.IDEMPOTENT})
+_INVOLUTION = frozenset({Trait.INVOLUTION})
+
+NEG = _numeric("neg", np.negative, _INVOLUTION, "-x (integers wrap)")
+ABS = _numeric("abs", np.abs, _IDEMPOTENT, "|x| (abs of the most negative integer wraps)")
+RELU = _numeric("relu", _relu, _IDEMPOTENT, "max(x, 0), NaN-propagating")
+SIGN = _numeric("sign", np.sign, doc="-1, 0 or 1 (NaN for NaN)")
+FLOOR = _numeric("floor", np.floor, _IDEMPOTENT, "rounds down; identity on integers")
+CEIL = _numeric("ceil", np.ceil, _IDEMPOTENT, "rounds up; identity on integers")
+ROUND = _numeric("round", np.round, _IDEMPOTENT, "rounds half to even, like np.round")
+
+EXP = _unary("exp", np.exp)
+LOG = _unary("log", np.log)
+LOG1P = _unary("log1p", np.log1p)
+EXPM1 = _unary("expm1", np.expm1)
+SQRT = _unary("sqrt", np.sqrt)
+RSQRT = _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), doc="1/sqrt(x)")
+RECIPROCAL = _unary("reciprocal", lambda x: 1.0 / x, doc="1/x (f64 for integer inputs)")
+TANH = _unary("tanh", np.tanh)
+SIGMOID = _unary("sigmoid", scipy.special.expit, doc="1/(1+exp(-x))")
+ERF = _unary("erf", scipy.special.erf)
+GELU = _unary("gelu", _gelu,
               attrs=(attr("approximate", AttrType.STR, "none", choices=("none", "tanh")),),
               doc="x·Φ(x), exactly (erf) or with the tanh approximation")
+SILU = _unary("silu", lambda x: x * scipy.special.expit(x), doc="x·sigmoid(x)")
+SOFTPLUS = _unary("softplus", lambda x: np.logaddexp(x.dtype.type(0), x), doc="log(1+exp(x))")
+SIN = _unary("sin", np.sin)
+COS = _unary("cos", np.cos)
+
+LOGICAL_NOT = _unary("logical_not", np.logical_not, dtype_rule=boolean, traits=_INVOLUTION,
+                     doc="x == 0, for any input dtype")
+ISNAN = _unary("isnan", np.isnan, dtype_rule=boolean, doc="False everywhere for integers")
 
 # ---- binary ----------------------------------------------------------------------------------
 
 
-def _binary(name: str, ref: Callable[..., np.ndarray], *, accepts: frozenset[DType] = NUMERIC_TYPES,
-            dtype_rule: Callable = promoted, traits: frozenset[Trait] = frozenset(),
+def _binary(name: str, fn: Callable[..., Any], *, accepts: frozenset[DType] = ALL_TYPES,
+            dtype_rule: DTypeRule = promoted, traits: frozenset[Trait] = frozenset(),
             doc: str = "") -> OpDef:
-    def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        (out,) = dtype_rule((_dt(a), _dt(b)), {})
-        return as_dtype(ref(a, b), out)
-    return OpDef(name, OpKind.ELEMENTWISE, 2, broadcast, dtype_rule, reference, traits=traits,
-                 accepts=accepts, doc=doc)
+    return OpDef(name, OpKind.ELEMENTWISE, 2, broadcast, dtype_rule, _mapped(fn, dtype_rule),
+                 traits=traits, accepts=accepts, doc=doc)
 
 
-def _dt(a: np.ndarray) -> DType:
-    from tilefuse.dtypes import from_numpy
-    return from_numpy(a.dtype)
+def _arith_promoted(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
+    """Promotion for arithmetic that has no boolean meaning (sub, floordiv, mod, pow)."""
+    (out,) = promoted(dtypes, attrs)
+    if out is DType.bool:
+        raise DTypeError("arithmetic on two bool operands is not defined; use a logical op or "
+                         "cast first")
+    return (out,)
+
+
+def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu" and np.any(b < 0):
+        raise DTypeError("integers to negative integer powers are not defined; use a float base")
+    return np.power(a, b)
 
 
 _CA = frozenset({Trait.COMMUTATIVE, Trait.ASSOCIATIVE})
+_C = frozenset({Trait.COMMUTATIVE})
 
-ADD = _binary("add", in_f32(np.add), traits=_CA)
-MUL = _binary("mul", in_f32(np.multiply), traits=_CA)
-DIV = _binary("div", in_f32(np.true_divide), dtype_rule=float_promoted)
+ADD = _binary("add", np.add, traits=_CA)
+SUB = _binary("sub", np.subtract, dtype_rule=_arith_promoted)
+MUL = _binary("mul", np.multiply, traits=_CA)
+DIV = _binary("div", np.true_divide, dtype_rule=float_promoted, doc="true division")
+FLOORDIV = _binary("floordiv", np.floor_divide, dtype_rule=_arith_promoted,
+                   doc="floor(a/b) (integer division by zero gives 0, like NumPy)")
+MOD = _binary("mod", np.mod, dtype_rule=_arith_promoted,
+              doc="a - floor(a/b)·b: the result has the divisor's sign (Python semantics)")
+POW = _binary("pow", _power, dtype_rule=_arith_promoted, doc="a ** b")
+MAXIMUM = _binary("maximum", np.maximum, traits=_CA, doc="NaN-propagating, like np.maximum")
+MINIMUM = _binary("minimum", np.minimum, traits=_CA, doc="NaN-propagating, like np.minimum")
+
+EQ = _binary("eq", np.equal, dtype_rule=boolean, traits=_C)
+NE = _binary("ne", np.not_equal, dtype_rule=boolean, traits=_C)
 LT = _binary("lt", np.less, dtype_rule=boolean)
+LE = _binary("le", np.less_equal, dtype_rule=boolean)
+GT = _binary("gt", np.greater, dtype_rule=boolean)
+GE = _binary("ge", np.greater_equal, dtype_rule=boolean)
 
-# ---- where, cast -----------------------------------------------------------------------------
+LOGICAL_AND = _binary("logical_and", np.logical_and, dtype_rule=boolean, traits=_CA)
+LOGICAL_OR = _binary("logical_or", np.logical_or, dtype_rule=boolean, traits=_CA)
+LOGICAL_XOR = _binary("logical_xor", np.logical_xor, dtype_rule=boolean, traits=_CA)
+
+# ---- where, cast, clip -----------------------------------------------------------------------
 
 
 def _where_dtype(dtypes: tuple[DType, ...], attrs: object) -> tuple[DType, ...]:
@@ -78,17 +173,61 @@ def _where_dtype(dtypes: tuple[DType, ...], attrs: object) -> tuple[DType, ...]:
 
 
 def _where_ref(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    (out,) = _where_dtype((_dt(c), _dt(a), _dt(b)), {})
+    (out,) = _where_dtype((dtype_of(c), dtype_of(a), dtype_of(b)), {})
     return as_dtype(np.where(c.astype(bool), a.astype(out.np), b.astype(out.np)), out)
 
 
 WHERE = OpDef("where", OpKind.ELEMENTWISE, 3, broadcast, _where_dtype, _where_ref,
-              doc="cond ? a : b, broadcasting all three")
+              doc="cond ? a : b, broadcasting all three (cond is nonzero-tested)")
 
 CAST = OpDef("cast", OpKind.ELEMENTWISE, 1, same_shape,
              lambda dtypes, attrs: (attrs["dtype"],),
-             lambda x, dtype: x.astype(dtype.np),
+             quiet(lambda x, dtype: x.astype(dtype.np)),
              attrs=(attr("dtype", AttrType.DTYPE),), doc="converts the element type (C casts)")
 
 
-DEFINITIONS: tuple[OpDef, ...] = (NEG, EXP, TANH, GELU, ADD, MUL, DIV, LT, WHERE, CAST)
+def _check_bound(name: str, value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise AttrError(f"attribute {name!r} must be a number or None, got {value!r}")
+
+
+def _clip_shape(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
+    _check_bound("min", attrs["min"])
+    _check_bound("max", attrs["max"])
+    return (shapes[0],)
+
+
+def _clip_ref(x: np.ndarray, min: float | None, max: float | None) -> np.ndarray:
+    """Clamps to [min, max] in x's dtype. For integers the bounds round inwards (ceil of min,
+    floor of max) and saturate at the dtype's range, so the result stays in x's dtype."""
+    if x.dtype.kind in "iu":
+        info = np.iinfo(x.dtype)
+        lo = None if min is None else np.clip(np.ceil(min), info.min, info.max).astype(x.dtype)
+        hi = None if max is None else np.clip(np.floor(max), info.min, info.max).astype(x.dtype)
+        work = x
+    else:
+        work = x.astype(work_dtype(dtype_of(x)))
+        lo = None if min is None else work.dtype.type(min)
+        hi = None if max is None else work.dtype.type(max)
+    result = work
+    if lo is not None:
+        result = np.maximum(result, lo)
+    if hi is not None:
+        result = np.minimum(result, hi)
+    return as_dtype(result, dtype_of(x))
+
+
+CLIP = OpDef("clip", OpKind.ELEMENTWISE, 1, _clip_shape, same_dtype, quiet(_clip_ref),
+             attrs=(attr("min", AttrType.ANY, None), attr("max", AttrType.ANY, None)),
+             accepts=NUMERIC_TYPES,
+             doc="min(max(x, min), max) in x's dtype; a None bound is absent; NaN stays NaN")
+
+
+DEFINITIONS: tuple[OpDef, ...] = (
+    NEG, ABS, RELU, SIGN, FLOOR, CEIL, ROUND,
+    EXP, LOG, LOG1P, EXPM1, SQRT, RSQRT, RECIPROCAL, TANH, SIGMOID, ERF, GELU, SILU, SOFTPLUS,
+    SIN, COS, LOGICAL_NOT, ISNAN,
+    ADD, SUB, MUL, DIV, FLOORDIV, MOD, POW, MAXIMUM, MINIMUM,
+    EQ, NE, LT, LE, GT, GE, LOGICAL_AND, LOGICAL_OR, LOGICAL_XOR,
+    WHERE, CAST, CLIP,
+)
