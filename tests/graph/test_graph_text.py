@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tilefuse.dtypes import DType
-from tilefuse.errors import SourceLoc
+from tilefuse.errors import ParseError, SourceLoc, VerifyError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Literal, structurally_equal
 from tilefuse.graph.parser import parse_attr_value, parse_graph
@@ -23,6 +23,9 @@ from tilefuse.graph.printer import (
     print_graph,
 )
 from tilefuse.graph.types import Sym
+from tilefuse.graph.verifier import verify
+from tilefuse.ops import OpDef, OpKind
+from tilefuse.ops.rules import same_dtype, same_shape
 
 
 def round_trip(graph: Graph) -> Graph:
@@ -194,3 +197,25 @@ def test_array_values_round_trip(dtype, shape, seed):
 def test_random_graphs_round_trip(graph_factory):
     for seed in range(20):
         round_trip(graph_factory(np.random.default_rng(seed), 15))
+
+
+# ---- the suite-wide round-trip fixture (tests/conftest.py) ---------------------------------------
+
+
+def test_the_round_trip_fixture_fails_loudly_on_graphs_the_text_cannot_express():
+    unregistered = OpDef("not_registered", OpKind.ELEMENTWISE, 1, same_shape, same_dtype,
+                         lambda x: x)
+    b = GraphBuilder("g")
+    y = b.add1(unregistered, [b.input(((2,), DType.f32), "x")])
+    with pytest.raises(pytest.fail.Exception, match="does not parse back"):
+        b.build([y])
+
+
+def test_the_round_trip_fixture_leaves_broken_graphs_to_the_verifier():
+    other = GraphBuilder("other")
+    foreign = other.add1("neg", [other.input(((2,), DType.f32), "x")])
+    graph = GraphBuilder("g").build([foreign])
+    with pytest.raises(VerifyError, match="never defined"):
+        verify(graph)
+    with pytest.raises(ParseError, match="never defined"):
+        parse_graph(print_graph(graph))
