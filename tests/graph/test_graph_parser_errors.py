@@ -64,6 +64,7 @@ BAD = [
      "\n  return %0\n}", 2, "static shape"),
     ("graph @g(%x: f32[-1]) -> () {\n  return\n}", 1, "expected a dim"),
     ("graph @g(%x: f32[2], %x: f32[2]) -> () {\n  return\n}", 1, "defined twice"),
+    ("graph @g(%x: f32[2],\n %0: f32[2]) -> () {\n  return\n}", 2, "must be named by an"),
 ]
 
 
@@ -80,6 +81,13 @@ def test_bad_text_is_a_parse_error_naming_the_line(text, line, words):
 def test_deep_nesting_is_an_error_not_a_recursion_crash():
     with pytest.raises(ParseError, match="nested more than"):
         parse_attr_value("[" * 5000 + "]" * 5000)
+
+
+def test_huge_integers_are_an_error_not_a_crash():
+    with pytest.raises(ParseError, match="integer too long"):
+        parse_attr_value("1" * 5000)
+    with pytest.raises(ParseError, match="line 1, column 18: integer too long"):
+        parse_graph("graph @g(%x: f32[" + "9" * 5000 + "]) -> () {\n  return\n}")
 
 
 def test_non_string_input_is_a_parse_error():

@@ -191,6 +191,9 @@ class _Parser:
 
     def param(self) -> None:
         tok = self.expect("value", what="a parameter such as %x")
+        if tok.text[1:].isdigit():
+            raise self.error(f"parameter {tok.text} must be named by an identifier (such as "
+                             "%x); numbers name node results", tok)
         self.expect("punct", ":")
         self.define(tok, self.builder.input(self.type_(), tok.text[1:]))
 
@@ -283,7 +286,7 @@ class _Parser:
     def dim(self) -> Dim:
         tok = self.next()
         if tok.kind == "int" and not tok.text.startswith("-"):
-            return int(tok.text)
+            return self.integer(tok)
         if tok.kind == "ident":
             return Sym(tok.text)
         if tok.kind == "string":
@@ -333,11 +336,17 @@ class _Parser:
             return DType(tok.text)
         return Sym(tok.text)
 
+    def integer(self, tok: Token) -> int:
+        try:
+            return int(tok.text)
+        except ValueError as err:  # more digits than Python converts
+            raise self.error(f"integer too long: {err}", tok) from None
+
     def number(self) -> int | float:
         """An int, a float, ``inf``, ``-inf`` or ``nan``."""
         tok = self.next()
         if tok.kind == "int":
-            return int(tok.text)
+            return self.integer(tok)
         if tok.kind == "float":
             return float(tok.text)
         if tok.text in ("inf", "nan"):

@@ -156,11 +156,11 @@ def format_attr_value(value: Any, *, elide_constants_over: int | None = None) ->
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
-        return str(value)
+        return str(int(value))
     if isinstance(value, float):
-        return repr(value)
+        return repr(float(value))
     if isinstance(value, str):
-        return json.dumps(value)
+        return json.dumps(str(value))
     if isinstance(value, DType):
         return value.value
     if isinstance(value, Sym):
