@@ -1,0 +1,283 @@
+"""``tilefuse.jit``: trace a NumPy function once per argument signature, then run it compiled.
+
+The cache key of a call is ``(target, array shapes and dtypes, static values)``. A call whose key
+is cached (a *hit*) only computes the key, makes non-contiguous inputs contiguous and runs the
+executable. A new key (a *miss*) traces the function, runs the graph pipeline and builds an
+executable; when other entries exist, topic ``guards`` logs that none matched and topic
+``recompiles`` logs what changed against the nearest one (``arg 0 (x): f32[4,8] -> f32[4,9]``).
+
+A value the function closes over is captured as a constant when the function is traced: changing
+that array later does not change what a cached entry computes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, overload
+
+import numpy as np
+
+from tilefuse.dump import resolve_dump_dir
+from tilefuse.errors import TilefuseError, TraceError
+from tilefuse.frontend.arguments import (
+    ArgumentNames,
+    InlineCall,
+    KeyPart,
+    describe_part,
+    key_part,
+)
+from tilefuse.frontend.capture import Captured, Packer, capture
+from tilefuse.graph.ir import Graph
+from tilefuse.log import get_logger
+from tilefuse.passes.manager import run_pipeline
+from tilefuse.passes.pipeline import GRAPH_PIPELINE
+from tilefuse.runtime.executable import Executable, build_executable, check_target
+
+Key = tuple[str, tuple[KeyPart, ...], tuple[tuple[str, KeyPart], ...]]
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """Counters of one jitted function: cache hits, misses, successful compiles, entries."""
+
+    hits: int
+    misses: int
+    compiles: int
+    entries: int
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """The graphs of one specialisation: as captured from the function and after the pipeline.
+    ``report`` is the pass manager's report."""
+
+    captured: Graph
+    optimized: Graph
+    report: Any
+
+    def __str__(self) -> str:
+        return f"# captured\n{self.captured}\n# optimized\n{self.optimized}"
+
+
+def _contiguous(a: Any) -> np.ndarray:
+    """The argument as a C-contiguous ndarray (a copy only when it is not one already)."""
+    if type(a) is not np.ndarray:
+        a = np.asarray(a)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+class _Entry:
+    """One compiled specialisation and how to feed it from a call's arguments."""
+
+    __slots__ = ("captured", "executable", "key", "keywords", "optimized", "pack", "positions",
+                 "report")
+
+    def __init__(self, key: Key, captured: Captured, optimized: Graph, report: Any,
+                 executable: Executable):
+        self.key = key
+        self.captured = captured.graph
+        self.positions = captured.positions
+        self.keywords = captured.keywords
+        self.pack: Packer = captured.pack
+        self.optimized = optimized
+        self.report = report
+        self.executable = executable
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        arrays = [_contiguous(args[i]) for i in self.positions]
+        if self.keywords:
+            arrays += [_contiguous(kwargs[k]) for k in self.keywords]
+        return self.pack(self.executable(*arrays))
+
+
+class JitFunction:
+    """A function compiled by :func:`jit`. Call it like the original function."""
+
+    def __init__(self, fn: Callable[..., Any], *, target: str = "cpu",
+                 dump: str | Path | None = None, debug: bool = False,
+                 static_argnames: Iterable[str] | str = ()):
+        if not callable(fn):
+            raise TraceError(f"jit needs a function, got {type(fn).__name__}")
+        check_target(target)
+        if isinstance(static_argnames, str):
+            static_argnames = (static_argnames,)
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._target = target
+        self._dump = dump
+        self._debug = debug
+        self._names = ArgumentNames(fn, static_argnames)
+        self._static_positions = self._names.static_positions
+        self._static_names = self._names.static_names
+        self._cache: dict[Key, _Entry] = {}
+        self._lock = threading.Lock()
+        self._hits = self._misses = self._compiles = 0
+        self._recompile_log = get_logger("recompiles")
+        self._guard_log = get_logger("guards")
+
+    def __repr__(self) -> str:
+        return f"<tilefuse.jit of {getattr(self._fn, '__qualname__', self._fn)} " \
+               f"(target {self._target!r}, {len(self._cache)} entries)>"
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        """As a method: the instance becomes the first argument (name it in static_argnames)."""
+        return self if obj is None else functools.partial(self, obj)
+
+    # ---- calls -----------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            key = self._key(args, kwargs)
+        except InlineCall:  # called on tracers from inside another trace: trace through
+            return self._fn(*args, **kwargs)
+        except TilefuseError:
+            self._explain_key_error(args, kwargs)
+            raise
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._miss(key, args, kwargs)
+        else:
+            self._hits += 1
+        return entry.run(args, kwargs)
+
+    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Key:
+        static = self._static_positions
+        parts = tuple((a.shape, a.dtype) if type(a) is np.ndarray and i not in static
+                      else key_part(a, i in static) for i, a in enumerate(args))
+        if not kwargs:
+            return (self._target, parts, ())
+        names = self._static_names
+        kw = tuple((k, (v.shape, v.dtype) if type(v) is np.ndarray and k not in names
+                    else key_part(v, k in names)) for k, v in sorted(kwargs.items()))
+        return (self._target, parts, kw)
+
+    def _explain_key_error(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Re-raises the error of the first argument that cannot be keyed, naming it."""
+        slots = [(i, a, i in self._static_positions) for i, a in enumerate(args)]
+        slots += [(k, v, k in self._static_names) for k, v in kwargs.items()]
+        for slot, value, static in slots:
+            try:
+                key_part(value, static)
+            except TilefuseError as err:
+                raise type(err)(f"{self._names.label(slot)}: {err.message}", op=err.op,
+                                inputs=err.inputs, loc=err.loc) from None
+            except InlineCall:
+                pass
+
+    def _miss(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is not None:  # another thread compiled it meanwhile
+                self._hits += 1
+                return entry
+            self._misses += 1
+            self._log_miss(key)
+            entry = self._compile(key, args, kwargs)
+            self._cache[key] = entry
+            self._compiles += 1
+            return entry
+
+    def _compile(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+        dump_dir = resolve_dump_dir(self._dump)
+        captured, optimized, report = self._trace_and_optimize(key, args, kwargs, dump_dir)
+        executable = build_executable(optimized, self._target, dump_dir)
+        return _Entry(key, captured, optimized, report, executable)
+
+    def _trace_and_optimize(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
+                            dump_dir: Path | None) -> tuple[Captured, Graph, Any]:
+        captured = capture(self._fn, self._names, args, kwargs, key[1], key[2])
+        optimized, report = run_pipeline(captured.graph, GRAPH_PIPELINE, dump_dir=dump_dir,
+                                         debug=self._debug)
+        return captured, optimized, report
+
+    # ---- introspection ---------------------------------------------------------------------
+
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        """The captured and optimised graphs for these arguments, without running them (from
+        the cache when this specialisation is compiled already)."""
+        try:
+            key = self._key(args, kwargs)
+        except InlineCall:
+            raise TraceError("lower() needs concrete arrays, not traced ones") from None
+        entry = self._cache.get(key)
+        if entry is not None:
+            return Lowered(entry.captured, entry.optimized, entry.report)
+        captured, optimized, report = self._trace_and_optimize(key, args, kwargs,
+                                                               resolve_dump_dir(self._dump))
+        return Lowered(captured.graph, optimized, report)
+
+    def cache_info(self) -> CacheInfo:
+        return CacheInfo(self._hits, self._misses, self._compiles, len(self._cache))
+
+    def clear_cache(self) -> None:
+        """Drops every compiled entry and resets the counters."""
+        with self._lock:
+            self._cache.clear()
+            self._hits = self._misses = self._compiles = 0
+
+    # ---- logs ------------------------------------------------------------------------------
+
+    def _log_miss(self, key: Key) -> None:
+        guards = self._guard_log.isEnabledFor(logging.DEBUG)
+        recompiles = self._recompile_log.isEnabledFor(logging.DEBUG)
+        if not self._cache or not (guards or recompiles):
+            return
+        _, changes = min((self._changes(entry_key, key) for entry_key in self._cache),
+                         key=lambda scored: scored[0])
+        name = getattr(self._fn, "__qualname__", "function")
+        if guards:
+            self._guard_log.debug("%s: no guard of its %d cached entries holds; nearest: %s",
+                                  name, len(self._cache), "; ".join(changes))
+        if recompiles:
+            self._recompile_log.debug("recompiling %s: %s", name, "; ".join(changes))
+
+    def _changes(self, old: Key, new: Key) -> tuple[float, list[str]]:
+        """How far apart two keys are, and what differs, one line per argument."""
+        if len(old[1]) != len(new[1]) or [k for k, _ in old[2]] != [k for k, _ in new[2]]:
+            return math.inf, [f"arguments ({self._signature(old)}) -> ({self._signature(new)})"]
+        lines = [f"{self._names.label(i)}: {describe_part(a)} -> {describe_part(b)}"
+                 for i, (a, b) in enumerate(zip(old[1], new[1])) if a != b]
+        lines += [f"{self._names.label(k)}: {describe_part(a)} -> {describe_part(b)}"
+                  for (k, a), (_, b) in zip(old[2], new[2]) if a != b]
+        return len(lines), lines
+
+    def _signature(self, key: Key) -> str:
+        parts = [self._names.name(i) for i in range(len(key[1]))] + [f"{k}=" for k, _ in key[2]]
+        return ", ".join(parts)
+
+
+@overload
+def jit(fn: Callable[..., Any], *, target: str = ..., dump: str | Path | None = ...,
+        debug: bool = ..., static_argnames: Iterable[str] | str = ...) -> JitFunction: ...
+
+
+@overload
+def jit(fn: None = ..., *, target: str = ..., dump: str | Path | None = ...,
+        debug: bool = ..., static_argnames: Iterable[str] | str = ...
+        ) -> Callable[[Callable[..., Any]], JitFunction]: ...
+
+
+def jit(fn: Callable[..., Any] | None = None, *, target: str = "cpu",
+        dump: str | Path | None = None, debug: bool = False,
+        static_argnames: Iterable[str] | str = ()) -> Any:
+    """Compiles a NumPy function: ``@jit`` or ``@jit(dump="dir", static_argnames=("n",))``.
+
+    Arrays (and NumPy scalars) are traced; Python scalars, strings, None and tuples of those,
+    and the arguments named in ``static_argnames``, are static: each new value compiles anew.
+    Lists are rejected. ``target`` is "cpu" or "reference"; ``dump`` (or ``$TILEFUSE_DUMP``)
+    writes the graph after each pass; ``debug`` verifies the graph after every pass.
+    """
+    def wrap(f: Callable[..., Any]) -> JitFunction:
+        return JitFunction(f, target=target, dump=dump, debug=debug,
+                           static_argnames=static_argnames)
+
+    return wrap if fn is None else wrap(fn)
+
+
+__all__ = ["CacheInfo", "JitFunction", "Lowered", "jit"]

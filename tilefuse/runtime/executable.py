@@ -1,0 +1,70 @@
+"""The executable interface: what ``tilefuse.jit`` runs once a graph is compiled.
+
+An executable holds its (optimised) graph and maps input arrays (C-contiguous, of the graph's
+input types) to freshly allocated output arrays that the caller owns. For now every target runs
+the reference interpreter; the native CPU backend replaces ``"cpu"`` behind the same interface.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from tilefuse.errors import CompileError
+from tilefuse.graph.interpreter import interpret
+from tilefuse.graph.ir import Graph
+
+KNOWN_TARGETS: tuple[str, ...] = ("cpu", "reference")
+
+
+@runtime_checkable
+class Executable(Protocol):
+    """A compiled graph: ``executable(*arrays)`` returns one fresh array per graph output."""
+
+    graph: Graph
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]: ...
+
+
+class InterpreterExecutable:
+    """Runs the graph with the reference interpreter (:func:`tilefuse.graph.interpreter.interpret`).
+
+    Outputs never alias inputs, constants or each other: an output that is a graph input, a view
+    (``base`` set) or read-only (a constant's literal) is copied, so callers may write to them.
+    """
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        inputs = set(graph.inputs)
+        seen: set[object] = set()
+        always_copy = []
+        for i, value in enumerate(graph.outputs):
+            if value in inputs or value in seen:
+                always_copy.append(i)
+            seen.add(value)
+        self._always_copy = frozenset(always_copy)
+
+    def __repr__(self) -> str:
+        return f"InterpreterExecutable(@{self.graph.name})"
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        outs = interpret(self.graph, *arrays)
+        for i, out in enumerate(outs):
+            if i in self._always_copy or out.base is not None or not out.flags.writeable:
+                outs[i] = out.copy()
+        return outs
+
+
+def build_executable(graph: Graph, target: str, dump_dir: Path | str | None = None) -> Executable:
+    """An executable of ``graph`` for ``target`` ("cpu" or "reference")."""
+    check_target(target)
+    return InterpreterExecutable(graph)
+
+
+def check_target(target: str) -> None:
+    """CompileError unless ``target`` names a target tilefuse can build for."""
+    if target not in KNOWN_TARGETS:
+        raise CompileError(f"unknown target {target!r}; known targets: "
+                           + ", ".join(KNOWN_TARGETS))
