@@ -35,7 +35,7 @@ class Literal:
     def __init__(self, array: np.ndarray | Any, dtype: DType | None = None):
         arr = np.asarray(array, dtype=dtype.np if dtype is not None else None)
         from_numpy(arr.dtype)  # rejects unsupported dtypes with a DTypeError
-        arr = np.ascontiguousarray(arr).copy()
+        arr = np.array(arr, order="C", copy=True)
         arr.setflags(write=False)
         self.array = arr
         digest = hashlib.sha1(arr.dtype.str.encode() + repr(arr.shape).encode() + arr.tobytes())
