@@ -18,7 +18,7 @@ from tilefuse.errors import AttrError, ShapeError
 from tilefuse.graph.ir import Attrs
 from tilefuse.graph.types import Dim, Shape, broadcast_dims, broadcast_shapes, format_shape
 from tilefuse.ops.registry import AttrType, OpDef, OpKind, attr
-from tilefuse.ops.rules import as_dtype, dtype_of, promoted, work_dtype
+from tilefuse.ops.rules import as_dtype, dtype_of, promoted, quiet, work_dtype
 
 # ---- matmul ----------------------------------------------------------------------------------
 
@@ -50,7 +50,7 @@ def _contract_ref(fn: Any) -> Any:
         work = work_dtype(out)
         return as_dtype(fn(*(a.astype(work, copy=False) for a in arrays), **attrs), out)
 
-    return reference
+    return quiet(reference)
 
 
 MATMUL = OpDef("matmul", OpKind.CONTRACTION, 2, _matmul_rule, promoted, _contract_ref(np.matmul),

@@ -45,9 +45,9 @@ def _mapped(fn: Callable[..., Any], dtype_rule: DTypeRule) -> Callable[..., np.n
         (out,) = dtype_rule(in_types, attrs)
         computed_as = promote_all(in_types) if out is DType.bool and in_types else out
         work = work_dtype(computed_as)
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):  # overflow to inf in the final rounding too
             result = fn(*(a.astype(work, copy=False) for a in arrays), **attrs)
-        return as_dtype(result, out)
+            return as_dtype(result, out)
 
     reference.__name__ = getattr(fn, "__name__", "reference")
     return reference

@@ -386,9 +386,9 @@ ARANGE = OpDef("arange", _SOURCE, 0,
                lambda shapes, attrs: ((arange_length(attrs["start"], attrs["stop"],
                                                      attrs["step"]),),),
                lambda dtypes, attrs: (attrs["dtype"],),
-               lambda start, stop, step, dtype: as_dtype(
+               quiet(lambda start, stop, step, dtype: as_dtype(
                    start + step * np.arange(arange_length(start, stop, step), dtype=np.float64),
-                   dtype),
+                   dtype)),
                attrs=(attr("start", AttrType.FLOAT, 0.0), attr("stop", AttrType.FLOAT),
                       attr("step", AttrType.FLOAT, 1.0), attr("dtype", AttrType.DTYPE)),
                doc="start + i·step for i < ceil((stop-start)/step), computed in f64, then cast")

@@ -28,7 +28,7 @@ from tilefuse.errors import AttrError, ShapeError
 from tilefuse.graph.ir import Attrs
 from tilefuse.graph.types import Dim, Shape, Sym, format_shape, static_dim
 from tilefuse.ops.registry import AttrType, OpDef, OpKind, attr
-from tilefuse.ops.rules import as_dtype, dtype_of, promoted, same_dtype, work_dtype
+from tilefuse.ops.rules import as_dtype, dtype_of, promoted, quiet, same_dtype, work_dtype
 
 # ---- geometry --------------------------------------------------------------------------------
 
@@ -139,7 +139,7 @@ def _conv2d_ref(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *,
 
 _GEOMETRY = (attr("stride", AttrType.INTS, (1, 1)), attr("padding", AttrType.INTS, (0, 0, 0, 0)))
 
-CONV2D = OpDef("conv2d", OpKind.CONTRACTION, None, _conv2d_rule, promoted, _conv2d_ref,
+CONV2D = OpDef("conv2d", OpKind.CONTRACTION, None, _conv2d_rule, promoted, quiet(_conv2d_ref),
                attrs=(*_GEOMETRY, attr("dilation", AttrType.INTS, (1, 1)),
                       attr("groups", AttrType.INT, 1)),
                accepts=FLOAT_TYPES,
@@ -205,12 +205,12 @@ def _avg_pool_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
 _POOL_COMMON = (attr("kernel", AttrType.INTS), attr("stride", AttrType.INTS),
                 attr("padding", AttrType.INTS, (0, 0, 0, 0)))
 
-MAX_POOL2D = OpDef("max_pool2d", OpKind.REDUCTION, 1, _pool_rule, same_dtype, _max_pool_ref,
+MAX_POOL2D = OpDef("max_pool2d", OpKind.REDUCTION, 1, _pool_rule, same_dtype, quiet(_max_pool_ref),
                    attrs=(*_POOL_COMMON, attr("dilation", AttrType.INTS, (1, 1)),
                           attr("ceil_mode", AttrType.BOOL, False)),
                    accepts=NUMERIC_TYPES,
                    doc="maximum over each window (NaN-propagating); padding is -inf")
-AVG_POOL2D = OpDef("avg_pool2d", OpKind.REDUCTION, 1, _pool_rule, same_dtype, _avg_pool_ref,
+AVG_POOL2D = OpDef("avg_pool2d", OpKind.REDUCTION, 1, _pool_rule, same_dtype, quiet(_avg_pool_ref),
                    attrs=(*_POOL_COMMON, attr("count_include_pad", AttrType.BOOL, True),
                           attr("ceil_mode", AttrType.BOOL, False)),
                    accepts=FLOAT_TYPES,

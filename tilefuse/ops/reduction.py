@@ -8,6 +8,7 @@ once. max, min, argmax and argmin have no identity, so reducing an empty axis is
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -79,7 +80,10 @@ def _reference(np_fn: Callable[..., Any], dtype_rule: Callable[..., tuple[DType,
         if nonempty:
             _check_nonempty(x.shape, normalize_axes(axes, x.ndim))
         wide = x.astype(work_dtype(out), copy=False)
-        return as_dtype(np_fn(wide, axis=axes, keepdims=keepdims, **extra), out)
+        with warnings.catch_warnings():  # var with ddof >= N: NaN/Inf like NumPy, no warning
+            warnings.simplefilter("ignore", RuntimeWarning)
+            result = np_fn(wide, axis=axes, keepdims=keepdims, **extra)
+        return as_dtype(result, out)
 
     reference.__name__ = np_fn.__name__
     return quiet(reference)
