@@ -105,14 +105,15 @@ TRANSPOSE = OpDef("transpose", _MOVE, 1, _transpose_rule, same_dtype,
                   doc="out.shape[i] = x.shape[perm[i]]")
 
 
+def _broadcasts_to(d: Dim, target: Dim) -> bool:
+    """Whether an input dim can broadcast to a target dim (a symbol may stand for 1 or n)."""
+    return d == 1 or d == target or (isinstance(d, Sym) and isinstance(target, int))
+
+
 def _broadcast_to_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
     src, target = shapes[0], check_shape_attr(attrs["shape"])
     offset = len(target) - len(src)
-    fits = offset >= 0 and all(
-        d == 1 or d == target[offset + i] or (isinstance(d, Sym) and isinstance(target[offset + i],
-                                                                               int))
-        for i, d in enumerate(src))
-    if not fits:
+    if offset < 0 or not all(_broadcasts_to(d, target[offset + i]) for i, d in enumerate(src)):
         raise ShapeError(f"cannot broadcast {format_shape(src)} to {format_shape(target)}")
     return (target,)
 
