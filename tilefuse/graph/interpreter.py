@@ -30,10 +30,27 @@ def _matches(array: np.ndarray, type_: TensorType, bindings: dict[Sym, int] | No
     return True
 
 
-def run_node(node: Node, args: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
-    """Runs one node's reference and checks its outputs against the node's types."""
+def _bind(value: object, bindings: dict[Sym, int]) -> object:
+    """An attribute value with every bound symbol replaced by its size (tuples included)."""
+    if isinstance(value, Sym):
+        return bindings.get(value, value)
+    if isinstance(value, tuple):
+        return tuple(_bind(v, bindings) for v in value)
+    return value
+
+
+def run_node(node: Node, args: Sequence[np.ndarray],
+             bindings: dict[Sym, int] | None = None) -> tuple[np.ndarray, ...]:
+    """Runs one node's reference and checks its outputs against the node's types.
+
+    ``bindings`` maps the symbolic dims seen so far to their sizes; references see attributes
+    with those symbols substituted, and symbols first met in an output are bound here.
+    """
+    attrs = dict(node.attrs)
+    if bindings:
+        attrs = {k: _bind(v, bindings) for k, v in attrs.items()}
     try:
-        result = node.op.reference(*args, **dict(node.attrs))
+        result = node.op.reference(*args, **attrs)
     except TilefuseError as err:
         raise err.with_context(op=node.op.name, loc=node.loc) from None
     except (ValueError, TypeError, IndexError, FloatingPointError) as err:
@@ -46,7 +63,7 @@ def run_node(node: Node, args: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
     checked = []
     for out, value in zip(outs, node.outputs):
         arr = np.asarray(out)
-        if not _matches(arr, value.type):
+        if not _matches(arr, value.type, bindings):
             raise VerifyError(f"reference produced {from_numpy(arr.dtype).value}"
                               f"{list(arr.shape)}, rules say {value.type}", op=node.op.name,
                               loc=node.loc)
@@ -68,6 +85,6 @@ def interpret(graph: Graph, *arrays: np.ndarray) -> list[np.ndarray]:
             raise GuardError(f"input {value.name or '?'} expects {value.type}, got {shown}")
         env[value] = arr
     for node in graph.nodes:
-        outs = run_node(node, [env[v] for v in node.inputs])
+        outs = run_node(node, [env[v] for v in node.inputs], bindings)
         env.update(zip(node.outputs, outs))
     return [env[v] for v in graph.outputs]
