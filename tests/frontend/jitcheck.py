@@ -27,11 +27,11 @@ def arr(gen: np.random.Generator, shape: tuple[int, ...], dtype: DType = DType.f
 
 
 def noncontiguous(gen: np.random.Generator, shape: tuple[int, ...],
-                  dtype: DType = DType.f32) -> np.ndarray:
+                  dtype: DType = DType.f32, low: float = -2.0, high: float = 2.0) -> np.ndarray:
     """A random array of ``shape`` that is a strided view (every other column of a wider one)."""
     if not shape:
-        return arr(gen, shape, dtype)
-    wide = arr(gen, (*shape[:-1], 2 * shape[-1]), dtype)
+        return arr(gen, shape, dtype, low, high)
+    wide = arr(gen, (*shape[:-1], 2 * shape[-1]), dtype, low, high)
     view = wide[..., ::2]
     assert not view.flags.c_contiguous or view.size <= 1
     return view

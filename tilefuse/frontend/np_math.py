@@ -300,7 +300,7 @@ def matmul(ctx: TraceContext, a: Any, b: Any) -> Tracer:
 
 def dot(ctx: TraceContext, a: Any, b: Any, out: Any = None) -> Tracer:
     _check_unsupported("np.dot", out=out)
-    x, y = coerce(ctx, [a, b])
+    x, y = (to_tracer(ctx, np.asarray(v) if _is_weak(v) else v) for v in (a, b))  # not weak
     if x.ndim == 0 or y.ndim == 0:
         return elementwise(ctx, "np.dot", np.multiply, "mul", [x, y])
     if x.ndim > 2 or y.ndim > 2:

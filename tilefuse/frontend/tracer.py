@@ -88,14 +88,17 @@ class TraceContext:
 
     def check(self, tracer: Tracer) -> None:
         """TraceError unless ``tracer`` belongs to this (still running) trace."""
+        if not tracer.ctx.active:
+            raise TraceError(f"a traced array of {tracer.ctx.function} was used after its "
+                             "trace ended (was it stored outside the jitted function?)",
+                             loc=user_loc())
         if tracer.ctx is not self:
             raise TraceError(f"mixing tracers of two different traces ({tracer.ctx.function} "
                              f"and {self.function}): a traced array of one jitted function was "
                              "used inside another; pass it as an argument instead",
                              loc=user_loc())
         if not self.active:
-            raise TraceError(f"a traced array of {self.function} was used after its trace "
-                             "ended (was it stored outside the jitted function?)", loc=user_loc())
+            raise TraceError(f"the trace of {self.function} has ended", loc=user_loc())
 
 
 def find_context(*objs: Any) -> TraceContext:
