@@ -202,3 +202,21 @@ def test_reductions_and_reshapes_chain():
         return z, y.max(axis=1), y.min(), y.prod(axis=0), y.var(axis=2), y.argmax(axis=0)
 
     check_jit(fn, x, reduction=True)
+
+
+def test_a_closed_over_array_changed_during_the_trace_is_seen_as_numpy_sees_it():
+    g = rng("mutating-closure")
+    w = arr(g, (5,))
+
+    def fn(x):
+        first = x * w
+        w[0] += 1.0   # NumPy's second product sees the new value; so must the trace
+        return first, x * w
+
+    x = arr(g, (5,))
+    saved = w.copy()
+    expected = fn(x)
+    w[...] = saved
+    actual = jit(fn)(x)
+    for a, e in zip(actual, expected):
+        assert_close(a, e)

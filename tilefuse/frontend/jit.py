@@ -205,6 +205,9 @@ class JitFunction:
             key = self._key(args, kwargs)
         except InlineCall:
             raise TraceError("lower() needs concrete arrays, not traced ones") from None
+        except TilefuseError:
+            self._explain_key_error(args, kwargs)
+            raise
         entry = self._cache.get(key)
         if entry is not None:
             return Lowered(entry.captured, entry.optimized, entry.report)

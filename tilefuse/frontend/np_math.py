@@ -15,7 +15,7 @@ import numpy as np
 from tilefuse.dtypes import DType, from_numpy, promote_all
 from tilefuse.errors import DTypeError, TraceError
 from tilefuse.frontend.source import user_loc
-from tilefuse.frontend.tracer import TraceContext, Tracer, to_tracer
+from tilefuse.frontend.tracer import TraceContext, Tracer, scalar_dtype, to_tracer
 from tilefuse.graph.types import normalize_axes, normalize_axis
 
 UNSET: Any = object()  # marks a NumPy parameter the caller did not pass
@@ -255,7 +255,7 @@ def clip(ctx: TraceContext, a: Any, a_min: Any = UNSET, a_max: Any = UNSET, out:
         return x
     bounds = [b for b in (lo, hi) if b is not None]
     strong = [_dtype_of(b) for b in bounds if not _is_weak(b)]
-    weak = [to_tracer(ctx, b, x.value.dtype).value.dtype for b in bounds if _is_weak(b)]
+    weak = [scalar_dtype(b, x.value.dtype) for b in bounds if _is_weak(b)]
     x = cast(x, promote_all([x.value.dtype, *strong, *weak]))
 
     def number(b: Any) -> int | float | None:

@@ -35,7 +35,6 @@ class TraceContext:
         self.builder = builder
         self.function = function
         self.active = True
-        self._arrays: dict[int, tuple[np.ndarray, Tracer]] = {}
         self._scalars: dict[tuple[DType, str], Tracer] = {}
 
     def __repr__(self) -> str:
@@ -59,17 +58,13 @@ class TraceContext:
         return out
 
     def constant(self, array: np.ndarray) -> Tracer:
-        """A ``constant`` node holding ``array`` (recorded once per array object)."""
-        cached = self._arrays.get(id(array))
-        if cached is not None and cached[0] is array:
-            return cached[1]
+        """A ``constant`` node holding a copy of ``array`` as it is now. (Not cached per array
+        object: the array may change between two uses; CSE merges equal constants.)"""
         try:
             literal = Literal(array)
         except DTypeError as err:
             raise err.with_context(op="constant", loc=user_loc()) from None
-        tracer = self._emit_literal(literal, array.shape)
-        self._arrays[id(array)] = (array, tracer)  # holding the array keeps its id unique
-        return tracer
+        return self._emit_literal(literal, array.shape)
 
     def scalar(self, value: bool | int | float, dtype: DType) -> Tracer:
         """A 0-d constant of ``dtype`` (recorded once per value and dtype)."""
@@ -116,7 +111,7 @@ def find_context(*objs: Any) -> TraceContext:
     return found
 
 
-def _scalar_dtype(value: bool | int | float, partner: DType | None) -> DType:
+def scalar_dtype(value: bool | int | float, partner: DType | None) -> DType:
     """NEP 50: a Python scalar takes the dtype of the array it meets (weak promotion)."""
     if partner is None:
         return from_numpy(np.asarray(value).dtype)
@@ -136,7 +131,7 @@ def to_tracer(ctx: TraceContext, value: Any, partner: DType | None = None) -> Tr
         ctx.check(value)
         return value
     if isinstance(value, (bool, int, float)) and not isinstance(value, np.generic):
-        return ctx.scalar(value, _scalar_dtype(value, partner))
+        return ctx.scalar(value, scalar_dtype(value, partner))
     if isinstance(value, (list, tuple)) and any(isinstance(v, Tracer) for v in value):
         raise TraceError("a list or tuple holding traced arrays cannot be used as an array; "
                          "combine them with np.stack or np.concatenate", loc=user_loc())
@@ -295,6 +290,9 @@ class Tracer:
 
     def __abs__(self) -> Tracer:
         return np.absolute(self)  # type: ignore[no-any-return]
+
+    def __round__(self, ndigits: int | None = None) -> Tracer:
+        return np.round(self, ndigits or 0)  # type: ignore[no-any-return]
 
     def __invert__(self) -> Tracer:
         return np.invert(self)  # type: ignore[no-any-return]
