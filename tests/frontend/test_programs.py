@@ -172,7 +172,7 @@ def test_zero_d_arrays_and_numpy_scalars_as_arguments():
     s = np.float32(g.uniform(1, 2))
 
     def fn(x, s):
-        return x * s + s, np.exp(s)
+        return x * s + s, np.exp(s), s + 1.0, s * 2   # Python scalars stay 0-d constants
 
     check_jit(fn, x, s)
     check_jit(fn, x, np.asarray(s))

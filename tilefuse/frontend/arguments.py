@@ -42,10 +42,10 @@ def array_part(value: Any) -> ArrayPart:
 
 def key_part(value: Any, static: bool) -> KeyPart:
     """The key part of one argument (the slow path: the fast path handles plain ndarrays)."""
-    if static:
-        return (STATIC, static_key(value, named=True))
     if isinstance(value, Tracer):
         raise InlineCall
+    if static:
+        return (STATIC, static_key(value, named=True))
     if isinstance(value, np.ndarray):
         if isinstance(value, (np.matrix, np.ma.MaskedArray)):
             raise TraceError(f"{type(value).__name__} arguments are not supported; pass "

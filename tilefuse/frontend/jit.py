@@ -116,7 +116,7 @@ class JitFunction:
         self._static_positions = self._names.static_positions
         self._static_names = self._names.static_names
         self._cache: dict[Key, _Entry] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a traced function may call itself
         self._hits = self._misses = self._compiles = 0
         self._recompile_log = get_logger("recompiles")
         self._guard_log = get_logger("guards")

@@ -64,7 +64,7 @@ class TraceContext:
             literal = Literal(array)
         except DTypeError as err:
             raise err.with_context(op="constant", loc=user_loc()) from None
-        return self._emit_literal(literal, array.shape)
+        return self.emit1("constant", [], {"value": literal})
 
     def scalar(self, value: bool | int | float, dtype: DType) -> Tracer:
         """A 0-d constant of ``dtype`` (recorded once per value and dtype)."""
@@ -72,14 +72,9 @@ class TraceContext:
         found = self._scalars.get(key)
         if found is None:
             literal = Literal(np.asarray(value, dtype=dtype.np))
-            found = self._scalars[key] = self._emit_literal(literal, ())
+            found = self._scalars[key] = self.emit1("constant", [], {"value": literal})
         return found
 
-    def _emit_literal(self, literal: Literal, shape: tuple[int, ...]) -> Tracer:
-        tracer = self.emit1("constant", [], {"value": literal})
-        if tracer.shape != shape:  # Literal stores 0-d arrays with shape (1,): restore ()
-            tracer = self.emit1("reshape", [tracer], {"shape": shape})
-        return tracer
 
     def check(self, tracer: Tracer) -> None:
         """TraceError unless ``tracer`` belongs to this (still running) trace."""
