@@ -18,12 +18,16 @@ from tilefuse.errors import (
     UnknownOpError,
     VerifyError,
 )
+from tilefuse.frontend import jit
 from tilefuse.graph.types import Sym, TensorType
+from tilefuse.log import configure_from_env
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttrError", "CompileError", "DType", "DTypeError", "GuardError", "ParseError", "ShapeError",
     "SourceLoc", "Sym", "TensorType", "TilefuseError", "TraceError", "UnknownOpError",
-    "VerifyError", "__version__",
+    "VerifyError", "__version__", "jit",
 ]
+
+configure_from_env()  # TILEFUSE_LOG=topics turns on logging; idempotent

@@ -60,6 +60,7 @@ class Lowered:
     captured: Graph
     optimized: Graph
     report: Any
+    executable: Executable | None = None  # set when this specialisation is compiled already
 
     def __str__(self) -> str:
         return f"# captured\n{self.captured}\n# optimized\n{self.optimized}"
@@ -210,7 +211,7 @@ class JitFunction:
             raise
         entry = self._cache.get(key)
         if entry is not None:
-            return Lowered(entry.captured, entry.optimized, entry.report)
+            return Lowered(entry.captured, entry.optimized, entry.report, entry.executable)
         captured, optimized, report = self._trace_and_optimize(key, args, kwargs,
                                                                resolve_dump_dir(self._dump))
         return Lowered(captured.graph, optimized, report)
