@@ -1,0 +1,181 @@
+"""JIT compilation: loop IR -> optimised LLVM IR -> machine code in this process (MCJIT).
+
+:func:`compile_kernel` returns a :class:`CompiledKernel`, callable with NumPy arrays and ints in
+the kernel's argument order. It keeps its execution engine alive, and can give back the optimised
+LLVM IR, the assembly and the object code; :func:`load_kernel` turns object code back into a
+kernel (what a disk cache stores: the object bytes plus the :class:`KernelSignature` as JSON).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import llvmlite.binding as llvm
+import numpy as np
+
+from tilefuse.codegen.llvm_cpu import lower_to_llvm, uses_openmp
+from tilefuse.codegen.target import CpuTarget, host_target, load_openmp, target_machine
+from tilefuse.dtypes import parse_dtype
+from tilefuse.errors import CompileError, TilefuseError
+from tilefuse.loop.interp import check_arguments
+from tilefuse.loop.ir import BufferParam, LoopFunction
+from tilefuse.loop.simplify import simplify
+
+_ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """What a caller needs to know to call compiled code: the name and the arguments."""
+
+    name: str
+    buffers: tuple[BufferParam, ...]
+    scalars: tuple[str, ...]
+    uses_openmp: bool = False
+
+    @staticmethod
+    def of(fn: LoopFunction) -> KernelSignature:
+        return KernelSignature(fn.name, fn.buffers, fn.scalars, uses_openmp(fn))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "scalars": list(self.scalars), "openmp": self.uses_openmp,
+                "buffers": [{"name": b.name, "dtype": b.dtype.value, "readonly": b.readonly,
+                             "align": b.align} for b in self.buffers]}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> KernelSignature:
+        """The signature written by :meth:`to_json`; CompileError if it is malformed."""
+        try:
+            buffers = tuple(BufferParam(str(b["name"]), parse_dtype(b["dtype"]),
+                                        bool(b["readonly"]), int(b["align"]))
+                            for b in data["buffers"])
+            return KernelSignature(str(data["name"]), buffers,
+                                   tuple(str(s) for s in data["scalars"]), bool(data["openmp"]))
+        except (KeyError, TypeError, ValueError, TilefuseError) as exc:
+            raise CompileError(f"malformed kernel signature: {exc!r}") from exc
+
+
+class CompiledKernel:
+    """A kernel in machine code. Call it as ``kernel(*arrays, *scalars, num_threads=0)``."""
+
+    def __init__(self, signature: KernelSignature, engine: llvm.ExecutionEngine,
+                 target: CpuTarget, ir_text: str | None):
+        self.signature = signature
+        self.target = target
+        self._engine = engine  # owns the machine code: keep it alive as long as the kernel
+        self._ir_text = ir_text
+        address = engine.get_function_address(signature.name)
+        if not address:
+            raise CompileError(f"compiled code has no function {signature.name!r}")
+        self._entry = _ENTRY(address)
+        self._buffer_array = ctypes.c_void_p * max(1, len(signature.buffers))
+        self._scalar_array = ctypes.c_int64 * max(1, len(signature.scalars))
+
+    @property
+    def name(self) -> str:
+        return self.signature.name
+
+    def __call__(self, *args: object, num_threads: int = 0) -> None:
+        """Runs the kernel; arrays are checked like the interpreter checks them (GuardError)."""
+        sig = self.signature
+        arrays, values = check_arguments(sig.name, sig.buffers, sig.scalars, args)
+        pointers = self._buffer_array(*(a.ctypes.data for a in arrays))
+        scalars = self._scalar_array(*values)
+        self._entry(ctypes.addressof(pointers), ctypes.addressof(scalars), int(num_threads))
+
+    def llvm_ir(self) -> str:
+        """The optimised LLVM IR (for dumps)."""
+        if self._ir_text is None:
+            raise CompileError(f"kernel {self.name} was loaded from object code without IR")
+        return self._ir_text
+
+    def _module(self) -> llvm.ModuleRef:
+        return _parse(self.llvm_ir(), self.name)
+
+    def assembly(self) -> str:
+        """The x86-64 assembly of the optimised module."""
+        return target_machine(self.target).emit_assembly(self._module())
+
+    def object_code(self) -> bytes:
+        """The object file (for a disk cache; see :func:`load_kernel`)."""
+        return target_machine(self.target).emit_object(self._module())
+
+
+def _parse(text: str, name: str) -> llvm.ModuleRef:
+    try:
+        module = llvm.parse_assembly(text)
+        module.verify()
+    except RuntimeError as exc:
+        raise CompileError(f"LLVM rejected the IR of kernel {name}: {exc}") from exc
+    return module
+
+
+def optimise(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
+    """Runs LLVM's O3 module pipeline on ``module`` in place."""
+    options = llvm.create_pipeline_tuning_options(speed_level=3)
+    options.loop_vectorization = True
+    options.slp_vectorization = True
+    builder = llvm.create_pass_builder(tm, options)
+    builder.getModulePassManager().run(module, builder)
+
+
+def llvm_ir_text(fn: LoopFunction, target: CpuTarget | None = None) -> str:
+    """The unoptimised LLVM IR of ``fn`` (with the target's triple and data layout)."""
+    target = target or host_target()
+    tm = target_machine(target)
+    module = lower_to_llvm(fn)
+    module.triple = target.triple
+    module.data_layout = str(tm.target_data)
+    return str(module)
+
+
+def compile_kernel(fn: LoopFunction, *, target: CpuTarget | None = None,
+                   simplify_loops: bool = False) -> CompiledKernel:
+    """Verifies, lowers, optimises (O3) and JIT-compiles ``fn`` for ``target`` (default: host).
+
+    With ``simplify_loops`` the loop-IR simplifier runs first (LLVM hoists and folds too).
+    """
+    if simplify_loops:
+        fn, _ = simplify(fn)
+    target = target or host_target()
+    tm = target_machine(target)
+    module = _parse(llvm_ir_text(fn, target), fn.name)
+    optimise(module, tm)
+    text = str(module)
+    signature = KernelSignature.of(fn)
+    if signature.uses_openmp:
+        load_openmp()
+    engine = llvm.create_mcjit_compiler(module, tm)
+    engine.finalize_object()
+    return CompiledKernel(signature, engine, target, text)
+
+
+def load_kernel(obj: bytes, signature: KernelSignature, *, target: CpuTarget | None = None,
+                ir_text: str | None = None) -> CompiledKernel:
+    """A kernel from object code made by :meth:`CompiledKernel.object_code` on this target."""
+    target = target or host_target()
+    tm = target_machine(target)
+    if signature.uses_openmp:
+        load_openmp()
+    empty = llvm.parse_assembly("")
+    empty.triple = target.triple
+    engine = llvm.create_mcjit_compiler(empty, tm)
+    try:
+        engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        engine.finalize_object()
+    except RuntimeError as exc:
+        raise CompileError(f"could not load object code of kernel {signature.name}: {exc}") \
+            from exc
+    return CompiledKernel(signature, engine, target, ir_text)
+
+
+def aligned_empty(shape: int | tuple[int, ...], dtype: Any, align: int = 64) -> np.ndarray:
+    """An uninitialised array whose data starts on an ``align``-byte boundary (for buffers
+    declared aligned)."""
+    dt = np.dtype(dtype)
+    count = int(np.prod(shape))
+    raw = np.empty(count * dt.itemsize + align, np.uint8)
+    offset = (-raw.ctypes.data) % align
+    return raw[offset:offset + count * dt.itemsize].view(dt).reshape(shape)

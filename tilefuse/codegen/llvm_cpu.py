@@ -1,0 +1,352 @@
+"""Loop IR -> LLVM IR for x86-64 CPUs (llvmlite), with OpenMP threads for parallel loops.
+
+The module holds one exported C-ABI function per kernel::
+
+    void <name>(void **buffers, int64_t *scalars, int32_t num_threads)
+
+It loads the arguments and calls ``<name>.impl``, an internal, always-inlined function whose
+buffer parameters are ``noalias`` (and ``align N`` where the kernel declares it), so LLVM may
+reorder and vectorise memory accesses freely. ``num_threads`` (0: OpenMP's default) is passed to
+every ``GOMP_parallel``.
+
+Lowering choices:
+
+* Values are SSA; loop variables are phis. ``unrolled`` loops are emitted once per iteration with
+  the variable bound to a constant. ``vectorized`` loops are plain loops: the body already works
+  on vectors (see :mod:`tilefuse.loop.ir`). Tails are the lowering's job, written in the loop IR
+  as scalar remainder loops or ``If``\\ s; there are no masked loads.
+* Loads and stores use element alignment (NumPy buffers need not be vector aligned).
+* ``Local`` arrays are allocas in the function's entry block; with constant indices (unrolled
+  loops) SROA turns them into registers.
+* A ``parallel`` loop is outlined: its free values and buffers go into a context struct on the
+  stack; ``GOMP_parallel(fn, ctx, num_threads, 0)`` runs ``fn`` on each thread, which takes its
+  static chunk of iterations from ``omp_get_thread_num()``/``omp_get_num_threads()`` and calls
+  the loop body function (again with ``noalias`` buffers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llvmlite import ir
+
+from tilefuse.codegen.llvm_ops import LLVMOps, emit_value_op
+from tilefuse.codegen.llvm_types import (
+    I8,
+    I32,
+    I64,
+    PTR,
+    VOID,
+    declare,
+    llvm_type,
+    scalar_type,
+)
+from tilefuse.codegen.math_lib import MathLib
+from tilefuse.dtypes import DType
+from tilefuse.errors import CompileError, TilefuseError
+from tilefuse.loop.ir import (
+    Block,
+    BufferParam,
+    Expr,
+    For,
+    If,
+    Let,
+    Local,
+    LocalStore,
+    LoopFunction,
+    LoopKind,
+    Stmt,
+    Store,
+    XOp,
+    defined_names,
+    expr_children,
+    walk_expr,
+    walk_stmts,
+)
+from tilefuse.loop.verify import verify
+
+Value = ir.Value
+
+
+def lower_to_llvm(fn: LoopFunction) -> ir.Module:
+    """The LLVM module for ``fn`` (verified first; CompileError if lowering fails)."""
+    verify(fn)
+    module = ir.Module(name=fn.name)
+    try:
+        _Lowering(fn, module).lower()
+    except TilefuseError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, AssertionError) as exc:
+        raise CompileError(f"lowering kernel {fn.name} to LLVM failed: {exc}") from exc
+    return module
+
+
+def uses_openmp(fn: LoopFunction) -> bool:
+    return any(isinstance(s, For) and s.kind is LoopKind.PARALLEL for s in walk_stmts(fn.body))
+
+
+@dataclass
+class _FnState:
+    """Where code is being emitted: one LLVM function and what is in scope there."""
+
+    fn: ir.Function
+    b: ir.IRBuilder
+    allocas: ir.IRBuilder
+    ops: LLVMOps
+    buffers: dict[str, tuple[Value, BufferParam]]
+    env: dict[str, Value] = field(default_factory=dict)
+    locals: dict[str, Value] = field(default_factory=dict)  # typed pointers to arrays
+    num_threads: Value | None = None
+
+
+class _Lowering:
+    def __init__(self, fn: LoopFunction, module: ir.Module):
+        self.fn = fn
+        self.module = module
+        self.math = MathLib(module)
+        self.outlined = 0
+
+    def lower(self) -> None:
+        names = [(s, ir.IntType(64)) for s in self.fn.scalars]
+        impl, state = self.define(f"{self.fn.name}.impl", list(self.fn.buffers), names,
+                                  with_threads=True)
+        self.stmt(state, self.fn.body)
+        state.b.ret_void()
+        self.define_entry(impl)
+
+    def define_entry(self, impl: ir.Function) -> None:
+        entry = ir.Function(self.module, ir.FunctionType(VOID, [PTR, PTR, I32]), self.fn.name)
+        entry.attributes.add("nounwind")
+        args_ptr, scalars_ptr, threads = entry.args
+        b = ir.IRBuilder(entry.append_basic_block("entry"))
+        values: list[Value] = []
+        for i in range(len(self.fn.buffers)):
+            values.append(b.load(b.gep(args_ptr, [ir.Constant(I64, i)], source_etype=PTR),
+                                 typ=PTR))
+        for i in range(len(self.fn.scalars)):
+            values.append(b.load(b.gep(scalars_ptr, [ir.Constant(I64, i)], source_etype=I64),
+                                 typ=I64))
+        b.call(impl, [*values, threads])
+        b.ret_void()
+
+    def define(self, name: str, buffers: list[BufferParam], values: list[tuple[str, ir.Type]],
+               *, with_threads: bool = False) -> tuple[ir.Function, _FnState]:
+        """An internal function taking ``buffers`` (noalias pointers) and named values."""
+        params = [PTR] * len(buffers) + [t for _, t in values] + ([I32] if with_threads else [])
+        fn = ir.Function(self.module, ir.FunctionType(VOID, params), name)
+        fn.linkage = "internal"
+        fn.attributes.add("alwaysinline")
+        fn.attributes.add("nounwind")
+        entry = fn.append_basic_block("entry")
+        body = fn.append_basic_block("body")
+        allocas = ir.IRBuilder(entry)
+        allocas.position_before(allocas.branch(body))
+        b = ir.IRBuilder(body)
+        state = _FnState(fn, b, allocas, LLVMOps(b, self.math), {})
+        for arg, buf in zip(fn.args, buffers):
+            arg.name = buf.name
+            arg.add_attribute("noalias")
+            if buf.align:
+                arg.attributes.align = buf.align
+            state.buffers[buf.name] = (arg, buf)
+        for arg, (vname, _) in zip(fn.args[len(buffers):], values):
+            arg.name = vname
+            state.env[vname] = arg
+        if with_threads:
+            state.num_threads = fn.args[-1]
+        return fn, state
+
+    # ------------------------------------------------------------------ statements
+    def stmt(self, st: _FnState, s: Stmt) -> None:
+        if isinstance(s, Block):
+            for child in s.stmts:
+                self.stmt(st, child)
+        elif isinstance(s, For):
+            self.loop(st, s)
+        elif isinstance(s, If):
+            self.branch(st, s)
+        elif isinstance(s, Let):
+            st.env[s.name] = self.expr(st, s.value, {})
+        elif isinstance(s, Local):
+            ty = ir.ArrayType(llvm_type(s.type), s.count)
+            st.locals[s.name] = st.allocas.alloca(ty, name=s.name)
+        elif isinstance(s, LocalStore):
+            st.b.store(self.expr(st, s.value, {}), self.local_ptr(st, s.name, s.index))
+        elif isinstance(s, Store):
+            self.store(st, s)
+        else:
+            raise CompileError(f"cannot lower statement {type(s).__name__}")
+
+    def store(self, st: _FnState, s: Store) -> None:
+        value = self.expr(st, s.value, {})
+        ptr, buf = st.buffers[s.buffer]
+        if buf.dtype is DType.bool:
+            value = st.b.zext(value, llvm_type(s.value.type, memory=True))
+        address = self.element_ptr(st, ptr, buf, self.expr(st, s.index, {}))
+        st.b.store(value, address, align=buf.dtype.itemsize)
+
+    def loop(self, st: _FnState, s: For) -> None:
+        start, stop = self.expr(st, s.start, {}), self.expr(st, s.stop, {})
+        if s.kind is LoopKind.UNROLLED:
+            for i in range(s.start.arg, s.stop.arg, s.step):  # type: ignore[call-overload]
+                st.env[s.var] = ir.Constant(I64, i)
+                self.stmt(st, s.body)
+        elif s.kind is LoopKind.PARALLEL:
+            self.parallel(st, s, start, stop)
+        else:
+            self.serial(st, s.var, start, stop, s.step, s.body)
+
+    def serial(self, st: _FnState, var: str, start: Value, stop: Value, step: int,
+               body: Stmt) -> None:
+        b = st.b
+        before = b.block
+        head = st.fn.append_basic_block(f"{var}.head")
+        body_bb = st.fn.append_basic_block(f"{var}.body")
+        done = st.fn.append_basic_block(f"{var}.done")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64, name=var)
+        i.add_incoming(start, before)
+        b.cbranch(b.icmp_signed("<", i, stop), body_bb, done)
+        b.position_at_end(body_bb)
+        st.env[var] = i
+        self.stmt(st, body)
+        i.add_incoming(b.add(i, ir.Constant(I64, step)), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def branch(self, st: _FnState, s: If) -> None:
+        b = st.b
+        cond = self.expr(st, s.cond, {})
+        then_bb = st.fn.append_basic_block("then")
+        else_bb = st.fn.append_basic_block("else") if s.else_ is not None else None
+        merge = st.fn.append_basic_block("endif")
+        b.cbranch(cond, then_bb, else_bb or merge)
+        for bb, body in ((then_bb, s.then), (else_bb, s.else_)):
+            if bb is None or body is None:
+                continue
+            b.position_at_end(bb)
+            self.stmt(st, body)
+            b.branch(merge)
+        b.position_at_end(merge)
+
+    # ------------------------------------------------------------------ parallel loops
+    def parallel(self, st: _FnState, s: For, start: Value, stop: Value) -> None:
+        """Outlines ``s`` and runs it on OpenMP threads with GOMP_parallel."""
+        inner = defined_names(s.body) | {s.var}
+        free = sorted(_free_names(s.body) - inner)
+        captured = [(n, st.env[n]) for n in free]
+        buffers = [st.buffers[n] for n in sorted(_buffer_names(s.body))]
+        fields = [PTR] * len(buffers) + [v.type for _, v in captured] + [I64, I64]
+        ctx_type = ir.LiteralStructType(fields)
+        name = f"{self.fn.name}.par{self.outlined}"
+        self.outlined += 1
+        body_fn = self.parallel_body(name, s, [buf for _, buf in buffers], captured)
+        worker = self.parallel_worker(name, ctx_type, body_fn, s.step)
+        ctx = st.allocas.alloca(ctx_type, name=f"{name}.ctx")
+        values = [ptr for ptr, _ in buffers] + [v for _, v in captured] + [start, stop]
+        for i, v in enumerate(values):
+            st.b.store(v, st.b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+        gomp = declare(self.module, "GOMP_parallel", VOID, [PTR, PTR, I32, I32])
+        threads = st.num_threads if st.num_threads is not None else ir.Constant(I32, 0)
+        st.b.call(gomp, [worker, ctx, threads, ir.Constant(I32, 0)])
+
+    def parallel_body(self, name: str, s: For, buffers: list[BufferParam],
+                      captured: list[tuple[str, Value]]) -> ir.Function:
+        values = [(n, v.type) for n, v in captured] + [("par.lo", I64), ("par.hi", I64)]
+        fn, state = self.define(f"{name}.body", buffers, values)
+        lo, hi = fn.args[-2], fn.args[-1]
+        self.serial(state, s.var, lo, hi, s.step, s.body)
+        state.b.ret_void()
+        return fn
+
+    def parallel_worker(self, name: str, ctx_type: ir.LiteralStructType,
+                        body_fn: ir.Function, step: int) -> ir.Function:
+        """``void name(ptr ctx)``: this thread's static chunk of the loop's iterations."""
+        fn = ir.Function(self.module, ir.FunctionType(VOID, [PTR]), name)
+        fn.linkage = "internal"
+        fn.attributes.add("nounwind")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        ctx = fn.args[0]
+        fields = [b.load(b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)],
+                               source_etype=ctx_type), typ=t)
+                  for i, t in enumerate(ctx_type.elements)]
+        start, stop = fields[-2], fields[-1]
+        thread_fn = declare(self.module, "omp_get_thread_num", I32, [])
+        count_fn = declare(self.module, "omp_get_num_threads", I32, [])
+        tid = b.sext(b.call(thread_fn, []), I64)
+        nthreads = b.sext(b.call(count_fn, []), I64)
+        one, step_c = ir.Constant(I64, 1), ir.Constant(I64, step)
+        span = b.sub(stop, start)
+        trips = b.sdiv(b.add(span, ir.Constant(I64, step - 1)), step_c)
+        trips = b.select(b.icmp_signed(">", span, ir.Constant(I64, 0)), trips,
+                         ir.Constant(I64, 0))
+        chunk = b.sdiv(b.sub(b.add(trips, nthreads), one), nthreads)
+        first = b.mul(tid, chunk)
+        last = b.add(first, chunk)
+        last = b.select(b.icmp_signed("<", last, trips), last, trips)
+        lo = b.add(start, b.mul(first, step_c))
+        hi = b.add(start, b.mul(last, step_c))
+        b.call(body_fn, [*fields[:-2], lo, hi])
+        b.ret_void()
+        return fn
+
+    # ------------------------------------------------------------------ expressions
+    def expr(self, st: _FnState, e: Expr, memo: dict[int, Value]) -> Value:
+        """The value of ``e``; ``memo`` shares repeated sub-trees within one statement."""
+        found = memo.get(id(e))
+        if found is not None:
+            return found
+        if e.op is XOp.VAR:
+            value = st.env[e.arg]  # type: ignore[index]
+        elif e.op is XOp.LOAD:
+            value = self.load(st, e, self.expr(st, e.args[0], memo))
+        elif e.op is XOp.LOCAL_LOAD:
+            ptr = self.local_ptr(st, e.arg, e.args[0], memo)  # type: ignore[arg-type]
+            value = st.b.load(ptr, typ=llvm_type(e.type))
+        else:
+            args = [self.expr(st, a, memo) for a in e.args]
+            value = emit_value_op(st.ops, e, args)
+        memo[id(e)] = value
+        return value
+
+    def load(self, st: _FnState, e: Expr, index: Value) -> Value:
+        ptr, buf = st.buffers[e.arg]  # type: ignore[index]
+        address = self.element_ptr(st, ptr, buf, index)
+        value = st.b.load(address, typ=llvm_type(e.type, memory=True), align=buf.dtype.itemsize)
+        if buf.dtype is DType.bool:
+            value = st.b.icmp_unsigned("!=", value, _zero_bytes(e.lanes))
+        return value
+
+    def element_ptr(self, st: _FnState, ptr: Value, buf: BufferParam, index: Value) -> Value:
+        return st.b.gep(ptr, [index], inbounds=True,
+                        source_etype=scalar_type(buf.dtype, memory=True))
+
+    def local_ptr(self, st: _FnState, name: str, index: Expr,
+                  memo: dict[int, Value] | None = None) -> Value:
+        alloca = st.locals[name]
+        i = self.expr(st, index, memo if memo is not None else {})
+        return st.b.gep(alloca, [ir.Constant(I64, 0), i], inbounds=True)  # typed: no etype
+
+
+def _zero_bytes(lanes: int) -> ir.Constant:
+    zero = ir.Constant(I8, 0)
+    return zero if lanes == 1 else ir.Constant(ir.VectorType(I8, lanes), [zero] * lanes)
+
+
+def _free_names(s: Stmt) -> set[str]:
+    names: set[str] = set()
+    for node in walk_stmts(s):
+        for e in expr_children(node):
+            names.update(n.arg for n in walk_expr(e) if n.op is XOp.VAR)  # type: ignore[misc]
+    return names
+
+
+def _buffer_names(s: Stmt) -> set[str]:
+    names: set[str] = set()
+    for node in walk_stmts(s):
+        if isinstance(node, Store):
+            names.add(node.buffer)
+        for e in expr_children(node):
+            names.update(n.arg for n in walk_expr(e) if n.op is XOp.LOAD)  # type: ignore[misc]
+    return names

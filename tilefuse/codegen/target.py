@@ -1,0 +1,78 @@
+"""The CPU target: LLVM initialisation (once), the host's triple, CPU and features, and
+target machines at opt level 3."""
+
+from __future__ import annotations
+
+import ctypes.util
+import functools
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+
+from tilefuse.errors import CompileError
+
+
+@functools.cache
+def initialise_llvm() -> None:
+    """Initialises LLVM's native target and asm printer (once per process)."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    llvm.initialize_native_asmparser()
+
+
+@functools.cache
+def load_openmp() -> str:
+    """Loads libgomp so that JIT code can resolve GOMP_parallel; returns the library's name."""
+    name = ctypes.util.find_library("gomp")
+    if name is None:
+        raise CompileError("parallel loops need libgomp (the OpenMP runtime), which was not "
+                           "found; install libgomp1 or compile without parallel loops")
+    try:
+        llvm.load_library_permanently(name)
+    except RuntimeError as exc:
+        raise CompileError(f"could not load {name}: {exc}") from exc
+    return name
+
+
+@dataclass(frozen=True)
+class CpuTarget:
+    """What code is generated for: an LLVM triple, CPU name and feature string."""
+
+    triple: str
+    cpu: str
+    features: str
+
+    def has(self, feature: str) -> bool:
+        """Whether the target has ``feature`` (``"avx512f"``, ``"fma"``, ...)."""
+        return f"+{feature}" in self.features.split(",")
+
+    @property
+    def vector_bits(self) -> int:
+        """The widest vector registers: 512 with AVX-512, 256 with AVX, else 128."""
+        if self.has("avx512f"):
+            return 512
+        return 256 if self.has("avx") else 128
+
+    def vector_lanes(self, itemsize: int) -> int:
+        """How many elements of ``itemsize`` bytes fill one vector register."""
+        return max(1, self.vector_bits // (8 * itemsize))
+
+    def __str__(self) -> str:
+        return f"{self.triple}/{self.cpu}"
+
+
+def host_target() -> CpuTarget:
+    """The machine this process runs on."""
+    initialise_llvm()
+    return CpuTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(),
+                     llvm.get_host_cpu_features().flatten())
+
+
+def target_machine(target: CpuTarget) -> llvm.TargetMachine:
+    """An LLVM target machine for ``target`` at opt level 3 (JIT code model)."""
+    initialise_llvm()
+    try:
+        return llvm.Target.from_triple(target.triple).create_target_machine(
+            cpu=target.cpu, features=target.features, opt=3, jit=True)
+    except RuntimeError as exc:
+        raise CompileError(f"no LLVM target machine for {target}: {exc}") from exc

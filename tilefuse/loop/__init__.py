@@ -1,0 +1,48 @@
+"""The loop IR: loops with kinds, vector loads and stores, locals; printer, simplifier,
+verifier and a NumPy interpreter (the oracle for code generation)."""
+
+from tilefuse.loop.interp import interpret
+from tilefuse.loop.ir import (
+    BOOL,
+    I64,
+    Block,
+    BufferParam,
+    Expr,
+    For,
+    If,
+    Let,
+    Local,
+    LocalStore,
+    LoopFunction,
+    LoopKind,
+    LType,
+    Stmt,
+    Store,
+    XOp,
+    binary,
+    block,
+    broadcast,
+    cast,
+    const,
+    fma,
+    load,
+    local_load,
+    loop,
+    maximum,
+    minimum,
+    reduce,
+    select,
+    unary,
+    var,
+)
+from tilefuse.loop.printer import format_expr, format_function
+from tilefuse.loop.simplify import fold_constants, fold_expr, hoist_invariants, simplify
+from tilefuse.loop.verify import verify
+
+__all__ = [
+    "BOOL", "I64", "Block", "BufferParam", "Expr", "For", "If", "LType", "Let", "Local",
+    "LocalStore", "LoopFunction", "LoopKind", "Stmt", "Store", "XOp", "binary", "block",
+    "broadcast", "cast", "const", "fma", "fold_constants", "fold_expr", "format_expr",
+    "format_function", "hoist_invariants", "interpret", "load", "local_load", "loop", "maximum",
+    "minimum", "reduce", "select", "simplify", "unary", "var", "verify",
+]
