@@ -26,10 +26,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workloads import WORKLOADS, Workload  # noqa: E402
+from workloads import WORKLOADS, Workload
 
-import tilefuse  # noqa: E402
-from tilefuse.testing import assert_close  # noqa: E402
+import tilefuse
+from tilefuse.testing import assert_close
 
 
 def _peers(w: Workload, inputs: list[np.ndarray]) -> dict[str, Callable[[], Any]]:
