@@ -13,7 +13,7 @@ from typing import Any
 
 _EXPORTS = {
     "CompiledKernel": "jit", "KernelSignature": "jit", "compile_kernel": "jit",
-    "load_kernel": "jit", "llvm_ir_text": "jit", "aligned_empty": "jit",
+    "load_kernel": "jit", "kernel_from_bytes": "jit", "llvm_ir_text": "jit", "aligned_empty": "jit",
     "lower_to_llvm": "llvm_cpu", "CpuTarget": "target", "host_target": "target",
     "ScalarOps": "scalar_ops", "MathLib": "math_lib",
 }

@@ -3,18 +3,24 @@
 :func:`compile_kernel` returns a :class:`CompiledKernel`, callable with NumPy arrays and ints in
 the kernel's argument order. It keeps its execution engine alive, and can give back the optimised
 LLVM IR, the assembly and the object code; :func:`load_kernel` turns object code back into a
-kernel (what a disk cache stores: the object bytes plus the :class:`KernelSignature` as JSON).
+kernel. :meth:`CompiledKernel.to_bytes` / :func:`kernel_from_bytes` wrap object code, signature
+and target in one self-checking blob (a SHA-256 digest), which is what a disk cache should store:
+a corrupt or foreign entry then raises CompileError (a miss) instead of crashing in LLVM.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
+import struct
 from dataclasses import dataclass
 from typing import Any
 
 import llvmlite.binding as llvm
 import numpy as np
 
+from tilefuse.codegen.elf_check import check_object
 from tilefuse.codegen.llvm_cpu import lower_to_llvm, uses_openmp
 from tilefuse.codegen.target import CpuTarget, host_target, load_openmp, target_machine
 from tilefuse.dtypes import parse_dtype
@@ -24,6 +30,7 @@ from tilefuse.loop.ir import BufferParam, LoopFunction
 from tilefuse.loop.simplify import simplify
 
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
+_MAGIC = b"TFKERN01"
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,14 @@ class CompiledKernel:
         """The object file (for a disk cache; see :func:`load_kernel`)."""
         return target_machine(self.target).emit_object(self._module())
 
+    def to_bytes(self) -> bytes:
+        """Object code, signature and target in one blob that :func:`kernel_from_bytes` checks."""
+        header = json.dumps({"signature": self.signature.to_json(),
+                             "target": [self.target.triple, self.target.cpu,
+                                        self.target.features]}).encode()
+        payload = struct.pack("<I", len(header)) + header + self.object_code()
+        return _MAGIC + hashlib.sha256(payload).digest() + payload
+
 
 def _parse(text: str, name: str) -> llvm.ModuleRef:
     try:
@@ -155,6 +170,7 @@ def compile_kernel(fn: LoopFunction, *, target: CpuTarget | None = None,
 def load_kernel(obj: bytes, signature: KernelSignature, *, target: CpuTarget | None = None,
                 ir_text: str | None = None) -> CompiledKernel:
     """A kernel from object code made by :meth:`CompiledKernel.object_code` on this target."""
+    check_object(obj)
     target = target or host_target()
     tm = target_machine(target)
     if signature.uses_openmp:
@@ -169,6 +185,28 @@ def load_kernel(obj: bytes, signature: KernelSignature, *, target: CpuTarget | N
         raise CompileError(f"could not load object code of kernel {signature.name}: {exc}") \
             from exc
     return CompiledKernel(signature, engine, target, ir_text)
+
+
+def kernel_from_bytes(blob: bytes, *, target: CpuTarget | None = None) -> CompiledKernel:
+    """The kernel in a :meth:`CompiledKernel.to_bytes` blob; CompileError if the blob is corrupt
+    or was made for another target (its code might not run here)."""
+    target = target or host_target()
+    head = len(_MAGIC) + 32
+    if len(blob) < head + 4 or not blob.startswith(_MAGIC):
+        raise CompileError("not a tilefuse kernel blob")
+    payload = blob[head:]
+    if hashlib.sha256(payload).digest() != blob[len(_MAGIC):head]:
+        raise CompileError("kernel blob is corrupt (digest mismatch)")
+    (size,) = struct.unpack_from("<I", payload)
+    try:
+        header = json.loads(payload[4:4 + size])
+        made_for = CpuTarget(*header["target"])
+        signature = KernelSignature.from_json(header["signature"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CompileError(f"kernel blob header is malformed: {exc!r}") from exc
+    if made_for != target:
+        raise CompileError(f"kernel {signature.name} was compiled for {made_for}, not {target}")
+    return load_kernel(payload[4 + size:], signature, target=target)
 
 
 def aligned_empty(shape: int | tuple[int, ...], dtype: Any, align: int = 64) -> np.ndarray:

@@ -97,6 +97,7 @@ class _FnState:
     env: dict[str, Value] = field(default_factory=dict)
     locals: dict[str, Value] = field(default_factory=dict)  # typed pointers to arrays
     num_threads: Value | None = None
+    thread_id: Value = field(default_factory=lambda: ir.Constant(I64, 0))
 
 
 class _Lowering:
@@ -253,9 +254,10 @@ class _Lowering:
 
     def parallel_body(self, name: str, s: For, buffers: list[BufferParam],
                       captured: list[tuple[str, Value]]) -> ir.Function:
-        values = [(n, v.type) for n, v in captured] + [("par.lo", I64), ("par.hi", I64)]
+        values = [(n, v.type) for n, v in captured] + [("par.tid", I64), ("par.lo", I64),
+                                                        ("par.hi", I64)]
         fn, state = self.define(f"{name}.body", buffers, values)
-        lo, hi = fn.args[-2], fn.args[-1]
+        state.thread_id, lo, hi = fn.args[-3:]
         self.serial(state, s.var, lo, hi, s.step, s.body)
         state.b.ret_void()
         return fn
@@ -287,7 +289,7 @@ class _Lowering:
         last = b.select(b.icmp_signed("<", last, trips), last, trips)
         lo = b.add(start, b.mul(first, step_c))
         hi = b.add(start, b.mul(last, step_c))
-        b.call(body_fn, [*fields[:-2], lo, hi])
+        b.call(body_fn, [*fields[:-2], tid, lo, hi])
         b.ret_void()
         return fn
 
@@ -299,6 +301,8 @@ class _Lowering:
             return found
         if e.op is XOp.VAR:
             value = st.env[e.arg]  # type: ignore[index]
+        elif e.op is XOp.THREAD_ID:
+            value = st.thread_id
         elif e.op is XOp.LOAD:
             value = self.load(st, e, self.expr(st, e.args[0], memo))
         elif e.op is XOp.LOCAL_LOAD:

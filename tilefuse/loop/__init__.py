@@ -32,6 +32,7 @@ from tilefuse.loop.ir import (
     minimum,
     reduce,
     select,
+    thread_id,
     unary,
     var,
 )
@@ -44,5 +45,5 @@ __all__ = [
     "LocalStore", "LoopFunction", "LoopKind", "Stmt", "Store", "XOp", "binary", "block",
     "broadcast", "cast", "const", "fma", "fold_constants", "fold_expr", "format_expr",
     "format_function", "hoist_invariants", "interpret", "load", "local_load", "loop", "maximum",
-    "minimum", "reduce", "select", "simplify", "unary", "var", "verify",
+    "minimum", "reduce", "select", "simplify", "thread_id", "unary", "var", "verify",
 ]

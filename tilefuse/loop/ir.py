@@ -47,6 +47,7 @@ class XOp(enum.Enum):
 
     CONST = "const"
     VAR = "var"
+    THREAD_ID = "thread_id"
     LOAD = "load"
     LOCAL_LOAD = "local_load"
     BROADCAST = "broadcast"
@@ -110,9 +111,9 @@ UNARY_MATH = frozenset({XOp.EXP, XOp.LOG, XOp.LOG1P, XOp.EXPM1, XOp.SQRT, XOp.RS
                         XOp.SIGMOID, XOp.ERF, XOp.SIN, XOp.COS, XOp.FLOOR, XOp.CEIL, XOp.ROUND})
 REDUCE = frozenset({XOp.REDUCE_ADD, XOp.REDUCE_MAX, XOp.REDUCE_MIN})
 MEMORY = frozenset({XOp.LOAD, XOp.LOCAL_LOAD})
-LEAF = frozenset({XOp.CONST, XOp.VAR})
-#: ops computed by the scalar-op protocol (everything that is not a leaf or a memory access)
-VALUE_OPS = frozenset(XOp) - MEMORY - {XOp.VAR}
+LEAF = frozenset({XOp.CONST, XOp.VAR, XOp.THREAD_ID})
+#: ops computed by the scalar-op protocol (all but variables, thread ids and memory accesses)
+VALUE_OPS = frozenset(XOp) - MEMORY - {XOp.VAR, XOp.THREAD_ID}
 FLOAT_ONLY = UNARY_MATH | {XOp.DIV, XOp.POW, XOp.ISNAN}
 INT_ONLY = frozenset({XOp.MOD, XOp.FLOORDIV})
 LOGICAL = frozenset({XOp.AND, XOp.OR, XOp.XOR, XOp.NOT})  # ints (bitwise) and bools
@@ -213,6 +214,12 @@ def const(value: int | float | bool, dtype: DType = DType.i64, lanes: int = 1) -
 def var(name: str, type: LType = I64) -> Expr:
     """A loop variable, scalar parameter (both ``i64``) or let-bound value."""
     return Expr(XOp.VAR, type, (), name)
+
+
+def thread_id() -> Expr:
+    """The OpenMP thread number inside a parallel loop, 0 elsewhere (``i64``). The interpreter
+    runs parallel loops serially, so there it is always 0."""
+    return Expr(XOp.THREAD_ID, I64)
 
 
 def as_expr(value: Expr | int | float | bool, like: LType = I64) -> Expr:

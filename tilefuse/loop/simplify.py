@@ -47,6 +47,9 @@ _INT_FOLD: dict[XOp, Callable[[int, int], int | bool]] = {
 }
 
 
+_NEVER_HOISTED = frozenset({XOp.LOCAL_LOAD, XOp.THREAD_ID})  # locals change; ids differ by region
+
+
 def _wrap(value: int, dtype: DType) -> int | bool:
     """``value`` as ``dtype`` stores it (two's complement wrap-around)."""
     if dtype.is_bool:
@@ -260,7 +263,7 @@ class _Hoister:
 
     def invariant(self, e: Expr, variant: set[str], loads_ok: bool) -> bool:
         for node in walk_expr(e):
-            if (node.op is XOp.VAR and node.arg in variant) or node.op is XOp.LOCAL_LOAD:
+            if (node.op is XOp.VAR and node.arg in variant) or node.op in _NEVER_HOISTED:
                 return False
             if node.op is XOp.LOAD and not (loads_ok and node.arg in self.readonly):
                 return False
@@ -303,7 +306,7 @@ class _Hoister:
 
     def collect_expr(self, e: Expr, variant: set[str], loads_ok: bool,
                      found: dict[Expr, str]) -> None:
-        if e.op in (XOp.CONST, XOp.VAR):
+        if e.op in (XOp.CONST, XOp.VAR, XOp.THREAD_ID):
             return
         if e in found or self.invariant(e, variant, loads_ok):
             found.setdefault(e, self.namer.fresh())

@@ -203,6 +203,8 @@ class _Checker:
             if have is None:
                 return f"{e.arg} is used before it is defined or outside its scope"
             return None if have == t else f"{e.arg} is {have}, used as {t}"
+        if op is XOp.THREAD_ID:
+            return None if t == I64 else f"is {t}, not i64"
         if op is XOp.LOAD:
             buf = self.buffers.get(e.arg)  # type: ignore[arg-type]
             if buf is None:
@@ -218,7 +220,7 @@ class _Checker:
 
 def arity(op: XOp) -> int:
     """How many expression operands ``op`` takes."""
-    if op in (XOp.CONST, XOp.VAR):
+    if op in (XOp.CONST, XOp.VAR, XOp.THREAD_ID):
         return 0
     if op in BINARY or op in COMPARE:
         return 2
