@@ -185,6 +185,8 @@ def test_argument_checks():
         kernel(x, frozen, 32)
     with pytest.raises(GuardError, match="int"):
         kernel(x, y, 32.0)
+    with pytest.raises(GuardError, match="num_threads"):
+        kernel(x, y, 32, num_threads=-1)
     kernel(frozen, y, 32)  # a readonly buffer may get a readonly array
 
 

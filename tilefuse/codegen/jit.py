@@ -24,7 +24,7 @@ from tilefuse.codegen.elf_check import check_object
 from tilefuse.codegen.llvm_cpu import lower_to_llvm, uses_openmp
 from tilefuse.codegen.target import CpuTarget, host_target, load_openmp, target_machine
 from tilefuse.dtypes import parse_dtype
-from tilefuse.errors import CompileError, TilefuseError
+from tilefuse.errors import CompileError, GuardError, TilefuseError
 from tilefuse.loop.interp import check_arguments
 from tilefuse.loop.ir import BufferParam, LoopFunction
 from tilefuse.loop.simplify import simplify
@@ -88,6 +88,9 @@ class CompiledKernel:
         """Runs the kernel; arrays are checked like the interpreter checks them (GuardError)."""
         sig = self.signature
         arrays, values = check_arguments(sig.name, sig.buffers, sig.scalars, args)
+        if not 0 <= num_threads < 2 ** 31:
+            raise GuardError(f"{sig.name}: num_threads must be >= 0 (0: OpenMP's default), "
+                             f"got {num_threads}")
         pointers = self._buffer_array(*(a.ctypes.data for a in arrays))
         scalars = self._scalar_array(*values)
         self._entry(ctypes.addressof(pointers), ctypes.addressof(scalars), int(num_threads))

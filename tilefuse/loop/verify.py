@@ -100,7 +100,11 @@ class _Checker:
         self.buffers = buffers
 
     def fail(self, s: Stmt, message: str) -> VerifyError:
-        return VerifyError(f"{message} (in `{format_stmt(s)[0].strip()}`)")
+        try:
+            where = format_stmt(s)[0].strip()
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+            where = f"a malformed {type(s).__name__}"  # the printer expects well-formed IR
+        return VerifyError(f"{message} (in `{where}`)")
 
     def stmt(self, s: Stmt, scope: _Scope) -> None:
         if isinstance(s, Block):
