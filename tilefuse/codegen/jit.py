@@ -84,6 +84,9 @@ class CompiledKernel:
     def name(self) -> str:
         return self.signature.name
 
+    def __repr__(self) -> str:
+        return f"<CompiledKernel {self.name} for {self.target}>"
+
     def __call__(self, *args: object, num_threads: int = 0) -> None:
         """Runs the kernel; arrays are checked like the interpreter checks them (GuardError)."""
         sig = self.signature

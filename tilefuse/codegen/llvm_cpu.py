@@ -82,6 +82,7 @@ def lower_to_llvm(fn: LoopFunction) -> ir.Module:
 
 
 def uses_openmp(fn: LoopFunction) -> bool:
+    """Whether ``fn`` has a parallel loop (and so needs libgomp at run time)."""
     return any(isinstance(s, For) and s.kind is LoopKind.PARALLEL for s in walk_stmts(fn.body))
 
 

@@ -308,9 +308,8 @@ def emit_value_op(ops: LLVMOps, e: Expr, args: Sequence[Value]) -> Value:
         return apply_op(ops, e, args)
     f32 = LType(DType.f32, operand.lanes)
     wide = [ops.cast(operand, a, f32) for a in args]  # every operand has the operand type here
-    result_type = e.type.with_lanes(e.lanes) if e.dtype is not operand.dtype else \
-        LType(DType.f32, e.lanes)
-    promoted = Expr(e.op, result_type, tuple(replace(a, type=f32.with_lanes(a.lanes))
-                                             for a in e.args), e.arg)
+    rounds_back = e.dtype is operand.dtype  # not for comparisons and isnan (bool results)
+    result_type = LType(DType.f32, e.lanes) if rounds_back else e.type
+    promoted = Expr(e.op, result_type, tuple(replace(a, type=f32) for a in e.args), e.arg)
     result = apply_op(ops, promoted, wide)
-    return ops.cast(result_type, result, e.type) if e.dtype is operand.dtype else result
+    return ops.cast(result_type, result, e.type) if rounds_back else result

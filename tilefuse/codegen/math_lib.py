@@ -9,10 +9,10 @@ range needs) except erf's, which are a Chebyshev interpolant of erfcx computed w
 ``c_j = 2/N * sum_k erfcx(x_k) cos(j theta_k)`` over N Chebyshev nodes (``c_0`` halved).
 
 Accuracy (max ulp against float64/mpmath references, measured by tests/codegen/test_math.py):
-exp, log, tanh, sigmoid <= 4 ulp in f32. sin/cos reduce in float64 with a three-part pi/2 (via
-fma) and are accurate for |x| < 1e15 (f32) / 1e6 (f64); beyond that the reduction loses
-accuracy (results stay in [-1, 1]). f32 pow is computed in float64; f64 pow is exp(y*log|x|),
-whose error grows with |y*log x|.
+exp, log, tanh, sigmoid, erf, log1p, expm1 <= 4 ulp in f32. sin/cos compute in float64 over the
+whole range: Cody-Waite with a three-double pi/2 (fma) below 2**45, and above it (branching only
+when some lane needs it) a table-free Payne-Hanek reduction with 2/pi as a sum of doubles. f32
+pow is computed in float64; f64 pow is exp(y*log|x|), whose error grows with |y*log x|.
 """
 
 from __future__ import annotations
@@ -321,6 +321,88 @@ def _erf(em: _Em, x: ir.Value) -> ir.Value:
 _PIO2 = (1.5707963267948966, 6.123233995736766e-17, -1.4973849048591698e-33)
 _SIN_TAIL = _taylor(lambda k: (-1) ** (k + 1) / math.factorial(2 * k + 3), 7)  # r^3 * P(r^2)
 _COS = _taylor(lambda k: (-1) ** k / math.factorial(2 * k), 9)
+#: beyond this |x|, n = rint(x * 2/pi) is no longer exact in f64: reduce the slow way
+_HUGE_ARG = 2.0 ** 45
+#: 2**600 * 2/pi as a sum of doubles (mpmath, 3000 bits: each term is the rounded remainder)
+_TWO_OVER_PI_2P600 = tuple(float.fromhex(h) for h in (
+    "0x1.45f306dc9c883p+599", "-0x1.6b01ec5417056p+545", "-0x1.6447e493ad4cep+491",
+    "0x1.e21c820ff28b2p+437", "-0x1.508510ea79237p+382", "0x1.b8e909374b802p+326",
+    "-0x1.b6d115f62e6dep+272", "-0x1.80f10a71a76b3p+217", "0x1.cfba208d7d4bbp+162",
+    "-0x1.2edec598e3f65p+106", "-0x1.741037d8cdc54p+51", "0x1.cc1a99cfa4e42p-3",
+    "0x1.7e2ef7e4a0ec8p-58", "-0x1.da00087e99fc0p-118", "-0x1.0d0ee74a5f593p-172",
+    "0x1.f6d367ecf27cbp-228", "0x1.36e9e8c7ecd3dp-285", "-0x1.00ae9456c229cp-339",
+    "-0x1.41a0e84c2f8c6p-396", "-0x1.0eb5ada2b2809p-453", "-0x1.0277039517bd5p-507",
+    "0x1.98237e3db5d60p-567", "-0x1.e6087beca1794p-621"))
+
+
+def _mod4(w: _Em, n: ir.Value) -> ir.Value:
+    """n mod 4 in [0, 4) for an integer-valued double n."""
+    return w.sub(n, w.mul(w.f(4.0), w.unary("floor", w.mul(n, w.f(0.25)))))
+
+
+def _near_mod4(w: _Em, t: ir.Value) -> ir.Value:
+    """t minus the multiple of 4 nearest to it: in [-2, 2], exact for any double t (unlike a
+    result in [0, 4), which would round away the low bits of a tiny negative t)."""
+    return w.sub(t, w.mul(w.f(4.0), w.unary("rint", w.mul(t, w.f(0.25)))))
+
+
+def _reduce_fast(w: _Em, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Cody-Waite with a three-double pi/2 and fma: (n mod 4, x - n*pi/2) for |x| < 2**45."""
+    n = w.unary("rint", w.mul(x, w.f(2.0 / math.pi)))
+    r = x
+    for part in _PIO2:
+        r = w.fma(n, w.f(-part), r)
+    return _mod4(w, n), r
+
+
+def _reduce_huge(w: _Em, x: ir.Value, terms: int) -> tuple[ir.Value, ir.Value]:
+    """Payne-Hanek style reduction for |x| >= 2**45, in f64 without tables: each product of x
+    with a term of 2/pi is split exactly (fma) and reduced mod 4 exactly; the integer parts are
+    summed exactly and the fractions in double-double. Returns (quadrant, r)."""
+    x = w.mul(x, w.f(2.0 ** -600))  # exact; the terms carry the 2**600
+    ints, s, err = w.f(0.0), w.f(0.0), w.f(0.0)
+    for c in _TWO_OVER_PI_2P600[:terms]:
+        hi = w.mul(x, w.f(c))
+        for t in (hi, w.fma(x, w.f(c), w.neg(hi))):
+            t = _near_mod4(w, t)
+            whole = w.unary("rint", t)
+            ints = w.add(ints, whole)
+            s, e = _two_sum(w, s, w.sub(t, whole))
+            err = w.add(err, e)
+    whole = w.unary("rint", s)
+    s, ints = w.sub(s, whole), w.add(ints, whole)
+    frac_hi = w.add(s, err)
+    frac_lo = w.sub(err, w.sub(frac_hi, s))
+    r = w.fma(frac_hi, w.f(_PIO2[0]), w.fma(frac_lo, w.f(_PIO2[0]),
+                                              w.mul(frac_hi, w.f(_PIO2[1]))))
+    return _mod4(w, ints), r
+
+
+def _two_sum(w: _Em, a: ir.Value, b: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """a + b = s + e exactly (Knuth)."""
+    s = w.add(a, b)
+    bb = w.sub(s, a)
+    return s, w.add(w.sub(a, w.sub(s, bb)), w.sub(b, bb))
+
+
+def _reduce_pio2(w: _Em, x: ir.Value, terms: int) -> tuple[ir.Value, ir.Value]:
+    """(quadrant in [0, 4), r in [-pi/4, pi/4]) with x = (quadrant + 4k)*pi/2 + r; the slow
+    reduction runs only when some lane needs it."""
+    b = w.b
+    q, r = _reduce_fast(w, x)
+    huge = w.cmp(">=", w.unary("fabs", x), w.f(_HUGE_ARG))
+    any_huge = huge if w.lanes == 1 else intrinsic(
+        b, "vector.reduce.or", [huge], ret=ir.IntType(1), overloads=[huge.type])
+    before = b.block
+    with b.if_then(any_huge, likely=False):
+        q_huge, r_huge = _reduce_huge(w, x, terms)
+        q_slow, r_slow = w.sel(huge, q_huge, q), w.sel(huge, r_huge, r)
+        slow = b.block
+    q_phi, r_phi = b.phi(q.type), b.phi(r.type)
+    for phi, fast_v, slow_v in ((q_phi, q, q_slow), (r_phi, r, r_slow)):
+        phi.add_incoming(fast_v, before)
+        phi.add_incoming(slow_v, slow)
+    return q_phi, r_phi
 
 
 def _sincos(em: _Em, x: ir.Value, *, cos: bool) -> ir.Value:
@@ -328,11 +410,7 @@ def _sincos(em: _Em, x: ir.Value, *, cos: bool) -> ir.Value:
     w = em.widened()
     b = em.b
     xd = x if em.wide else b.fpext(x, w.fty)
-    n = w.unary("rint", w.mul(xd, w.f(2.0 / math.pi)))
-    r = xd
-    for part in _PIO2:
-        r = w.fma(n, w.f(-part), r)
-    quadrant = w.sub(n, w.mul(w.f(4.0), w.unary("floor", w.mul(n, w.f(0.25)))))
+    quadrant, r = _reduce_pio2(w, xd, 23 if em.wide else 6)  # 2/pi terms for |x| < 2**1024, 2**128
     q = w.to_int(quadrant)
     if cos:
         q = b.add(q, w.i(1))
@@ -341,7 +419,6 @@ def _sincos(em: _Em, x: ir.Value, *, cos: bool) -> ir.Value:
     c = w.poly(z, _COS)
     v = w.sel(b.icmp_signed("!=", b.and_(q, w.i(1)), w.i(0)), c, s)
     v = w.sel(b.icmp_signed("!=", b.and_(q, w.i(2)), w.i(0)), w.neg(v), v)
-    v = w.sel(w.cmp(">", v, w.f(1.0)), w.f(1.0), w.sel(w.cmp("<", v, w.f(-1.0)), w.f(-1.0), v))
     bad = b.or_(w.isnan(xd), w.cmp("==", w.unary("fabs", xd), w.f(INF)))
     v = w.sel(bad, w.f(NAN), v)
     if not cos:

@@ -37,6 +37,7 @@ Loop kinds:
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tilefuse.dtypes import DType
@@ -470,7 +471,7 @@ def stmt_children(s: Stmt) -> tuple[Stmt, ...]:
     return ()
 
 
-def walk_expr(e: Expr):
+def walk_expr(e: Expr) -> Iterator[Expr]:
     """Yields ``e`` and every sub-expression (pre-order; shared nodes once per occurrence)."""
     stack = [e]
     while stack:
@@ -479,7 +480,7 @@ def walk_expr(e: Expr):
         stack.extend(reversed(node.args))
 
 
-def walk_stmts(s: Stmt):
+def walk_stmts(s: Stmt) -> Iterator[Stmt]:
     """Yields ``s`` and every nested statement (pre-order)."""
     yield s
     for child in stmt_children(s):
