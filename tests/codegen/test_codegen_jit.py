@@ -153,6 +153,16 @@ def test_corrupt_or_foreign_code_is_refused_not_run():
         kernel_from_bytes(blob, target=other)
 
 
+def test_unchecked_call_on_raw_addresses():
+    kernel = compile_kernel(axpy())
+    rng = np.random.default_rng(12)
+    x, y = random_array(rng, (64,), F32), random_array(rng, (64,), F32)
+    expected = (2.5 * x.astype(np.float64) + y).astype(np.float32)
+    kernel.call_unchecked([x.ctypes.data, y.ctypes.data], [64])
+    assert_close(y, expected)
+    assert kernel.address
+
+
 def test_aligned_buffers():
     kernel = compile_kernel(axpy(align=64))
     rng = np.random.default_rng(2)

@@ -76,6 +76,7 @@ class CompiledKernel:
         address = engine.get_function_address(signature.name)
         if not address:
             raise CompileError(f"compiled code has no function {signature.name!r}")
+        self.address = address  # void name(void **buffers, int64_t *scalars, int32_t threads)
         self._entry = _ENTRY(address)
         self._buffer_array = ctypes.c_void_p * max(1, len(signature.buffers))
         self._scalar_array = ctypes.c_int64 * max(1, len(signature.scalars))
@@ -94,9 +95,15 @@ class CompiledKernel:
         if not 0 <= num_threads < 2 ** 31:
             raise GuardError(f"{sig.name}: num_threads must be >= 0 (0: OpenMP's default), "
                              f"got {num_threads}")
-        pointers = self._buffer_array(*(a.ctypes.data for a in arrays))
-        scalars = self._scalar_array(*values)
-        self._entry(ctypes.addressof(pointers), ctypes.addressof(scalars), int(num_threads))
+        self.call_unchecked([a.ctypes.data for a in arrays], values, num_threads)
+
+    def call_unchecked(self, pointers: list[int], scalars: list[int],
+                       num_threads: int = 0) -> None:
+        """Runs the kernel on raw buffer addresses, without any check: for a runtime that has
+        validated its arguments once. Wrong addresses or sizes corrupt memory."""
+        buffers = self._buffer_array(*pointers)
+        values = self._scalar_array(*scalars)
+        self._entry(ctypes.addressof(buffers), ctypes.addressof(values), num_threads)
 
     def llvm_ir(self) -> str:
         """The optimised LLVM IR (for dumps)."""
