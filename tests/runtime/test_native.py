@@ -1,0 +1,219 @@
+"""The native CPU executable on whole graphs, against the reference interpreter: which groups run
+natively, host fallbacks (logged), the arena, guards, multi-output graphs and dumps."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from tilefuse.dtypes import DType
+from tilefuse.errors import GuardError
+from tilefuse.graph.builder import GraphBuilder
+from tilefuse.graph.interpreter import interpret
+from tilefuse.graph.ir import Graph, Value
+from tilefuse.runtime.launch import HostStep, NativeStep
+from tilefuse.runtime.native import NativeExecutable, build_native
+from tilefuse.testing import assert_close, random_array
+
+F32 = DType.f32
+
+
+def constant(builder: GraphBuilder, array: np.ndarray) -> Value:
+    return builder.add1("constant", [], {"value": array})
+
+
+def ffn_graph(m: int, k: int, n: int, *, weight_input: bool = False) -> Graph:
+    """gelu(x @ w + b), w and b constants (or w a graph input)."""
+    rng = np.random.default_rng(k)
+    builder = GraphBuilder("ffn")
+    x = builder.input(((m, k), F32), "x")
+    w = builder.input(((k, n), F32), "w") if weight_input else \
+        constant(builder, random_array(rng, (k, n), F32, -0.5, 0.5))
+    b = constant(builder, random_array(rng, (n,), F32))
+    y = builder.add1("matmul", [x, w])
+    y = builder.add1("add", [y, b])
+    return builder.build([builder.add1("gelu", [y])])
+
+
+def check(graph: Graph, *, reduction: bool = False, seed: int = 0,
+          executable: NativeExecutable | None = None) -> NativeExecutable:
+    """Runs ``graph`` natively and with the interpreter on fresh random inputs; compares."""
+    exe = executable or NativeExecutable(graph)
+    rng = np.random.default_rng(seed)
+    arrays = [random_array(rng, tuple(v.shape), v.dtype) for v in graph.inputs]
+    expected = interpret(graph, *arrays)
+    got = exe(*arrays)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert_close(g, e, reduction=reduction)
+    return exe
+
+
+def native_steps(exe: NativeExecutable) -> list[NativeStep]:
+    return [s for s in exe.steps if isinstance(s, NativeStep)]
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 5, 3), (13, 35, 17), (100, 513, 257)])
+def test_gelu_matmul_bias_is_one_native_kernel(m, k, n):
+    exe = check(ffn_graph(m, k, n), reduction=True)
+    assert exe.fallbacks == []
+    assert len(exe.steps) == 1 and len(native_steps(exe)[0].launches) == 1
+
+
+def test_weight_from_an_input_is_packed_at_run_time():
+    exe = check(ffn_graph(13, 35, 17, weight_input=True), reduction=True)
+    assert exe.fallbacks == []
+    [step] = native_steps(exe)
+    assert len(step.launches) == 2  # packing kernel, then the matmul
+
+
+def test_transposed_constant_weight_is_packed_once_at_build_time():
+    """x @ w.T + b with w constant: the prologue runs now, so the call is one kernel."""
+    rng = np.random.default_rng(3)
+    builder = GraphBuilder("linear")
+    x = builder.input(((13, 35), F32), "x")
+    w = constant(builder, random_array(rng, (17, 35), F32))
+    y = builder.add1("matmul", [x, builder.add1("transpose", [w], {"perm": (1, 0)})])
+    graph = builder.build([builder.add1("add", [y, constant(builder, random_array(
+        rng, (17,), F32))])])
+    exe = check(graph, reduction=True)
+    [step] = native_steps(exe)
+    assert len(step.launches) == 1 and exe.fallbacks == []
+
+
+def test_batched_matmul_graph():
+    builder = GraphBuilder("bmm")
+    q = builder.input(((3, 13, 35), F32), "q")
+    k = builder.input(((3, 35, 17), F32), "k")
+    scores = builder.add1("matmul", [q, k])
+    exe = check(builder.build([builder.add1("softmax", [scores])]), reduction=True)
+    assert exe.fallbacks == []
+
+
+def test_vector_operand_falls_back(caplog):
+    builder = GraphBuilder("mv")
+    x = builder.input(((7, 5), F32), "x")
+    v = builder.input(((5,), F32), "v")
+    graph = builder.build([builder.add1("matmul", [x, v])])
+    with caplog.at_level(logging.DEBUG, logger="tilefuse.fallback"):
+        exe = check(graph, reduction=True)
+    [(_, reason)] = exe.fallbacks
+    assert "1-D" in reason
+    assert any("1-D" in r.getMessage() for r in caplog.records)
+
+
+def test_groups_of_constants_are_folded_at_build_time():
+    """sum(c) (a reduction: no native lowering) over a constant runs once, at build time, and
+    keeps its 0-d shape."""
+    builder = GraphBuilder("folded")
+    x = builder.input(((7,), F32), "x")
+    c = constant(builder, np.arange(5, dtype=np.float32))
+    total = builder.add1("sum", [c], {"axes": None})
+    exe = check(builder.build([builder.add1("mul", [x, total]), total]))
+    assert exe.fallbacks == [] and len(exe.steps) == 1
+
+
+def test_softmax():
+    builder = GraphBuilder("softmax")
+    x = builder.input(((7, 513), F32), "x")
+    exe = check(builder.build([builder.add1("softmax", [x])]), reduction=True)
+    assert exe.fallbacks == []
+
+
+def test_layer_norm():
+    builder = GraphBuilder("ln")
+    x = builder.input(((13, 257), F32), "x")
+    g = builder.input(((257,), F32), "g")
+    b = builder.input(((257,), F32), "b")
+    exe = check(builder.build([builder.add1("layer_norm", [x, g, b])]), reduction=True)
+    assert exe.fallbacks == []
+
+
+def test_elementwise_chain():
+    builder = GraphBuilder("chain")
+    x = builder.input(((7, 513), F32), "x")
+    y = builder.input(((513,), F32), "y")
+    t = builder.add1("tanh", [builder.add1("mul", [x, y])])
+    out = builder.add1("sigmoid", [builder.add1("sub", [t, x])])
+    exe = check(builder.build([out]))
+    assert exe.fallbacks == []
+    assert len(exe.steps) == 1
+
+
+def test_concat_falls_back_to_the_host_and_says_so(caplog):
+    builder = GraphBuilder("cat")
+    x = builder.input(((7, 5), F32), "x")
+    y = builder.input(((7, 3), F32), "y")
+    joined = builder.add1("concat", [builder.add1("exp", [x]), y], {"axis": 1})
+    graph = builder.build([builder.add1("tanh", [joined])])
+    with caplog.at_level(logging.DEBUG, logger="tilefuse.fallback"):
+        exe = check(graph)
+    assert [s for s in exe.steps if isinstance(s, HostStep)]
+    records = [r for r in caplog.records if r.name == "tilefuse.fallback"]
+    assert records and any("concat" in r.getMessage() for r in records)
+    assert exe.fallbacks and all(reason for _, reason in exe.fallbacks)
+
+
+def test_multi_output_graph_and_outputs_never_alias():
+    rng = np.random.default_rng(9)
+    builder = GraphBuilder("multi")
+    x = builder.input(((13, 35), F32), "x")
+    w = constant(builder, random_array(rng, (35, 17), F32))
+    h = builder.add1("matmul", [x, w])
+    g = builder.add1("gelu", [h])
+    s = builder.add1("exp", [builder.add1("neg", [g])])
+    c = constant(builder, random_array(rng, (3,), F32))
+    graph = builder.build([h, g, s, x, g, c])
+    exe = check(graph, reduction=True)
+    outs = exe(random_array(rng, (13, 35), F32))
+    again = exe(random_array(rng, (13, 35), F32))
+    for i, out in enumerate(outs):
+        assert out.flags.writeable
+        assert not np.shares_memory(out, exe.arena)
+        for j, other in enumerate(outs):
+            assert i == j or not np.shares_memory(out, other)
+        assert not np.shares_memory(out, again[i])
+
+
+def test_intermediates_live_in_the_arena():
+    builder = GraphBuilder("two_kernels")
+    x = builder.input(((64, 64), F32), "x")
+    y = builder.add1("matmul", [x, x])  # the operand is not a constant: packed at run time
+    z = builder.add1("softmax", [y])
+    exe = check(builder.build([z]), reduction=True)
+    assert exe.memory_plan.arena_bytes >= 64 * 64 * 4
+    assert exe.arena.ctypes.data % 64 == 0
+
+
+def test_guards_reject_what_was_not_compiled_for():
+    exe = NativeExecutable(ffn_graph(7, 5, 3))
+    good = np.ones((7, 5), np.float32)
+    exe(good)
+    with pytest.raises(GuardError, match=r"f32|float32"):
+        exe(np.ones((7, 6), np.float32))
+    with pytest.raises(GuardError):
+        exe(np.ones((7, 5), np.float64))
+    with pytest.raises(GuardError, match="C-contiguous"):
+        exe(np.ones((5, 7), np.float32).T)
+    with pytest.raises(GuardError, match="takes 1 inputs"):
+        exe(good, good)
+
+
+def test_dump_files(tmp_path):
+    build_native(ffn_graph(13, 35, 17, weight_input=True), tmp_path)
+    plan = (tmp_path / "kernels.plan").read_text()
+    assert "memory plan" in plan and "native" in plan
+    kernels = tmp_path / "kernels"
+    for suffix in (".schedule.json", ".loop", ".ll", ".s"):
+        assert list(kernels.glob(f"*{suffix}")), suffix
+    assert any("vfmadd" in p.read_text() for p in kernels.glob("*.s"))
+
+
+def test_fallback_is_marked_in_the_plan_dump(tmp_path):
+    builder = GraphBuilder("cat")
+    x = builder.input(((4, 5), F32), "x")
+    graph = builder.build([builder.add1("concat", [x, x], {"axis": 0})])
+    build_native(graph, tmp_path)
+    assert "HOST FALLBACK" in (tmp_path / "kernels.plan").read_text()

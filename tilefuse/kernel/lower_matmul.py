@@ -1,0 +1,580 @@
+"""Contraction kernels: a (batched) matmul with its elementwise epilogue, lowered to loop IR.
+
+``C[..., M, N] = epilogue(A[..., M, K] @ B[..., K, N])``. B is read packed (see
+:mod:`tilefuse.kernel.packing`: panels of ``NR`` columns, each ``K x NR`` contiguous) unless the
+schedule says not to pack it. :class:`MatmulParams` (filled from a schedule) drive the nest: the
+cache-block loops over ``b`` (batch), ``n`` (NC columns), ``k`` (KC) and ``m`` (MC rows) in the
+schedule's order, one of them parallel, then inside each block::
+
+    for jr in jc..min(jc+NC, N_full) step NR:         full panels
+      for ir in ic..min(ic+MC, M_full) step MR:       full register tiles
+        micro-kernel MR x NR
+      micro-kernel (M % MR) x NR                      (last MC block only)
+    micro-kernels over the partial last panel         (last NC block only)
+
+The micro-kernel keeps an ``MR x NR`` tile of C in registers (``MR * NR/V`` accumulators of V
+lanes: 24 zmm for 12x32 f32 on AVX-512) and for each ``k`` loads ``NR/V`` vectors of B and
+broadcasts one element of A per row into an ``fma``. The partial last panel uses narrower
+vectors (V, then halves down to scalars), so nothing is stored past column N.
+
+The epilogue (bias, gelu, any elementwise chain after the matmul in the kernel group) is applied
+to the accumulators right before the store. With K blocking the first blocks' partial sums are
+kept in the output itself; that needs a single output of the accumulator's dtype, so other groups
+run K in one block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tilefuse.dtypes import DType
+from tilefuse.errors import CompileError
+from tilefuse.graph.ir import Node, Value
+from tilefuse.kernel.access import (
+    LoadInput,
+    Namer,
+    NotVectorizable,
+    dims,
+    identifier,
+    kernel_buffers,
+    load_contiguous,
+    unflatten,
+)
+from tilefuse.kernel.fusion import KernelGroup, KernelKind
+from tilefuse.kernel.packing import pack_b, pack_kernel, packed_shape
+from tilefuse.kernel.scalar_expr import element_expr
+from tilefuse.kernel.schedule import Schedule
+from tilefuse.loop.ir import (
+    BufferParam,
+    Expr,
+    If,
+    Let,
+    Local,
+    LoopFunction,
+    LoopKind,
+    LType,
+    Stmt,
+    XOp,
+    binary,
+    block,
+    broadcast,
+    const,
+    expr_children,
+    fma,
+    loop,
+    minimum,
+    var,
+    walk_expr,
+    walk_stmts,
+)
+from tilefuse.loop.simplify import fold_constants
+
+#: the dtypes the matmul kernel computes in
+MATMUL_DTYPES = frozenset({DType.f32, DType.f64})
+BLOCK_AXES = ("b", "n", "k", "m")
+
+
+@dataclass(frozen=True)
+class MatmulParams:
+    """The numbers that shape the loop nest. ``kc``/``mc``/``nc`` of 0 mean the whole axis
+    (``nc`` 0: one panel); ``order`` is the block loops' order (outermost first); ``parallel``
+    names the block axis split over threads ("n", "m", "b", or "" for none); ``unroll_k``
+    unrolls the micro-kernel's k loop; ``pack_b`` reads B packed into panels (else in place)."""
+
+    mr: int = 12
+    nr: int = 32
+    lanes: int = 16
+    kc: int = 0
+    mc: int = 0
+    nc: int = 0
+    parallel: str = "n"
+    order: tuple[str, ...] = ("b", "n", "k", "m")
+    unroll_k: int = 1
+    pack_b: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("mr", "nr", "lanes", "unroll_k"):
+            if getattr(self, name) <= 0:
+                raise CompileError(f"matmul {name} must be positive, got {getattr(self, name)}")
+        for name in ("kc", "mc", "nc"):
+            if getattr(self, name) < 0:
+                raise CompileError(f"matmul {name} must be >= 0, got {getattr(self, name)}")
+        if self.lanes & (self.lanes - 1):
+            raise CompileError(f"vector width must be a power of two, got {self.lanes}")
+        if self.parallel not in ("n", "m", "b", ""):
+            raise CompileError(f"matmul parallel axis must be n, m, b or none, got "
+                               f"{self.parallel!r}")
+        if sorted(a for a in self.order if a != "b") != ["k", "m", "n"] or \
+                not set(self.order) <= set(BLOCK_AXES) or len(set(self.order)) != len(self.order):
+            raise CompileError(f"matmul block order must be a permutation of n, k, m (and b), "
+                               f"got {list(self.order)}")
+
+
+@dataclass(frozen=True)
+class MatmulShape:
+    """``[*batch, M, K] x [*batch, K, N]``; an operand that is not batched is shared by every
+    matrix of the batch (NumPy broadcasting of a 2-D operand)."""
+
+    batch: tuple[int, ...]
+    m: int
+    n: int
+    k: int
+    a_batched: bool = True
+    b_batched: bool = True
+
+    @property
+    def batch_size(self) -> int:
+        return int(np.prod(self.batch, dtype=np.int64))
+
+
+#: an epilogue: (accumulator, output index (batch dims..., row, column), lanes) -> stored value
+TileValue = Callable[[Expr, tuple[Expr, ...], int], Expr]
+
+
+@dataclass(frozen=True)
+class TileOutput:
+    """One output of the kernel: its buffer (``[*batch, M, N]`` row-major) and the value stored
+    there, computed from the accumulator."""
+
+    buffer: BufferParam
+    value: TileValue
+
+
+def identity_value(acc: Expr, index: tuple[Expr, ...], lanes: int) -> Expr:
+    """The plain matmul: store the accumulator."""
+    return acc
+
+
+def column_chunks(width: int, lanes: int) -> list[tuple[int, int]]:
+    """``(offset, lanes)`` pieces covering ``width`` columns: full vectors of ``lanes``, then
+    halves down to single elements (31 = 16 + 8 + 4 + 2 + 1)."""
+    chunks: list[tuple[int, int]] = []
+    offset, step = 0, lanes
+    while offset < width:
+        while step > width - offset:
+            step //= 2
+        chunks.append((offset, step))
+        offset += step
+    return chunks
+
+
+def matmul_function(name: str, shape: MatmulShape, dtype: DType, params: MatmulParams,
+                    outputs: Sequence[TileOutput], extra_buffers: Sequence[BufferParam] = (),
+                    *, a: BufferParam | None = None, b: BufferParam | None = None
+                    ) -> LoopFunction:
+    """The kernel ``name(a, b, *outputs, *extra_buffers)``: A row-major (buffer ``A`` unless
+    given), B packed with panel width ``params.nr`` (``Bp``) or row-major when
+    ``params.pack_b`` is off (``B``). ``extra_buffers``: what the outputs' values load."""
+    a = a or BufferParam("A", dtype, readonly=True)
+    b = b or BufferParam("Bp" if params.pack_b else "B", dtype, readonly=True,
+                         align=64 if params.pack_b else 0)
+    body = matmul_body(shape, dtype, params, outputs, a, b)
+    return _assemble(name, body, a, b, outputs, extra_buffers)
+
+
+def matmul_body(shape: MatmulShape, dtype: DType, params: MatmulParams,
+                outputs: Sequence[TileOutput], a: BufferParam, b: BufferParam) -> Stmt:
+    """The loop nest of :func:`matmul_function` (building it calls the outputs' values)."""
+    if dtype not in MATMUL_DTYPES:
+        raise CompileError(f"the matmul kernel computes in f32 or f64, not {dtype}")
+    if not outputs:
+        raise CompileError("a matmul kernel needs at least one output")
+    if min(shape.m, shape.n, shape.k, shape.batch_size) <= 0:
+        raise CompileError(f"empty matmul {shape}: nothing to lower")
+    return _NestBuilder(shape, dtype, params, tuple(outputs), a, b).build()
+
+
+class _NestBuilder:
+    """Builds the loop nest of one matmul kernel (see the module docstring)."""
+
+    def __init__(self, shape: MatmulShape, dtype: DType, params: MatmulParams,
+                 outputs: tuple[TileOutput, ...], a: BufferParam, b: BufferParam):
+        self.s, self.dtype, self.p, self.outputs = shape, dtype, params, outputs
+        self.a, self.b = a, b
+        self.nr = params.nr
+        self.mr = min(params.mr, shape.m)
+        self.nc = _block(params.nc or params.nr, shape.n, self.nr)
+        self.mc = _block(params.mc, shape.m, self.mr)
+        single = len(outputs) == 1 and outputs[0].buffer.dtype is dtype
+        self.kc = params.kc if single and 0 < params.kc < shape.k else shape.k
+        self.m_full = shape.m // self.mr * self.mr
+        self.n_full = shape.n // self.nr * self.nr
+        batched = shape.batch_size > 1 or params.parallel == "b"
+        self.bt: Expr = var("bt") if batched else const(0)
+        self.kc_var: Expr = var("kc") if self.kc < shape.k else const(0)
+        self.tags = 0  # numbers the micro-kernels, so that their names are unique
+
+    # ---------------------------------------------------------------- the nest
+    def build(self) -> Stmt:
+        s = self.s
+        jc, ic = var("jc"), var("ic")
+        nest: list[Stmt] = self.panels(jc, ic)
+        for axis in reversed(self.p.order):
+            kind = LoopKind.PARALLEL if axis == self.p.parallel else LoopKind.SERIAL
+            if axis == "n":
+                nest = [loop("jc", 0, s.n, nest, step=self.nc, kind=kind)]
+            elif axis == "m":
+                nest = [loop("ic", 0, s.m, nest, step=self.mc, kind=kind)]
+            elif axis == "k" and self.kc < s.k:
+                nest = [loop("kc", 0, s.k, nest, step=self.kc)]
+            elif axis == "b" and self.bt.op is XOp.VAR:
+                nest = [loop("bt", 0, s.batch_size, nest, kind=kind)]
+        if "b" not in self.p.order and self.bt.op is XOp.VAR:
+            kind = LoopKind.PARALLEL if self.p.parallel == "b" else LoopKind.SERIAL
+            nest = [loop("bt", 0, s.batch_size, nest, kind=kind)]
+        return block(*nest)
+
+    def panels(self, jc: Expr, ic: Expr) -> list[Stmt]:
+        """Full panels of this (jc, ic) block, then the partial last panel."""
+        s = self.s
+        stmts: list[Stmt] = []
+        if self.n_full:
+            jr = var("jr")
+            stmts.append(loop("jr", jc, minimum(jc + self.nc, self.n_full),
+                              self.rows(ic, jr, column_chunks(self.nr, self.p.lanes), "f"),
+                              step=self.nr))
+        if s.n > self.n_full:
+            tail = self.rows(ic, const(self.n_full),
+                             column_chunks(s.n - self.n_full, self.p.lanes), "t")
+            stmts.append(If(_ge(jc + self.nc, s.n), block(*tail)))
+        return stmts
+
+    def rows(self, ic: Expr, j0: Expr, chunks: list[tuple[int, int]], tag: str) -> list[Stmt]:
+        """The register tiles of one panel within this row block."""
+        stmts: list[Stmt] = []
+        if self.m_full:
+            ir = var(f"ir_{tag}")
+            stmts.append(loop(f"ir_{tag}", ic, minimum(ic + self.mc, self.m_full),
+                              self.micro(self.mr, ir, j0, chunks), step=self.mr))
+        if self.s.m > self.m_full:
+            tail = self.micro(self.s.m - self.m_full, const(self.m_full), j0, chunks)
+            stmts.append(If(_ge(ic + self.mc, self.s.m), block(*tail)))
+        return stmts
+
+    # ---------------------------------------------------------------- micro-kernel
+    def micro(self, rows: int, i0: Expr, j0: Expr, chunks: list[tuple[int, int]]) -> list[Stmt]:
+        """One ``rows x width`` tile at (i0, j0): init, the k loop of fmas, epilogue stores."""
+        tag = self.tags
+        self.tags += 1
+        accs = [Local(f"acc{tag}_{c}", LType(self.dtype, lanes), rows)
+                for c, (_, lanes) in enumerate(chunks)]
+        return [*accs, self.init(tag, rows, i0, j0, chunks, accs),
+                *self.k_loops(tag, rows, i0, j0, chunks, accs),
+                self.finish(tag, rows, i0, j0, chunks, accs)]
+
+    def init(self, tag: int, rows: int, i0: Expr, j0: Expr, chunks: list[tuple[int, int]],
+             accs: list[Local]) -> Stmt:
+        """Accumulators start at 0, or (later K blocks) at the partial sums kept in C."""
+        r = var(f"z{tag}")
+        zeros = [acc.store(r, const(0.0, self.dtype, lanes))
+                 for acc, (_, lanes) in zip(accs, chunks)]
+        zero_loop = loop(f"z{tag}", 0, rows, zeros, kind=LoopKind.UNROLLED)
+        if self.kc >= self.s.k:
+            return zero_loop
+        y = var(f"y{tag}")
+        out = self.outputs[0].buffer
+        partial = [acc.store(y, out.load(self.c_index(i0 + y, j0 + off), lanes))
+                   for acc, (off, lanes) in zip(accs, chunks)]
+        reload = loop(f"y{tag}", 0, rows, partial, kind=LoopKind.UNROLLED)
+        return If(binary(XOp.EQ, self.kc_var, 0), zero_loop, reload)
+
+    def k_loops(self, tag: int, rows: int, i0: Expr, j0: Expr, chunks: list[tuple[int, int]],
+                accs: list[Local]) -> list[Stmt]:
+        """The k loop (unrolled by ``unroll_k``, with a remainder loop)."""
+        s, u = self.s, self.p.unroll_k
+        k0 = self.kc_var
+        k1: Expr = minimum(k0 + self.kc, s.k) if self.kc < s.k else const(s.k)
+        if u == 1:
+            k = var(f"k{tag}")
+            return [loop(f"k{tag}", k0, k1, self.fmas(f"{tag}", rows, i0, j0, k, chunks, accs))]
+        ku, kk = var(f"ku{tag}"), var(f"kk{tag}")
+        main_end = Let(f"kend{tag}", k0 + (k1 - k0) // u * u)
+        unrolled = loop(f"kk{tag}", 0, u, self.fmas(f"{tag}u", rows, i0, j0, ku + kk, chunks,
+                                                      accs), kind=LoopKind.UNROLLED)
+        k = var(f"k{tag}")
+        return [main_end, loop(f"ku{tag}", k0, main_end.ref, [unrolled], step=u),
+                loop(f"k{tag}", main_end.ref, k1,
+                     self.fmas(f"{tag}r", rows, i0, j0, k, chunks, accs))]
+
+    def fmas(self, tag: str, rows: int, i0: Expr, j0: Expr, k: Expr,
+             chunks: list[tuple[int, int]], accs: list[Local]) -> list[Stmt]:
+        """One step of k: B vectors loaded once, A broadcast per row, one fma per accumulator."""
+        s, r = self.s, var(f"r{tag}")
+        a_base = self.bt * (s.m * s.k) if s.a_batched else const(0)
+        b_vecs = [Let(f"b{tag}_{c}", self.b.load(self.b_index(j0, k, off), lanes))
+                  for c, (off, lanes) in enumerate(chunks)]
+        a = Let(f"a{tag}", self.a.load(a_base + (i0 + r) * s.k + k))
+        updates: list[Stmt] = [a]
+        for acc, b_vec, (_, lanes) in zip(accs, b_vecs, chunks):
+            a_vec = a.ref if lanes == 1 else broadcast(a.ref, lanes)
+            updates.append(acc.store(r, fma(a_vec, b_vec.ref, acc.load(r))))
+        return [*b_vecs, loop(f"r{tag}", 0, rows, updates, kind=LoopKind.UNROLLED)]
+
+    def finish(self, tag: int, rows: int, i0: Expr, j0: Expr, chunks: list[tuple[int, int]],
+               accs: list[Local]) -> Stmt:
+        """Epilogue stores after the last K block; raw partial sums after the others."""
+        w = var(f"w{tag}")
+        stores: list[Stmt] = []
+        for acc, (off, lanes) in zip(accs, chunks):
+            i, j = i0 + w, j0 + off
+            index = (*self.batch_index(), i, j)
+            for out in self.outputs:
+                value = out.value(acc.load(w), index, lanes)
+                stores.append(out.buffer.store(self.c_index(i, j), value))
+        done = loop(f"w{tag}", 0, rows, stores, kind=LoopKind.UNROLLED)
+        if self.kc >= self.s.k:
+            return done
+        v = var(f"v{tag}")
+        out = self.outputs[0].buffer
+        raw = [out.store(self.c_index(i0 + v, j0 + off), acc.load(v))
+               for acc, (off, _) in zip(accs, chunks)]
+        keep = loop(f"v{tag}", 0, rows, raw, kind=LoopKind.UNROLLED)
+        return If(_ge(self.kc_var + self.kc, self.s.k), done, keep)
+
+    # ---------------------------------------------------------------- indices
+    def b_index(self, j0: Expr, k: Expr, off: int) -> Expr:
+        """Element (k, j0 + off) of B: in its panel (j0 starts one), or row-major."""
+        s = self.s
+        if not self.p.pack_b:
+            base = self.bt * (s.k * s.n) if s.b_batched else const(0)
+            return base + k * s.n + j0 + off
+        panels = -(-s.n // self.nr)
+        base = self.bt * (panels * s.k * self.nr) if s.b_batched else const(0)
+        return base + j0 * s.k + k * self.nr + off
+
+    def c_index(self, i: Expr, j: Expr) -> Expr:
+        return (self.bt * self.s.m + i) * self.s.n + j
+
+    def batch_index(self) -> tuple[Expr, ...]:
+        """The batch dims of the output index, unflattened from ``bt``."""
+        return unflatten(self.bt, self.s.batch) if self.s.batch else ()
+
+
+def _block(requested: int, extent: int, unit: int) -> int:
+    """A cache-block size: ``requested`` (0: the whole extent) rounded up to a multiple of
+    ``unit``, and at most the extent rounded up to it."""
+    whole = -(-extent // unit) * unit
+    if requested <= 0:
+        return whole
+    return min(-(-requested // unit) * unit, whole)
+
+
+def _ge(a: Expr, b: int) -> Expr:
+    return binary(XOp.GE, a, b)
+
+
+# ==================================================================== schedules
+
+
+def params_from_schedule(schedule: Schedule) -> MatmulParams:
+    """The nest a contraction schedule describes: ``micro_tile`` = (MR, NR), ``vector_width``,
+    the cache blocks ``tiles`` m/n/k = MC/NC/KC and their ``order``, the first of
+    ``parallel_axes`` (n, m or b), ``unroll`` of k, and whether ``pack`` holds "B" (A is
+    always read in place)."""
+    if schedule.kind is not KernelKind.CONTRACTION or schedule.micro_tile is None:
+        raise CompileError(f"a matmul needs a contraction schedule, got {schedule}")
+    mr, nr = schedule.micro_tile
+    parallel = schedule.parallel_axes[0] if schedule.parallel_axes else ""
+    if parallel not in ("n", "m", "b", ""):
+        raise CompileError(f"a matmul cannot run axis {parallel!r} in parallel")
+    unroll = dict(schedule.unroll).get("k", 1)
+    return MatmulParams(mr=mr, nr=nr, lanes=schedule.vector_width,
+                        kc=schedule.tile("k") or 0, mc=schedule.tile("m") or 0,
+                        nc=schedule.tile("n") or 0, parallel=parallel,
+                        order=tuple(a for a in schedule.order if a in BLOCK_AXES),
+                        unroll_k=unroll, pack_b="B" in schedule.pack)
+
+
+# ==================================================================== kernel groups
+
+
+def matmul_node(group: KernelGroup) -> Node:
+    """The group's anchor as a matmul node; CompileError when it is anything else."""
+    anchor = group.anchor
+    if group.kind is not KernelKind.CONTRACTION or anchor is None or \
+            anchor.op.name != "matmul":
+        what = anchor.op.name if anchor is not None else "none"
+        raise CompileError(f"kernel {group.name}: the matmul lowering needs a contraction "
+                           f"anchored on a matmul, got a {group.kind.value} with anchor {what}")
+    return anchor
+
+
+def matmul_shape(node: Node) -> MatmulShape:
+    """The problem size of a matmul node: static dims, operands of rank >= 2 whose batch dims
+    are the output's or absent (or all 1); CompileError otherwise."""
+    a, b = node.inputs
+    a_shape, b_shape = dims(a.shape), dims(b.shape)
+    out_shape = dims(node.output.shape)
+    if len(a_shape) < 2 or len(b_shape) < 2:
+        raise CompileError("1-D matmul operands are not lowered natively (reshape them to 2-D "
+                           "first)", op="matmul", inputs=(str(a.type), str(b.type)))
+    batch = out_shape[:-2]
+    a_batch, b_batch = a_shape[:-2], b_shape[:-2]
+    for operand, dims_ in (("A", a_batch), ("B", b_batch)):
+        if dims_ != batch and any(d != 1 for d in dims_):
+            raise CompileError(f"operand {operand}'s batch dims {list(dims_)} are neither the "
+                               f"output's {list(batch)} nor all 1", op="matmul")
+    m, k = a_shape[-2:]
+    n = b_shape[-1]
+    return MatmulShape(batch, m, n, k, a_batch == batch and bool(batch),
+                       b_batch == batch and bool(batch))
+
+
+def operand_cone(group: KernelGroup, value: Value) -> tuple[tuple[Node, ...], tuple[Value, ...]]:
+    """The group's nodes that compute ``value`` (its prologue, in group order) and the group
+    inputs they read. A group input itself has no nodes and is its own input."""
+    producers = {v: n for n in group.nodes for v in n.outputs}
+    cone: set[Node] = set()
+    reads: dict[Value, None] = {}
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        node = producers.get(v)
+        if node is None:
+            reads[v] = None
+        elif node not in cone:
+            cone.add(node)
+            stack.extend(node.inputs)
+    return tuple(n for n in group.nodes if n in cone), tuple(reads)
+
+
+@dataclass(frozen=True)
+class LoweredMatmul:
+    """What :func:`lower_matmul` makes of a group. ``functions`` run in this order (materialise
+    A, pack B, the matmul; each present when needed). ``bindings`` maps buffer names to the
+    graph values they hold; ``scratch`` names run-time buffers (bytes) that live only while the
+    group runs; ``constant_b`` names the buffer that gets :meth:`prepare_b` of the constant B."""
+
+    functions: tuple[LoopFunction, ...]
+    bindings: Mapping[str, Value]
+    scratch: Mapping[str, int]
+    constant_b: str | None
+    params: MatmulParams
+    shape: MatmulShape
+
+    def prepare_b(self, b: np.ndarray) -> np.ndarray:
+        """The constant operand B (``[..., K, N]``, the matmul's dtype) as the kernel reads
+        it: packed when the schedule packs, else C-contiguous."""
+        return pack_b(b, self.params.nr) if self.params.pack_b else np.require(b, requirements="C")
+
+
+class _GroupLowering:
+    """State of one :func:`lower_matmul`: names, buffers, the kernels made so far."""
+
+    def __init__(self, group: KernelGroup, params: MatmulParams):
+        self.group, self.params = group, params
+        self.node = matmul_node(group)
+        self.dtype = self.node.output.dtype
+        a, b = self.node.inputs
+        if self.dtype not in MATMUL_DTYPES or a.dtype is not self.dtype or \
+                b.dtype is not self.dtype:
+            raise CompileError(f"kernel {group.name}: native matmul needs f32 or f64 operands "
+                               f"of one dtype", op="matmul", inputs=(str(a.type), str(b.type)))
+        self.shape = matmul_shape(self.node)
+        self.buffers = kernel_buffers(group.inputs, group.outputs)
+        self.namer = Namer(self.buffers.names())
+        self.load: LoadInput = load_contiguous(self.buffers.inputs)
+        self.name = identifier(group.name, "matmul")
+        self.functions: list[LoopFunction] = []
+        self.scratch: dict[str, int] = {}
+
+    def operand(self, value: Value, hint: str, nr: int | None) -> BufferParam:
+        """The buffer the matmul reads operand ``value`` from: the group input itself (when
+        no packing is asked), else a scratch buffer that a new kernel fills with the value
+        (evaluating its prologue), packed into ``nr``-wide panels (``nr`` None: row-major)."""
+        if value in self.buffers.inputs and nr is None:
+            return self.buffers.inputs[value]
+        shape = dims(value.shape)
+        *batch, rows, cols = shape
+        width = cols if nr is None else nr
+        dst = BufferParam(self.namer.fresh(hint), self.dtype, align=64)
+        self.scratch[dst.name] = int(np.prod(packed_shape(tuple(shape), width))) * \
+            self.dtype.itemsize
+        inputs = self.operand_inputs(value)
+
+        def element(row: Expr, col: Expr, lanes: int) -> Expr:
+            index = (*unflatten(row, (*batch, rows)), col)
+            return element_expr(self.group, value, index, lanes, self.load)
+
+        count = int(np.prod(shape[:-1]))
+        name = f"{self.name}_{dst.name}"
+        try:
+            kernel = pack_kernel(name, count, rows, cols, width, dst, element, inputs,
+                                 self.params.lanes)
+        except NotVectorizable:  # lanes strided in some input (a transposed weight): gather
+            kernel = pack_kernel(name, count, rows, cols, width, dst, element, inputs, 1)
+        self.functions.append(kernel)
+        return BufferParam(dst.name, self.dtype, readonly=True, align=64)
+
+    def operand_inputs(self, value: Value) -> tuple[BufferParam, ...]:
+        _, reads = operand_cone(self.group, value)
+        return tuple(self.buffers.inputs[v] for v in reads)
+
+    def outputs(self) -> list[TileOutput]:
+        made = []
+        for value in self.group.outputs:
+            made.append(TileOutput(self.buffers.outputs[value], self.epilogue(value)))
+        return made
+
+    def epilogue(self, value: Value) -> TileValue:
+        """The value stored for group output ``value``, computed from the accumulator."""
+        node = self.node
+        if value is node.output:
+            return identity_value
+        if tuple(value.shape) != tuple(node.output.shape):
+            raise CompileError(f"kernel {self.group.name}: output {value.type} does not have "
+                               f"the matmul's shape {node.output.type}")
+
+        def compute(acc: Expr, index: tuple[Expr, ...], lanes: int) -> Expr:
+            return element_expr(self.group, value, index, lanes, self.load,
+                                overrides={node.output: acc})
+
+        return compute
+
+
+def lower_matmul(group: KernelGroup, schedule: Schedule, *,
+                 constant_b: bool = False) -> LoweredMatmul:
+    """The loop IR of a CONTRACTION group anchored on a matmul: the group's elementwise chain
+    after the matmul is the epilogue; prologues computing A or B run in the kernels that
+    materialise / pack the operand. ``constant_b``: B is known at build time; the caller binds
+    :meth:`LoweredMatmul.prepare_b` of it to the buffer ``constant_b`` names (no packing kernel).
+
+    CompileError for what is not lowered natively: dtypes other than f32/f64, 1-D operands,
+    symbolic dims, batch broadcasting other than a shared 2-D operand, outputs of another shape,
+    a schedule that is not a contraction's.
+    """
+    params = params_from_schedule(schedule)
+    low = _GroupLowering(group, params)
+    a_value, b_value = low.node.inputs
+    a = low.operand(a_value, "a_rows", None)
+    if constant_b:
+        b = BufferParam(low.namer.fresh("b_const"), low.dtype, readonly=True,
+                        align=64 if params.pack_b else 0)
+    else:
+        b = low.operand(b_value, "b_panels", params.nr if params.pack_b else None)
+    outputs = low.outputs()
+    body = matmul_body(low.shape, low.dtype, params, outputs, a, b)
+    used = _loaded(body)
+    extra = tuple(p for p in low.buffers.inputs.values() if p.name in used and p not in (a, b))
+    main = _assemble(low.name, body, a, b, outputs, extra)
+    bindings = {p.name: v for v, p in low.buffers.inputs.items()}
+    bindings.update({p.name: v for v, p in low.buffers.outputs.items()})
+    functions = (*low.functions, main)
+    names = {buf.name for fn in functions for buf in fn.buffers}
+    return LoweredMatmul(functions, {n: v for n, v in bindings.items() if n in names},
+                         low.scratch, b.name if constant_b else None, params, low.shape)
+
+
+def _assemble(name: str, body: Stmt, a: BufferParam, b: BufferParam,
+              outputs: Sequence[TileOutput], extra: Sequence[BufferParam]) -> LoopFunction:
+    buffers = tuple(dict.fromkeys((a, b, *(o.buffer for o in outputs), *extra)))
+    return fold_constants(LoopFunction(name, buffers, (), body))[0]
+
+
+def _loaded(body: Stmt) -> set[str]:
+    """The buffers ``body`` loads from."""
+    return {e.arg for s in walk_stmts(body) for root in expr_children(s)  # type: ignore[misc]
+            for e in walk_expr(root) if e.op is XOp.LOAD}

@@ -1,0 +1,107 @@
+"""The launch sequence of a native executable: steps that run compiled kernels or, where no
+native lowering exists, the ops' NumPy references on the host.
+
+Every buffer a step touches is a *slot*: an ``int`` indexes the call's table (the call's input
+arrays followed by its fresh output arrays); an array is fixed for the executable's lifetime (a
+constant, or a view into the arena). Slots are resolved when the executable is built and the
+fixed arrays are checked against the kernels' buffer declarations then, so a call only fills in
+the addresses of its own arrays and calls the kernels unchecked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tilefuse.codegen.jit import CompiledKernel
+from tilefuse.errors import CompileError
+from tilefuse.graph.interpreter import run_node
+from tilefuse.graph.ir import Node, Value
+from tilefuse.loop.ir import BufferParam
+
+Slot = int | np.ndarray
+
+
+def resolve(slot: Slot, table: Sequence[np.ndarray]) -> np.ndarray:
+    """The array a slot stands for in one call."""
+    return table[slot] if isinstance(slot, int) else slot
+
+
+def check_fixed(kernel: str, buffer: BufferParam, array: np.ndarray) -> None:
+    """CompileError unless a build-time array suits ``buffer``: its dtype, C order, written
+    only if writable, aligned as declared."""
+    problem = None
+    if array.dtype != buffer.dtype.np:
+        problem = f"is {array.dtype}, not {buffer.dtype}"
+    elif not array.flags.c_contiguous:
+        problem = "is not C-contiguous"
+    elif not buffer.readonly and not array.flags.writeable:
+        problem = "is written but read-only"
+    elif buffer.align and array.ctypes.data % buffer.align:
+        problem = f"is not {buffer.align}-byte aligned"
+    if problem:
+        raise CompileError(f"kernel {kernel}: the array bound to {buffer.name} {problem}")
+
+
+class KernelLaunch:
+    """One call of a compiled kernel, its buffer arguments given as slots (in the kernel's
+    buffer order). Fixed arrays are checked once, here; the call's own arrays (inputs, checked
+    by the executable's guard, and fresh outputs) are only looked up."""
+
+    __slots__ = ("_arrays", "_dynamic", "_pointers", "args", "kernel")
+
+    def __init__(self, kernel: CompiledKernel, args: Sequence[Slot]):
+        buffers = kernel.signature.buffers
+        if len(args) != len(buffers):
+            raise CompileError(f"kernel {kernel.name} takes {len(buffers)} buffers, "
+                               f"{len(args)} bound")
+        self.kernel = kernel
+        self.args = tuple(args)
+        for buffer, slot in zip(buffers, self.args):
+            if not isinstance(slot, int):
+                check_fixed(kernel.name, buffer, slot)
+        self._arrays = tuple(a for a in self.args if not isinstance(a, int))  # kept alive
+        self._pointers = [0 if isinstance(a, int) else a.ctypes.data for a in self.args]
+        self._dynamic = tuple((pos, a) for pos, a in enumerate(self.args) if isinstance(a, int))
+
+    def run(self, table: Sequence[np.ndarray]) -> None:
+        pointers = self._pointers.copy()
+        for pos, index in self._dynamic:
+            pointers[pos] = table[index].ctypes.data
+        self.kernel.call_unchecked(pointers, [])
+
+
+@dataclass(frozen=True)
+class NativeStep:
+    """A kernel group run as compiled code: its kernels in order."""
+
+    name: str
+    launches: tuple[KernelLaunch, ...]
+
+    def run(self, table: Sequence[np.ndarray]) -> None:
+        for launch in self.launches:
+            launch.run(table)
+
+
+@dataclass(frozen=True)
+class HostStep:
+    """A kernel group run node by node with the NumPy references (a fallback, with its
+    ``reason``). Results are copied into the planned buffers of the group's outputs."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    inputs: Mapping[Value, Slot]
+    outputs: Mapping[Value, Slot]
+    reason: str
+
+    def run(self, table: Sequence[np.ndarray]) -> None:
+        env = {v: resolve(s, table) for v, s in self.inputs.items()}
+        for node in self.nodes:
+            env.update(zip(node.outputs, run_node(node, [env[v] for v in node.inputs])))
+        for value, slot in self.outputs.items():
+            np.copyto(resolve(slot, table), env[value], casting="no")
+
+
+Step = NativeStep | HostStep

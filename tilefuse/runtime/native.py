@@ -1,0 +1,362 @@
+"""The native CPU executable: kernel groups compiled to machine code, one arena, a launch list.
+
+Building one (:class:`NativeExecutable`) runs, once per graph:
+
+1. decompose composites (softmax, layer_norm, ...) and form kernel groups;
+2. evaluate the constants, and fold groups whose inputs are all constants (run with the
+   references, kept as arrays);
+3. give each group its default schedule and lower it: matmul groups with
+   :func:`~tilefuse.kernel.lower_matmul.lower_matmul` (a constant B, and a B computed from
+   constants by a prologue, packed here once), elementwise and row-reduction groups with
+   :func:`~tilefuse.kernel.lower_elementwise.lower_group`; compile every kernel;
+4. groups with no native lowering (movement, opaque, plain reductions, or a lowering that raised
+   CompileError) become host steps that run the ops' NumPy references. Each is logged on the
+   ``fallback`` topic with its reason and marked in the plan dump: nothing falls back silently;
+5. place the intermediates (and scratch buffers such as a packed B) in one 64-byte aligned
+   arena, from their liveness over the launch sequence (greedy best fit).
+
+A call checks its inputs (count, dtype, shape, C order, alignment where a kernel needs it:
+GuardError) before any native code runs, allocates the outputs (64-byte aligned), runs the
+steps and returns the outputs: fresh arrays, never views of the arena, the inputs, the constants
+or each other. Calls are serialised by a lock (the arena is shared).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tilefuse.codegen.jit import CompiledKernel, aligned_empty, compile_kernel
+from tilefuse.codegen.target import CpuTarget, host_target
+from tilefuse.dump import DumpWriter
+from tilefuse.errors import CompileError, GuardError
+from tilefuse.graph.interpreter import run_node
+from tilefuse.graph.ir import Graph, Node, Value
+from tilefuse.graph.types import is_static
+from tilefuse.kernel.access import kernel_buffers
+from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan, form_kernels
+from tilefuse.kernel.lower_elementwise import lower_group
+from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
+from tilefuse.kernel.plan_printer import print_plan, value_names
+from tilefuse.kernel.schedule import Schedule, default_schedule
+from tilefuse.log import get_logger
+from tilefuse.loop.ir import LoopFunction
+from tilefuse.passes.decompose import decompose_composites
+from tilefuse.runtime.launch import HostStep, KernelLaunch, NativeStep, Slot, Step
+from tilefuse.runtime.memory import BufferRequest, MemoryPlan, plan_memory
+
+NATIVE_KINDS = frozenset({KernelKind.CONTRACTION, KernelKind.ELEMENTWISE,
+                          KernelKind.ROW_REDUCTION})
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A buffer one step needs only while it runs (a packed B): ``nbytes`` in the arena."""
+
+    name: str
+    nbytes: int
+    dtype: np.dtype
+
+
+Binding = Value | Scratch | np.ndarray  # what one kernel buffer argument holds
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    fn: LoopFunction
+    compiled: CompiledKernel
+    bindings: Mapping[str, Binding]
+
+
+@dataclass
+class _Pending:
+    """A group before buffers are placed: its kernels, or the reason it runs on the host."""
+
+    group: KernelGroup
+    schedule: Schedule | None = None
+    kernels: list[_Kernel] = field(default_factory=list)
+    reason: str | None = None
+
+    def scratch(self) -> list[Scratch]:
+        found = (b for k in self.kernels for b in k.bindings.values() if isinstance(b, Scratch))
+        return list(dict.fromkeys(found))
+
+
+def _nbytes(value: Value) -> int:
+    return math.prod(value.shape) * value.dtype.itemsize
+
+
+class _Builder:
+    """Everything :class:`NativeExecutable` does once: plan, lower, compile, place buffers."""
+
+    def __init__(self, graph: Graph, target: CpuTarget):
+        for v in [*graph.inputs, *(o for n in graph.nodes for o in n.outputs)]:
+            if not is_static(v.shape):
+                raise CompileError(f"the native executable needs static shapes, got {v.type}")
+        self.target = target
+        self.graph, _ = decompose_composites(graph)
+        self.plan: KernelPlan = form_kernels(self.graph)
+        self.names = value_names(self.graph)
+        self.log = get_logger("fallback")
+        self.constants: dict[Value, np.ndarray] = {}
+        for node in self.graph.nodes:
+            if node.op.name == "constant":
+                self.evaluate((node,))
+        self.pending: list[_Pending] = []
+        for group in self.plan.groups:
+            if all(v in self.constants for v in group.inputs):
+                self.evaluate(group.nodes)
+            else:
+                self.pending.append(self.lower(group))
+
+    def evaluate(self, nodes: Sequence[Node]) -> dict[Value, np.ndarray]:
+        """Runs ``nodes`` (whose inputs are constants) now; their outputs become constants."""
+        env = dict(self.constants)
+        for node in nodes:
+            outs = run_node(node, [env[v] for v in node.inputs])
+            env.update(zip(node.outputs, (np.require(o, requirements='C') for o in outs)))
+        made = {v: env[v] for n in nodes for v in n.outputs}
+        self.constants.update(made)
+        return made
+
+    # ---------------------------------------------------------------- lowering
+    def lower(self, group: KernelGroup) -> _Pending:
+        pending = _Pending(group)
+        if group.kind not in NATIVE_KINDS:
+            return self.fall_back(pending, f"no native lowering for {group.kind.value} "
+                                  "kernels yet")
+        try:
+            pending.schedule = default_schedule(group, self.target)
+            if group.kind is KernelKind.CONTRACTION:
+                made = self.lower_contraction(group, pending.schedule)
+            else:
+                fn = lower_group(group, pending.schedule)
+                buffers = kernel_buffers(group.inputs, group.outputs)
+                made = [(fn, {p.name: v for v, p in [*buffers.inputs.items(),
+                                                     *buffers.outputs.items()]})]
+            pending.kernels = [_Kernel(fn, compile_kernel(fn, target=self.target), bindings)
+                               for fn, bindings in made]
+        except CompileError as err:
+            return self.fall_back(pending, f"{group.kind.value} lowering failed: {err}")
+        return pending
+
+    def fall_back(self, pending: _Pending, reason: str) -> _Pending:
+        group = pending.group
+        ops = ", ".join(dict.fromkeys(n.op.name for n in group.nodes))
+        pending.reason, pending.kernels = reason, []
+        self.log.debug("kernel %s (%s) runs on the host with the NumPy references: %s",
+                       group.name, ops, reason)
+        return pending
+
+    def lower_contraction(self, group: KernelGroup, schedule: Schedule
+                          ) -> list[tuple[LoopFunction, dict[str, Binding]]]:
+        """A matmul group; B known now (a constant, or a prologue over constants) is packed
+        once here."""
+        b_value = matmul_node(group).inputs[1]
+        cone, reads = operand_cone(group, b_value)
+        b_array = None
+        if all(v in self.constants for v in reads):
+            b_array = self.constants.get(b_value)
+            if b_array is None:
+                b_array = self.evaluate(cone)[b_value]
+        lowered = lower_matmul(group, schedule, constant_b=b_array is not None)
+        bindings: dict[str, Binding] = dict(lowered.bindings)
+        dtype = matmul_node(group).output.dtype.np
+        for name, nbytes in lowered.scratch.items():
+            bindings[name] = Scratch(f"{group.name}.{name}", nbytes, dtype)
+        if lowered.constant_b is not None:
+            bindings[lowered.constant_b] = lowered.prepare_b(b_array)
+        return [(fn, bindings) for fn in lowered.functions]
+
+    # ---------------------------------------------------------------- buffers
+    def place(self) -> tuple[MemoryPlan, dict[object, Slot], np.ndarray]:
+        """Slots for every value and scratch buffer: graph inputs and outputs index the call's
+        table, constants are themselves, the rest are views into one planned arena."""
+        graph = self.graph
+        slots: dict[object, Slot] = {}
+        for i, v in enumerate(graph.inputs):
+            slots.setdefault(v, i)
+        slots.update(self.constants)
+        for j, v in enumerate(graph.outputs):
+            slots.setdefault(v, len(graph.inputs) + j)
+        requests, keys = self.requests(slots)
+        memory = plan_memory(requests)
+        arena = aligned_empty(max(memory.arena_bytes, 1), np.uint8)
+        for request in requests:
+            key, shape, dtype = keys[request.name]
+            offset = memory.offsets[request.name]
+            slots[key] = arena[offset:offset + request.nbytes].view(dtype).reshape(shape)
+        return memory, slots, arena
+
+    def requests(self, slots: Mapping[object, Slot]
+                 ) -> tuple[list[BufferRequest], dict[str, tuple[object, tuple, np.dtype]]]:
+        """Arena requests for the intermediates (live from the step writing them to their last
+        reader) and each step's scratch buffers (live during that step)."""
+        last_use: dict[Value, int] = {}
+        for step, pending in enumerate(self.pending):
+            last_use.update(dict.fromkeys(pending.group.inputs, step))
+        requests: list[BufferRequest] = []
+        keys: dict[str, tuple[object, tuple, np.dtype]] = {}
+        for step, pending in enumerate(self.pending):
+            for v in pending.group.outputs:
+                if v not in slots:
+                    name = self.names[v]
+                    requests.append(BufferRequest(name, _nbytes(v), step,
+                                                  max(step, last_use.get(v, step))))
+                    keys[name] = (v, tuple(v.shape), v.dtype.np)
+            for scratch in pending.scratch():
+                requests.append(BufferRequest(scratch.name, scratch.nbytes, step, step))
+                count = scratch.nbytes // scratch.dtype.itemsize
+                keys[scratch.name] = (scratch, (count,), scratch.dtype)
+        return requests, keys
+
+    def steps(self, slots: Mapping[object, Slot]) -> list[Step]:
+        made: list[Step] = []
+        for pending in self.pending:
+            group = pending.group
+            if pending.reason is not None:
+                made.append(HostStep(group.name, group.nodes,
+                                     {v: slots[v] for v in group.inputs},
+                                     {v: slots[v] for v in group.outputs}, pending.reason))
+                continue
+            launches = []
+            for kernel in pending.kernels:
+                args = [_slot(kernel.bindings[b.name], slots) for b in kernel.fn.buffers]
+                launches.append(KernelLaunch(kernel.compiled, args))
+            made.append(NativeStep(group.name, tuple(launches)))
+        return made
+
+    def aligned_inputs(self) -> dict[int, int]:
+        """Graph input position -> the alignment some kernel declares for it."""
+        need: dict[int, int] = {}
+        position = {v: i for i, v in enumerate(self.graph.inputs)}
+        for pending in self.pending:
+            for kernel in pending.kernels:
+                for b in kernel.fn.buffers:
+                    value = kernel.bindings[b.name]
+                    if b.align and isinstance(value, Value) and value in position:
+                        i = position[value]
+                        need[i] = max(need.get(i, 1), b.align)
+        return need
+
+    # ---------------------------------------------------------------- dumps
+    def dump(self, directory: Path | str, memory: MemoryPlan) -> None:
+        """``kernels.plan`` (groups, launch sequence with host fallbacks marked, memory plan)
+        and, per kernel, ``kernels/<name>.{schedule.json,loop,ll,s}``."""
+        writer = DumpWriter(directory)
+        lines = [print_plan(self.plan).rstrip(), "", "launch sequence:"]
+        for step, pending in enumerate(self.pending):
+            group = pending.group
+            if pending.reason is not None:
+                ops = ", ".join(n.op.name for n in group.nodes)
+                lines.append(f"  {step}: {group.name} HOST FALLBACK ({ops}): {pending.reason}")
+            else:
+                names = ", ".join(k.fn.name for k in pending.kernels)
+                lines.append(f"  {step}: {group.name} native: {names}  [{pending.schedule}]")
+        lines += ["", f"constants: {len(self.constants)} arrays evaluated at build time", "",
+                  "memory plan: " + memory.report()]
+        writer.write("kernels.plan", "\n".join(lines))
+        for pending in self.pending:
+            for kernel in pending.kernels:
+                base = f"kernels/{kernel.fn.name}"
+                if pending.schedule is not None:
+                    writer.write(f"{base}.schedule.json", pending.schedule.to_json(indent=2)
+                                 + "\n")
+                writer.write(f"{base}.loop", str(kernel.fn))
+                writer.write(f"{base}.ll", kernel.compiled.llvm_ir())
+                writer.write(f"{base}.s", kernel.compiled.assembly())
+
+
+def _slot(binding: Binding, slots: Mapping[object, Slot]) -> Slot:
+    return binding if isinstance(binding, np.ndarray) else slots[binding]
+
+
+class NativeExecutable:
+    """A graph compiled for this CPU (see the module docstring). ``executable(*arrays)``
+    returns one fresh array per graph output."""
+
+    def __init__(self, graph: Graph, dump_dir: Path | str | None = None, *,
+                 target: CpuTarget | None = None):
+        self.graph = graph
+        build = _Builder(graph, target or host_target())
+        self.memory_plan, slots, self._arena = build.place()
+        self._steps = tuple(build.steps(slots))
+        self._inputs = tuple((v.name or f"#{i}", tuple(v.shape), v.dtype.np)
+                             for i, v in enumerate(graph.inputs))
+        self._align = build.aligned_inputs()
+        self._outputs = tuple((tuple(v.shape), v.dtype.np) for v in graph.outputs)
+        first = len(graph.inputs)
+        self._copies = tuple((j, slots[v]) for j, v in enumerate(build.graph.outputs)
+                             if not _is_index(slots[v], first + j))
+        self._lock = threading.Lock()
+        if dump_dir is not None:
+            build.dump(dump_dir, self.memory_plan)
+
+    def __repr__(self) -> str:
+        native = sum(isinstance(s, NativeStep) for s in self._steps)
+        return (f"NativeExecutable(@{self.graph.name}: {native} native steps, "
+                f"{len(self._steps) - native} host steps, arena {self.memory_plan.arena_bytes} "
+                "bytes)")
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The launch sequence."""
+        return self._steps
+
+    @property
+    def fallbacks(self) -> list[tuple[str, str]]:
+        """(kernel name, reason) of every step that runs on the host."""
+        return [(s.name, s.reason) for s in self._steps if isinstance(s, HostStep)]
+
+    @property
+    def arena(self) -> np.ndarray:
+        """The intermediates' buffer (a read-only view, for tests and tools)."""
+        view = self._arena.view()
+        view.flags.writeable = False
+        return view
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        self._check(arrays)
+        outputs = [aligned_empty(shape, dtype) for shape, dtype in self._outputs]
+        table = [*arrays, *outputs]
+        with self._lock:
+            for step in self._steps:
+                step.run(table)
+        for j, slot in self._copies:
+            outputs[j][...] = table[slot] if isinstance(slot, int) else slot
+        return outputs
+
+    def _check(self, arrays: Sequence[np.ndarray]) -> None:
+        """GuardError unless the arrays are exactly what the kernels were compiled for."""
+        if len(arrays) != len(self._inputs):
+            raise GuardError(f"@{self.graph.name} takes {len(self._inputs)} inputs, "
+                             f"got {len(arrays)}")
+        for i, (array, (name, shape, dtype)) in enumerate(zip(arrays, self._inputs)):
+            if type(array) is not np.ndarray or array.dtype != dtype or array.shape != shape \
+                    or not array.flags.c_contiguous:
+                raise GuardError(f"input {name} must be a C-contiguous {dtype}{list(shape)} "
+                                 f"array, got {_describe(array)}")
+            align = self._align.get(i)
+            if align and array.ctypes.data % align:
+                raise GuardError(f"input {name} must be {align}-byte aligned")
+
+
+def _is_index(slot: Slot, index: int) -> bool:
+    return isinstance(slot, int) and slot == index
+
+
+def _describe(array: object) -> str:
+    if not isinstance(array, np.ndarray):
+        return type(array).__name__
+    order = "" if array.flags.c_contiguous else " (not C-contiguous)"
+    return f"{array.dtype}{list(array.shape)}{order}"
+
+
+def build_native(graph: Graph, dump_dir: Path | str | None = None) -> NativeExecutable:
+    """The native CPU executable of ``graph`` (what ``build_executable(graph, "cpu")`` makes)."""
+    return NativeExecutable(graph, dump_dir)
