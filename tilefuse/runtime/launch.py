@@ -4,8 +4,9 @@ native lowering exists, the ops' NumPy references on the host.
 Every buffer a step touches is a *slot*: an ``int`` indexes the call's table (the call's input
 arrays followed by its fresh output arrays); an array is fixed for the executable's lifetime (a
 constant, or a view into the arena). Slots are resolved when the executable is built and the
-fixed arrays are checked against the kernels' buffer declarations then, so a call only fills in
-the addresses of its own arrays and calls the kernels unchecked.
+fixed arrays are checked against the kernels' buffer declarations then (as a checked kernel call
+would check them), so a call only fills in the addresses of its own arrays and calls the kernels
+unchecked.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilefuse.codegen.jit import CompiledKernel
-from tilefuse.errors import CompileError
+from tilefuse.codegen.jit import CompiledKernel, aligned_empty
+from tilefuse.errors import CompileError, GuardError
 from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Node, Value
-from tilefuse.loop.ir import BufferParam
+from tilefuse.loop.interp import check_arguments
 
 Slot = int | np.ndarray
 
@@ -27,22 +28,6 @@ Slot = int | np.ndarray
 def resolve(slot: Slot, table: Sequence[np.ndarray]) -> np.ndarray:
     """The array a slot stands for in one call."""
     return table[slot] if isinstance(slot, int) else slot
-
-
-def check_fixed(kernel: str, buffer: BufferParam, array: np.ndarray) -> None:
-    """CompileError unless a build-time array suits ``buffer``: its dtype, C order, written
-    only if writable, aligned as declared."""
-    problem = None
-    if array.dtype != buffer.dtype.np:
-        problem = f"is {array.dtype}, not {buffer.dtype}"
-    elif not array.flags.c_contiguous:
-        problem = "is not C-contiguous"
-    elif not buffer.readonly and not array.flags.writeable:
-        problem = "is written but read-only"
-    elif buffer.align and array.ctypes.data % buffer.align:
-        problem = f"is not {buffer.align}-byte aligned"
-    if problem:
-        raise CompileError(f"kernel {kernel}: the array bound to {buffer.name} {problem}")
 
 
 class KernelLaunch:
@@ -54,14 +39,15 @@ class KernelLaunch:
 
     def __init__(self, kernel: CompiledKernel, args: Sequence[Slot]):
         buffers = kernel.signature.buffers
-        if len(args) != len(buffers):
-            raise CompileError(f"kernel {kernel.name} takes {len(buffers)} buffers, "
-                               f"{len(args)} bound")
         self.kernel = kernel
         self.args = tuple(args)
-        for buffer, slot in zip(buffers, self.args):
-            if not isinstance(slot, int):
-                check_fixed(kernel.name, buffer, slot)
+        # the call's own arrays are stood in for by aligned scratch of the right dtype
+        probe = [aligned_empty(1, b.dtype.np) if isinstance(a, int) else a
+                 for a, b in zip(self.args, buffers)]
+        try:
+            check_arguments(kernel.name, buffers, (), probe)
+        except GuardError as err:
+            raise CompileError(f"a build-time array does not suit its kernel: {err}") from None
         self._arrays = tuple(a for a in self.args if not isinstance(a, int))  # kept alive
         self._pointers = [0 if isinstance(a, int) else a.ctypes.data for a in self.args]
         self._dynamic = tuple((pos, a) for pos, a in enumerate(self.args) if isinstance(a, int))

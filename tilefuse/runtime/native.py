@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,10 +104,9 @@ class _Builder:
         self.plan: KernelPlan = form_kernels(self.graph)
         self.names = value_names(self.graph)
         self.log = get_logger("fallback")
-        self.constants: dict[Value, np.ndarray] = {}
-        for node in self.graph.nodes:
-            if node.op.name == "constant":
-                self.evaluate((node,))
+        self.constants: dict[Value, np.ndarray] = {  # literals as they are: only read
+            node.output: node.attrs["value"].array
+            for node in self.graph.nodes if node.op.name == "constant"}
         self.pending: list[_Pending] = []
         for group in self.plan.groups:
             if all(v in self.constants for v in group.inputs):
@@ -116,11 +116,11 @@ class _Builder:
 
     def evaluate(self, nodes: Sequence[Node]) -> dict[Value, np.ndarray]:
         """Runs ``nodes`` (whose inputs are constants) now; their outputs become constants."""
-        env = dict(self.constants)
+        made: dict[Value, np.ndarray] = {}
+        env = ChainMap(made, self.constants)
         for node in nodes:
             outs = run_node(node, [env[v] for v in node.inputs])
-            env.update(zip(node.outputs, (np.require(o, requirements='C') for o in outs)))
-        made = {v: env[v] for n in nodes for v in n.outputs}
+            made.update(zip(node.outputs, (np.require(o, requirements="C") for o in outs)))
         self.constants.update(made)
         return made
 
@@ -135,15 +135,27 @@ class _Builder:
             if group.kind is KernelKind.CONTRACTION:
                 made = self.lower_contraction(group, pending.schedule)
             else:
-                fn = lower_group(group, pending.schedule)
-                buffers = kernel_buffers(group.inputs, group.outputs)
-                made = [(fn, {p.name: v for v, p in [*buffers.inputs.items(),
-                                                     *buffers.outputs.items()]})]
+                made = [self.lower_generic(group, pending.schedule)]
             pending.kernels = [_Kernel(fn, compile_kernel(fn, target=self.target), bindings)
                                for fn, bindings in made]
         except CompileError as err:
             return self.fall_back(pending, f"{group.kind.value} lowering failed: {err}")
         return pending
+
+    @staticmethod
+    def lower_generic(group: KernelGroup, schedule: Schedule
+                      ) -> tuple[LoopFunction, dict[str, Binding]]:
+        """An elementwise or row-reduction group: its buffers are named by
+        :func:`~tilefuse.kernel.access.kernel_buffers` (inputs, then outputs)."""
+        fn = lower_group(group, schedule)
+        buffers = kernel_buffers(group.inputs, group.outputs)
+        bindings: dict[str, Binding] = {p.name: v for v, p in [*buffers.inputs.items(),
+                                                               *buffers.outputs.items()]}
+        unknown = [b.name for b in fn.buffers if b.name not in bindings]
+        if unknown:
+            raise CompileError(f"kernel {fn.name} has buffers no group value is bound to: "
+                               f"{', '.join(unknown)}")
+        return fn, bindings
 
     def fall_back(self, pending: _Pending, reason: str) -> _Pending:
         group = pending.group
