@@ -1,0 +1,486 @@
+"""Schedules as data: how one kernel's loops are tiled, ordered, vectorised and threaded.
+
+A :class:`Schedule` is a small frozen record that round-trips through JSON exactly, so a tuner can
+store it and a dump can show it. It names the kernel's iteration axes (:func:`iteration_axes`):
+
+- elementwise, movement, opaque: ``i``, the flattened domain;
+- row reduction: ``r`` (rows, the leading axes flattened) and ``n`` (the reduced trailing axes);
+- reduction: ``i`` (kept axes flattened) and ``r`` (reduced axes flattened);
+- contraction: ``b`` (batch, only when batched), ``m``, ``n``, ``k``.
+
+Meaning of the fields: ``tiles`` splits an axis into an outer loop over tiles and an inner loop
+of the tile size (the last tile may be partial); the loop nest is the outer tile loops in
+``order``, then each axis's remaining loop in ``order``. ``parallel_axes`` run their outermost
+loop across threads; the innermost loop of ``vector_axis`` is vectorised with ``vector_width``
+lanes (width 1: scalar); ``unroll`` unrolls an axis's innermost loop; ``pack`` copies operands
+("A", "B") into contiguous panels. For a contraction ``tiles``/``order`` are the cache blocks
+(MC, NC, KC in the BLIS loop order n, k, m) and ``micro_tile`` = (MR, NR) is the register tile
+of the micro-kernel inside them (MR rows of A broadcast against NR columns of packed B).
+
+:func:`default_schedule` gives every kernel a schedule that is good without search, from the
+machine described by :class:`CpuTarget`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tilefuse.dtypes import DType
+from tilefuse.errors import TilefuseError
+from tilefuse.graph.types import Shape, Sym
+from tilefuse.kernel.fusion import KernelGroup, KernelKind, reduced_axes
+
+PARALLEL_MIN_ELEMENTS = 64 * 1024
+"""Elements per thread below which a memory-bound kernel stays serial (a thread costs µs)."""
+PARALLEL_MIN_FLOPS = 1 << 20
+"""Flops per thread below which a contraction stays serial."""
+SYMBOLIC_DIM_HINT = 256
+"""The size the default rules assume for a symbolic dim (``batch``, ``seq``)."""
+CACHE_TILES = {"m": 96, "k": 384, "n": 3072}
+"""Target contraction cache blocks (MC, KC, NC): an MC×KC block of A in L2, a KC×NC panel of B
+in L3."""
+PACKABLE = ("A", "B")
+
+Extents = Mapping[str, int | None]
+
+
+class ScheduleError(TilefuseError):
+    """A schedule that is malformed (types, JSON) or does not fit its kernel's axes."""
+
+
+@dataclass(frozen=True)
+class CpuTarget:
+    """The CPU a schedule is made for: SIMD register width in bits and hardware threads."""
+
+    vector_bits: int = 512
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+    def __post_init__(self) -> None:
+        if self.vector_bits not in (128, 256, 512):
+            raise ScheduleError(f"vector_bits must be 128, 256 or 512, got {self.vector_bits!r}")
+        if not _is_int(self.cores) or self.cores < 1:
+            raise ScheduleError(f"cores must be a positive int, got {self.cores!r}")
+
+    @property
+    def vector_registers(self) -> int:
+        """32 zmm registers with AVX-512, 16 ymm / xmm otherwise."""
+        return 32 if self.vector_bits >= 512 else 16
+
+    def lanes(self, dtype: DType) -> int:
+        """Vector lanes for ``dtype`` as computed (f16 and bf16 compute in f32)."""
+        bits = 32 if dtype in (DType.f16, DType.bf16) else dtype.itemsize * 8
+        return max(1, self.vector_bits // bits)
+
+
+# ---- the record ------------------------------------------------------------------------------
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_axis(name: Any, what: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise ScheduleError(f"{what} must be a non-empty axis name, got {name!r}")
+
+
+def _check_pairs(pairs: Any, what: str) -> None:
+    if not isinstance(pairs, tuple):
+        raise ScheduleError(f"{what} must be a tuple of (axis, size) pairs, got {pairs!r}")
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise ScheduleError(f"{what} entries must be (axis, size) pairs, got {pair!r}")
+        _check_axis(pair[0], f"{what} axis")
+        if not _is_int(pair[1]) or pair[1] < 1:
+            raise ScheduleError(f"{what} size for {pair[0]!r} must be a positive int, got "
+                                f"{pair[1]!r}")
+
+
+def _check_names(names: Any, what: str) -> None:
+    if not isinstance(names, tuple):
+        raise ScheduleError(f"{what} must be a tuple of names, got {names!r}")
+    for n in names:
+        _check_axis(n, what)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How one kernel's loops run (see the module docstring for each field's meaning)."""
+
+    kind: KernelKind
+    tiles: tuple[tuple[str, int], ...] = ()
+    order: tuple[str, ...] = ()
+    vector_axis: str | None = None
+    vector_width: int = 1
+    parallel_axes: tuple[str, ...] = ()
+    unroll: tuple[tuple[str, int], ...] = ()
+    pack: tuple[str, ...] = ()
+    micro_tile: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, KernelKind):
+            raise ScheduleError(f"kind must be a KernelKind, got {self.kind!r}")
+        _check_pairs(self.tiles, "tiles")
+        _check_names(self.order, "order")
+        if self.vector_axis is not None:
+            _check_axis(self.vector_axis, "vector_axis")
+        if not _is_int(self.vector_width) or self.vector_width < 1:
+            raise ScheduleError(f"vector_width must be a positive int, got "
+                                f"{self.vector_width!r}")
+        _check_names(self.parallel_axes, "parallel_axes")
+        _check_pairs(self.unroll, "unroll")
+        _check_names(self.pack, "pack")
+        mt = self.micro_tile
+        if mt is not None and not (isinstance(mt, tuple) and len(mt) == 2
+                                   and all(_is_int(x) and x >= 1 for x in mt)):
+            raise ScheduleError(f"micro_tile must be None or two positive ints, got {mt!r}")
+
+    def tile(self, axis: str) -> int | None:
+        return dict(self.tiles).get(axis)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "tiles": [list(p) for p in self.tiles],
+                "order": list(self.order), "vector_axis": self.vector_axis,
+                "vector_width": self.vector_width, "parallel_axes": list(self.parallel_axes),
+                "unroll": [list(p) for p in self.unroll], "pack": list(self.pack),
+                "micro_tile": None if self.micro_tile is None else list(self.micro_tile)}
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Schedule:
+        """The schedule ``data`` (as :meth:`to_dict` writes it) describes; ScheduleError for
+        unknown or missing keys and values of the wrong type."""
+        if not isinstance(data, dict):
+            raise ScheduleError(f"a schedule must be a JSON object, got {type(data).__name__}")
+        keys = set(_FIELDS)
+        unknown, missing = sorted(set(data) - keys), sorted(keys - set(data))
+        if unknown:
+            raise ScheduleError(f"unknown schedule keys: {', '.join(map(str, unknown))}")
+        if missing:
+            raise ScheduleError(f"missing schedule keys: {', '.join(missing)}")
+        try:
+            kind = KernelKind(data["kind"])
+        except (ValueError, TypeError):
+            raise ScheduleError(f"unknown kernel kind {data['kind']!r}") from None
+        mt = data["micro_tile"]
+        return cls(kind, _pairs(data["tiles"], "tiles"), _names(data["order"], "order"),
+                   data["vector_axis"], data["vector_width"],
+                   _names(data["parallel_axes"], "parallel_axes"),
+                   _pairs(data["unroll"], "unroll"), _names(data["pack"], "pack"),
+                   None if mt is None else _list(mt, "micro_tile"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Schedule:
+        try:
+            data = json.loads(text)
+        except (ValueError, TypeError) as err:
+            raise ScheduleError(f"schedule JSON does not parse: {err}") from None
+        return cls.from_dict(data)
+
+    def __str__(self) -> str:
+        parts = [self.kind.value]
+        if self.tiles:
+            parts.append("tile(" + ",".join(f"{a}={t}" for a, t in self.tiles) + ")")
+        parts.append("order(" + ",".join(self.order) + ")")
+        if self.vector_axis is not None:
+            parts.append(f"vec({self.vector_axis}x{self.vector_width})")
+        parts.append("par(" + ",".join(self.parallel_axes) + ")" if self.parallel_axes
+                     else "serial")
+        if self.unroll:
+            parts.append("unroll(" + ",".join(f"{a}={u}" for a, u in self.unroll) + ")")
+        if self.pack:
+            parts.append("pack(" + ",".join(self.pack) + ")")
+        if self.micro_tile is not None:
+            parts.append(f"micro({self.micro_tile[0]}x{self.micro_tile[1]})")
+        return " ".join(parts)
+
+
+_FIELDS = ("kind", "tiles", "order", "vector_axis", "vector_width", "parallel_axes", "unroll",
+           "pack", "micro_tile")
+
+
+def _list(value: Any, what: str) -> tuple:
+    if not isinstance(value, list):
+        raise ScheduleError(f"{what} must be a JSON list, got {value!r}")
+    return tuple(value)
+
+
+def _names(value: Any, what: str) -> tuple:
+    return _list(value, what)
+
+
+def _pairs(value: Any, what: str) -> tuple:
+    return tuple(_list(p, f"{what} entry") for p in _list(value, what))
+
+
+# ---- validation ------------------------------------------------------------------------------
+
+_AXES_BY_KIND = {KernelKind.CONTRACTION: {"m", "n", "k"}, KernelKind.ROW_REDUCTION: {"r", "n"},
+                 KernelKind.REDUCTION: {"i", "r"}}
+
+
+def validate(schedule: Schedule, extents: Extents) -> None:
+    """ScheduleError unless ``schedule`` fits a kernel whose axes have ``extents`` (None for a
+    symbolic extent): order is a permutation of the axes, every named axis exists and appears at
+    most once per field, tiles and unroll factors are at most the extent, the vector width is a
+    power of two up to 64 and set exactly when a vector axis is, packing and the micro tile
+    belong to contractions (the micro tile fits the cache tiles, NR a multiple of the width)."""
+    axes = set(extents)
+    need = _AXES_BY_KIND.get(schedule.kind, set())
+    if not need <= axes:
+        raise ScheduleError(f"a {schedule.kind.value} kernel needs the axes {sorted(need)}")
+    _check_unique(schedule.order, "order")
+    if set(schedule.order) != axes or len(schedule.order) != len(axes):
+        raise ScheduleError(f"order {list(schedule.order)} is not a permutation of the axes "
+                            f"{sorted(axes)}")
+    for what, pairs in (("tiles", schedule.tiles), ("unroll", schedule.unroll)):
+        _check_unique(tuple(a for a, _ in pairs), what)
+        for axis, size in pairs:
+            _check_known(axis, axes, what)
+            extent = extents[axis]
+            if extent is not None and size > max(extent, 1):
+                raise ScheduleError(f"{what} {size} for axis {axis!r} exceeds its extent "
+                                    f"{extent}")
+    _check_unique(schedule.parallel_axes, "parallel_axes")
+    for axis in schedule.parallel_axes:
+        _check_known(axis, axes, "parallel_axes")
+    _validate_vector(schedule, axes)
+    _validate_contraction(schedule, extents)
+
+
+def _check_unique(names: tuple[str, ...], what: str) -> None:
+    if len(set(names)) != len(names):
+        raise ScheduleError(f"{what} names an axis twice: {list(names)}")
+
+
+def _check_known(axis: str, axes: set[str], what: str) -> None:
+    if axis not in axes:
+        raise ScheduleError(f"{what} names {axis!r}, which is not an axis (axes: "
+                            f"{', '.join(sorted(axes))})")
+
+
+def _validate_vector(schedule: Schedule, axes: set[str]) -> None:
+    w = schedule.vector_width
+    if w > 64 or w & (w - 1):
+        raise ScheduleError(f"vector_width must be a power of two up to 64, got {w}")
+    if (schedule.vector_axis is None) != (w == 1):
+        raise ScheduleError("a vector axis needs a vector width > 1 and a width > 1 needs a "
+                            f"vector axis (got {schedule.vector_axis!r}, {w})")
+    if schedule.vector_axis is not None:
+        _check_known(schedule.vector_axis, axes, "vector_axis")
+
+
+def _validate_contraction(schedule: Schedule, extents: Extents) -> None:
+    contraction = schedule.kind is KernelKind.CONTRACTION
+    _check_unique(schedule.pack, "pack")
+    if schedule.pack and (not contraction or not set(schedule.pack) <= set(PACKABLE)):
+        raise ScheduleError(f"pack {list(schedule.pack)}: only a contraction packs, and only "
+                            "operands A and B")
+    if (schedule.micro_tile is not None) != contraction:
+        raise ScheduleError("a contraction needs a micro_tile and other kernels have none")
+    if schedule.micro_tile is None:
+        return
+    mr, nr = schedule.micro_tile
+    if nr % schedule.vector_width:
+        raise ScheduleError(f"micro tile NR={nr} is not a multiple of the vector width "
+                            f"{schedule.vector_width}")
+    for axis, size in (("m", mr), ("n", nr)):
+        bound = schedule.tile(axis) or extents[axis]
+        if bound is not None and size > max(bound, 1):
+            raise ScheduleError(f"micro tile {size} along {axis!r} exceeds its block {bound}")
+
+
+# ---- iteration axes --------------------------------------------------------------------------
+
+
+def iteration_axes(group: KernelGroup, hint: int | None = None) -> dict[str, int | None]:
+    """The named axes of ``group``'s loop nest and their extents: None where a symbolic dim
+    enters, or, given ``hint``, with each symbolic dim taken as ``hint``."""
+
+    def _product(dims: Shape) -> int | None:
+        if hint is None and any(isinstance(d, Sym) for d in dims):
+            return None
+        return math.prod(hint if isinstance(d, Sym) else d for d in dims)
+
+    anchor = group.anchor
+    if group.kind is KernelKind.CONTRACTION and anchor is not None:
+        a, b = (v.type.shape for v in anchor.inputs)
+        out = anchor.outputs[0].type.shape
+        m = a[-2] if len(a) > 1 else 1
+        n = b[-1] if len(b) > 1 else 1
+        batch = out[:len(out) - (len(a) > 1) - (len(b) > 1)]
+        axes = {"b": _product(batch)} if batch else {}
+        axes.update(m=_product((m,)), n=_product((n,)), k=_product((a[-1],)))
+        return axes
+    if group.kind in (KernelKind.ROW_REDUCTION, KernelKind.REDUCTION) and anchor is not None:
+        shape = anchor.inputs[0].type.shape
+        folded = set(reduced_axes(anchor) or ())
+        kept = tuple(d for i, d in enumerate(shape) if i not in folded)
+        red = tuple(d for i, d in enumerate(shape) if i in folded)
+        if group.kind is KernelKind.ROW_REDUCTION:
+            return {"r": _product(kept), "n": _product(red)}
+        return {"i": _product(kept), "r": _product(red)}
+    return {"i": _product(group.domain)}
+
+
+# ---- default rules ---------------------------------------------------------------------------
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _width(lanes: int, extent: int | None) -> int:
+    """The vector width for an axis: the target's lanes, less for an axis shorter than that."""
+    return lanes if extent is None else min(lanes, _floor_pow2(extent))
+
+
+def pick_tile(extent: int | None, target: int, multiple: int = 1) -> int:
+    """A tile near ``target`` (at most it) for an axis of ``extent``: the whole axis when it is
+    no longer; else the largest multiple of ``multiple`` in [target/2, target] that divides the
+    extent; else ``target`` rounded down to a multiple."""
+    if extent is None:
+        return max(multiple, target // multiple * multiple)
+    if extent <= target:
+        return max(extent, 1)
+    low = max(multiple, (target // 2 + multiple - 1) // multiple * multiple)
+    for t in range(target // multiple * multiple, low - 1, -multiple):
+        if t > 0 and extent % t == 0:
+            return t
+    return max(multiple, target // multiple * multiple)
+
+
+def _threads(target: CpuTarget, work: int, per_thread: int, limit: int) -> int:
+    """How many threads ``work`` is worth: at least ``per_thread`` each, at most ``limit``."""
+    return max(1, min(target.cores, limit, work // per_thread))
+
+
+def _compute_dtype(group: KernelGroup) -> DType:
+    """The widest element type the kernel computes (what sets its vector lanes)."""
+    dtypes = [v.dtype for n in group.nodes for v in n.outputs] or [DType.f32]
+    return max(dtypes, key=lambda d: 4 if d in (DType.f16, DType.bf16) else d.itemsize)
+
+
+def as_cpu_target(target: Any = None) -> CpuTarget:
+    """``target`` as a :class:`CpuTarget`: itself, this machine for None, or built from any
+    object with ``vector_bits`` (and optionally ``cores``), such as the code generator's target.
+    """
+    if isinstance(target, CpuTarget):
+        return target
+    if target is None:
+        return CpuTarget()
+    bits = getattr(target, "vector_bits", None)
+    if not _is_int(bits):
+        raise ScheduleError(f"cannot make a schedule for target {target!r}: it names no "
+                            "vector_bits")
+    cores = getattr(target, "cores", None)
+    return CpuTarget(bits, cores) if _is_int(cores) else CpuTarget(bits)
+
+
+def default_schedule(group: KernelGroup, target: CpuTarget | Any = None) -> Schedule:
+    """The schedule a kernel gets without search (rules in each ``_default_*`` function)."""
+    target = as_cpu_target(target)
+    axes = iteration_axes(group)
+    sizes: dict[str, int] = iteration_axes(group, SYMBOLIC_DIM_HINT)  # type: ignore[assignment]
+    lanes = target.lanes(_compute_dtype(group))
+    if group.kind is KernelKind.CONTRACTION:
+        schedule = _default_contraction(axes, sizes, lanes, target)
+    elif group.kind is KernelKind.ROW_REDUCTION:
+        schedule = _default_row_reduction(axes, sizes, lanes, target)
+    elif group.kind is KernelKind.REDUCTION:
+        schedule = _default_reduction(group, axes, sizes, lanes, target)
+    elif group.kind is KernelKind.ELEMENTWISE:
+        schedule = _default_elementwise(axes["i"], sizes["i"], lanes, target)
+    else:
+        schedule = Schedule(group.kind, order=("i",))
+    validate(schedule, axes)
+    return schedule
+
+
+def _default_elementwise(n: int | None, size: int, lanes: int, target: CpuTarget) -> Schedule:
+    """Flatten; vectorise by the target's lanes; split into one chunk per thread when each
+    thread gets at least 64 Ki elements, else serial."""
+    width = _width(lanes, n)
+    threads = _threads(target, size, PARALLEL_MIN_ELEMENTS, size)
+    if threads < 2:
+        return Schedule(KernelKind.ELEMENTWISE, order=("i",), vector_axis=_axis(width, "i"),
+                        vector_width=width)
+    chunk = pick_tile(n, -(-size // threads // width) * width or width, width)
+    return Schedule(KernelKind.ELEMENTWISE, tiles=(("i", chunk),), order=("i",),
+                    vector_axis=_axis(width, "i"), vector_width=width, parallel_axes=("i",))
+
+
+def _axis(width: int, axis: str) -> str | None:
+    return axis if width > 1 else None
+
+
+def _default_row_reduction(axes: Extents, sizes: dict[str, int], lanes: int,
+                           target: CpuTarget) -> Schedule:
+    """Rows across threads (when each gets 64 Ki elements), each row vectorised along ``n``
+    with up to 4 vectors in flight (independent accumulators hide the add latency)."""
+    rows, n = sizes["r"], sizes["n"]
+    width = _width(lanes, axes["n"])
+    threads = _threads(target, rows * n, PARALLEL_MIN_ELEMENTS, rows)
+    unroll = min(4, n // width)
+    return Schedule(KernelKind.ROW_REDUCTION,
+                    tiles=(("r", pick_tile(axes["r"], -(-rows // threads))),) if threads > 1
+                    else (),
+                    order=("r", "n"), vector_axis=_axis(width, "n"), vector_width=width,
+                    parallel_axes=("r",) if threads > 1 else (),
+                    unroll=(("n", unroll),) if unroll > 1 else ())
+
+
+def _default_reduction(group: KernelGroup, axes: Extents, sizes: dict[str, int], lanes: int,
+                       target: CpuTarget) -> Schedule:
+    """Vectorise along whichever of kept / reduced axes is innermost in memory (the last input
+    axis decides); kept outputs across threads when large enough."""
+    anchor = group.anchor
+    rank = anchor.inputs[0].type.rank if anchor is not None else 0
+    inner = "r" if rank and rank - 1 in (reduced_axes(anchor) or ()) else "i"  # type: ignore
+    kept, red = sizes["i"], sizes["r"]
+    width = _width(lanes, axes[inner])
+    threads = _threads(target, kept * red, PARALLEL_MIN_ELEMENTS, kept)
+    return Schedule(KernelKind.REDUCTION,
+                    tiles=(("i", pick_tile(axes["i"], -(-kept // threads))),) if threads > 1
+                    else (),
+                    order=("i", "r") if inner == "r" else ("r", "i"),
+                    vector_axis=_axis(width, inner), vector_width=width,
+                    parallel_axes=("i",) if threads > 1 else ())
+
+
+def _default_contraction(axes: Extents, sizes: dict[str, int], lanes: int,
+                         target: CpuTarget) -> Schedule:
+    """BLIS-style: an MR×NR register tile (NR = 2 vectors, MR so that the MR·NR/lanes
+    accumulators fill 3/4 of the vector registers: 12×32 for f32 with AVX-512, 6×16 with AVX2),
+    cache blocks near (MC, KC, NC) = (96, 384, 3072) that divide the extents where they can,
+    B packed into NR-wide panels, threads over N panels (or batches, or M blocks when N is
+    narrow), serial when each thread would get under 1 MFLOP."""
+    m, n, k = (sizes[a] for a in "mnk")
+    batch = sizes.get("b", 1)
+    width = _width(lanes, axes["n"])
+    nr = width * max(1, min(2, n // width))
+    mr = min(max(1, target.vector_registers * 3 // 4 // (nr // width)), 16, m)
+    threads = _threads(target, 2 * batch * m * n * k, PARALLEL_MIN_FLOPS, target.cores)
+    nc_target, mc_target, parallel = CACHE_TILES["n"], CACHE_TILES["m"], ()
+    if threads > 1 and "b" in axes and batch >= threads:
+        parallel = ("b",)
+    elif threads > 1 and n >= threads * nr:
+        nc_target = min(nc_target, -(-n // threads // nr) * nr)
+        parallel = ("n",)
+    elif threads > 1 and m >= threads * mr:
+        mc_target = min(mc_target, -(-m // threads // mr) * mr)
+        parallel = ("m",)
+    tiles = (("m", pick_tile(axes["m"], max(mc_target, mr), mr)),
+             ("n", pick_tile(axes["n"], max(nc_target, nr), nr)),
+             ("k", pick_tile(axes["k"], CACHE_TILES["k"])))
+    order = ("b", "n", "k", "m") if "b" in axes else ("n", "k", "m")
+    return Schedule(KernelKind.CONTRACTION, tiles=tiles, order=order,
+                    vector_axis=_axis(width, "n"), vector_width=width, parallel_axes=parallel,
+                    unroll=(("k", 4),) if k >= 4 else (), pack=("B",), micro_tile=(mr, nr))
