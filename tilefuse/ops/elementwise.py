@@ -35,6 +35,9 @@ from tilefuse.ops.rules import (
 )
 
 DTypeRule = Callable[[tuple[DType, ...], Any], tuple[DType, ...]]
+Lowering = Callable[..., Any]
+"""``lowering(ops, *args, **attrs) -> Expr``: the op as a loop-IR expression, written against
+:class:`tilefuse.kernel.scalar_expr.ExprOps` (``ops``) and Python operators on the ``args``."""
 
 
 def _mapped(fn: Callable[..., Any], dtype_rule: DTypeRule) -> Callable[..., np.ndarray]:
@@ -58,16 +61,17 @@ def _mapped(fn: Callable[..., Any], dtype_rule: DTypeRule) -> Callable[..., np.n
 
 def _unary(name: str, fn: Callable[..., Any], *, accepts: frozenset[DType] = ALL_TYPES,
            dtype_rule: DTypeRule = float_promoted, traits: frozenset[Trait] = frozenset(),
-           attrs: tuple = (), doc: str = "") -> OpDef:
+           attrs: tuple = (), doc: str = "", lowering: Lowering | None = None) -> OpDef:
     """A unary op; by default float math that takes any input and gives f64 for ints/bools."""
     return OpDef(name, OpKind.ELEMENTWISE, 1, same_shape, dtype_rule, _mapped(fn, dtype_rule),
-                 attrs=attrs, traits=traits, accepts=accepts, doc=doc)
+                 attrs=attrs, traits=traits, accepts=accepts, doc=doc, lowering=lowering)
 
 
 def _numeric(name: str, fn: Callable[..., Any], traits: frozenset[Trait] = frozenset(),
-             doc: str = "") -> OpDef:
+             doc: str = "", lowering: Lowering | None = None) -> OpDef:
     """A unary op on numbers that keeps the input dtype."""
-    return _unary(name, fn, accepts=NUMERIC_TYPES, dtype_rule=same_dtype, traits=traits, doc=doc)
+    return _unary(name, fn, accepts=NUMERIC_TYPES, dtype_rule=same_dtype, traits=traits, doc=doc,
+                  lowering=lowering)
 
 
 def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
@@ -81,47 +85,86 @@ def _relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, x.dtype.type(0))  # NaN stays NaN, like np.maximum
 
 
+def _gelu_lowering(ops: Any, x: Any, approximate: str) -> Any:
+    def gelu(v: Any) -> Any:
+        if approximate == "tanh":
+            inner = float(np.sqrt(2.0 / np.pi)) * (v + 0.044715 * v * v * v)
+            return 0.5 * v * (1.0 + ops.call("tanh", inner))
+        return 0.5 * v * (1.0 + ops.call("erf", v / float(np.sqrt(2.0))))
+
+    return ops.map(gelu, x)
+
+
+def _sign_lowering(ops: Any, x: Any) -> Any:
+    def sign(v: Any) -> Any:
+        positive = ops.call("select", ops.call("gt", v, 0), 1, v)  # NaN and ±0 pass through
+        if v.dtype is DType.u8:
+            return positive
+        return ops.call("select", ops.call("lt", v, 0), -1, positive)
+
+    return ops.map(sign, x)
+
+
+def _rounding(name: str) -> Lowering:
+    return lambda ops, x: ops.unary(name, x) if x.dtype.is_float else x
+
+
 _IDEMPOTENT = frozenset({Trait.IDEMPOTENT})
 _INVOLUTION = frozenset({Trait.INVOLUTION})
 
-NEG = _numeric("neg", np.negative, _INVOLUTION, "-x (integers wrap)")
-ABS = _numeric("abs", np.abs, _IDEMPOTENT, "|x| (abs of the most negative integer wraps)")
-RELU = _numeric("relu", _relu, _IDEMPOTENT, "max(x, 0), NaN-propagating")
-SIGN = _numeric("sign", np.sign, doc="-1, 0 or 1 (NaN for NaN)")
-FLOOR = _numeric("floor", np.floor, _IDEMPOTENT, "rounds down; identity on integers")
-CEIL = _numeric("ceil", np.ceil, _IDEMPOTENT, "rounds up; identity on integers")
-ROUND = _numeric("round", np.round, _IDEMPOTENT, "rounds half to even, like np.round")
+NEG = _numeric("neg", np.negative, _INVOLUTION, "-x (integers wrap)",
+               lowering=lambda ops, x: ops.unary("neg", x))
+ABS = _numeric("abs", np.abs, _IDEMPOTENT, "|x| (abs of the most negative integer wraps)",
+               lowering=lambda ops, x: ops.unary("abs", x))
+RELU = _numeric("relu", _relu, _IDEMPOTENT, "max(x, 0), NaN-propagating",
+                lowering=lambda ops, x: ops.map(lambda v: ops.call("max", v, 0), x))
+SIGN = _numeric("sign", np.sign, doc="-1, 0 or 1 (NaN for NaN)", lowering=_sign_lowering)
+FLOOR = _numeric("floor", np.floor, _IDEMPOTENT, "rounds down; identity on integers",
+                 lowering=_rounding("floor"))
+CEIL = _numeric("ceil", np.ceil, _IDEMPOTENT, "rounds up; identity on integers",
+                lowering=_rounding("ceil"))
+ROUND = _numeric("round", np.round, _IDEMPOTENT, "rounds half to even, like np.round",
+                 lowering=_rounding("round"))
 
-EXP = _unary("exp", np.exp)
-LOG = _unary("log", np.log)
-LOG1P = _unary("log1p", np.log1p)
-EXPM1 = _unary("expm1", np.expm1)
-SQRT = _unary("sqrt", np.sqrt)
-RSQRT = _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), doc="1/sqrt(x)")
-RECIPROCAL = _unary("reciprocal", lambda x: 1.0 / x, doc="1/x (f64 for integer inputs)")
-TANH = _unary("tanh", np.tanh)
-SIGMOID = _unary("sigmoid", scipy.special.expit, doc="1/(1+exp(-x))")
-ERF = _unary("erf", scipy.special.erf)
+EXP = _unary("exp", np.exp, lowering=lambda ops, x: ops.unary("exp", x))
+LOG = _unary("log", np.log, lowering=lambda ops, x: ops.unary("log", x))
+LOG1P = _unary("log1p", np.log1p, lowering=lambda ops, x: ops.unary("log1p", x))
+EXPM1 = _unary("expm1", np.expm1, lowering=lambda ops, x: ops.unary("expm1", x))
+SQRT = _unary("sqrt", np.sqrt, lowering=lambda ops, x: ops.unary("sqrt", x))
+RSQRT = _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), doc="1/sqrt(x)",
+               lowering=lambda ops, x: ops.unary("rsqrt", x))
+RECIPROCAL = _unary("reciprocal", lambda x: 1.0 / x, doc="1/x (f64 for integer inputs)",
+                    lowering=lambda ops, x: ops.map(lambda v: ops.call("div", 1.0, v), x))
+TANH = _unary("tanh", np.tanh, lowering=lambda ops, x: ops.unary("tanh", x))
+SIGMOID = _unary("sigmoid", scipy.special.expit, doc="1/(1+exp(-x))",
+                 lowering=lambda ops, x: ops.unary("sigmoid", x))
+ERF = _unary("erf", scipy.special.erf, lowering=lambda ops, x: ops.unary("erf", x))
 GELU = _unary("gelu", _gelu,
               attrs=(attr("approximate", AttrType.STR, "none", choices=("none", "tanh")),),
-              doc="x·Φ(x), exactly (erf) or with the tanh approximation")
-SILU = _unary("silu", lambda x: x * scipy.special.expit(x), doc="x·sigmoid(x)")
-SOFTPLUS = _unary("softplus", lambda x: np.logaddexp(x.dtype.type(0), x), doc="log(1+exp(x))")
-SIN = _unary("sin", np.sin)
-COS = _unary("cos", np.cos)
+              doc="x·Φ(x), exactly (erf) or with the tanh approximation", lowering=_gelu_lowering)
+SILU = _unary("silu", lambda x: x * scipy.special.expit(x), doc="x·sigmoid(x)",
+              lowering=lambda ops, x: ops.map(lambda v: v * ops.call("sigmoid", v), x))
+SOFTPLUS = _unary("softplus", lambda x: np.logaddexp(x.dtype.type(0), x), doc="log(1+exp(x))",
+                  lowering=lambda ops, x: ops.map(lambda v: ops.call("max", v, 0) + ops.call(
+                      "log1p", ops.call("exp", -ops.call("abs", v))), x))
+SIN = _unary("sin", np.sin, lowering=lambda ops, x: ops.unary("sin", x))
+COS = _unary("cos", np.cos, lowering=lambda ops, x: ops.unary("cos", x))
 
 LOGICAL_NOT = _unary("logical_not", np.logical_not, dtype_rule=boolean, traits=_INVOLUTION,
-                     doc="x == 0, for any input dtype")
-ISNAN = _unary("isnan", np.isnan, dtype_rule=boolean, doc="False everywhere for integers")
+                     doc="x == 0, for any input dtype",
+                     lowering=lambda ops, x: ops.logical("not", x))
+ISNAN = _unary("isnan", np.isnan, dtype_rule=boolean, doc="False everywhere for integers",
+               lowering=lambda ops, x: ops.map(lambda v: ops.call("isnan", v), x, dtype=x.dtype)
+               if x.dtype.is_float else ops.const(False, DType.bool))
 
 # ---- binary ----------------------------------------------------------------------------------
 
 
 def _binary(name: str, fn: Callable[..., Any], *, accepts: frozenset[DType] = ALL_TYPES,
             dtype_rule: DTypeRule = promoted, traits: frozenset[Trait] = frozenset(),
-            doc: str = "") -> OpDef:
+            doc: str = "", lowering: Lowering | None = None) -> OpDef:
     return OpDef(name, OpKind.ELEMENTWISE, 2, broadcast, dtype_rule, _mapped(fn, dtype_rule),
-                 traits=traits, accepts=accepts, doc=doc)
+                 traits=traits, accepts=accepts, doc=doc, lowering=lowering)
 
 
 def _arith_promoted(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
@@ -142,28 +185,44 @@ def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 _CA = frozenset({Trait.COMMUTATIVE, Trait.ASSOCIATIVE})
 _C = frozenset({Trait.COMMUTATIVE})
 
-ADD = _binary("add", np.add, traits=_CA)
-SUB = _binary("sub", np.subtract, dtype_rule=_arith_promoted)
-MUL = _binary("mul", np.multiply, traits=_CA)
-DIV = _binary("div", np.true_divide, dtype_rule=float_promoted, doc="true division")
+ADD = _binary("add", np.add, traits=_CA, lowering=lambda ops, a, b: ops.binary("add", a, b))
+SUB = _binary("sub", np.subtract, dtype_rule=_arith_promoted,
+              lowering=lambda ops, a, b: ops.binary("sub", a, b))
+MUL = _binary("mul", np.multiply, traits=_CA, lowering=lambda ops, a, b: ops.binary("mul", a, b))
+DIV = _binary("div", np.true_divide, dtype_rule=float_promoted, doc="true division",
+              lowering=lambda ops, a, b: ops.binary("div", a, b))
 FLOORDIV = _binary("floordiv", np.floor_divide, dtype_rule=_arith_promoted,
-                   doc="floor(a/b) (integer division by zero gives 0, like NumPy)")
+                   doc="floor(a/b) (integer division by zero gives 0, like NumPy)",
+                   lowering=lambda ops, a, b: ops.map(ops.floordiv, a, b))
 MOD = _binary("mod", np.mod, dtype_rule=_arith_promoted,
-              doc="a - floor(a/b)·b: the result has the divisor's sign (Python semantics)")
-POW = _binary("pow", _power, dtype_rule=_arith_promoted, doc="a ** b")
-MAXIMUM = _binary("maximum", np.maximum, traits=_CA, doc="NaN-propagating, like np.maximum")
-MINIMUM = _binary("minimum", np.minimum, traits=_CA, doc="NaN-propagating, like np.minimum")
+              doc="a - floor(a/b)·b: the result has the divisor's sign (Python semantics)",
+              lowering=lambda ops, a, b: ops.map(ops.mod, a, b))
+POW = _binary("pow", _power, dtype_rule=_arith_promoted, doc="a ** b",
+              lowering=lambda ops, a, b: ops.map(ops.pow, a, b))
+MAXIMUM = _binary("maximum", np.maximum, traits=_CA, doc="NaN-propagating, like np.maximum",
+                  lowering=lambda ops, a, b: ops.binary("max", a, b))
+MINIMUM = _binary("minimum", np.minimum, traits=_CA, doc="NaN-propagating, like np.minimum",
+                  lowering=lambda ops, a, b: ops.binary("min", a, b))
 
-EQ = _binary("eq", np.equal, dtype_rule=boolean, traits=_C)
-NE = _binary("ne", np.not_equal, dtype_rule=boolean, traits=_C)
-LT = _binary("lt", np.less, dtype_rule=boolean)
-LE = _binary("le", np.less_equal, dtype_rule=boolean)
-GT = _binary("gt", np.greater, dtype_rule=boolean)
-GE = _binary("ge", np.greater_equal, dtype_rule=boolean)
+EQ = _binary("eq", np.equal, dtype_rule=boolean, traits=_C,
+              lowering=lambda ops, a, b: ops.compare("eq", a, b))
+NE = _binary("ne", np.not_equal, dtype_rule=boolean, traits=_C,
+              lowering=lambda ops, a, b: ops.compare("ne", a, b))
+LT = _binary("lt", np.less, dtype_rule=boolean,
+              lowering=lambda ops, a, b: ops.compare("lt", a, b))
+LE = _binary("le", np.less_equal, dtype_rule=boolean,
+              lowering=lambda ops, a, b: ops.compare("le", a, b))
+GT = _binary("gt", np.greater, dtype_rule=boolean,
+              lowering=lambda ops, a, b: ops.compare("gt", a, b))
+GE = _binary("ge", np.greater_equal, dtype_rule=boolean,
+              lowering=lambda ops, a, b: ops.compare("ge", a, b))
 
-LOGICAL_AND = _binary("logical_and", np.logical_and, dtype_rule=boolean, traits=_CA)
-LOGICAL_OR = _binary("logical_or", np.logical_or, dtype_rule=boolean, traits=_CA)
-LOGICAL_XOR = _binary("logical_xor", np.logical_xor, dtype_rule=boolean, traits=_CA)
+LOGICAL_AND = _binary("logical_and", np.logical_and, dtype_rule=boolean, traits=_CA,
+                       lowering=lambda ops, a, b: ops.logical("and", a, b))
+LOGICAL_OR = _binary("logical_or", np.logical_or, dtype_rule=boolean, traits=_CA,
+                      lowering=lambda ops, a, b: ops.logical("or", a, b))
+LOGICAL_XOR = _binary("logical_xor", np.logical_xor, dtype_rule=boolean, traits=_CA,
+                       lowering=lambda ops, a, b: ops.logical("xor", a, b))
 
 # ---- where, cast, clip -----------------------------------------------------------------------
 
@@ -178,12 +237,15 @@ def _where_ref(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 WHERE = OpDef("where", OpKind.ELEMENTWISE, 3, broadcast, _where_dtype, _where_ref,
-              doc="cond ? a : b, broadcasting all three (cond is nonzero-tested)")
+              doc="cond ? a : b, broadcasting all three (cond is nonzero-tested)",
+              lowering=lambda ops, c, a, b: ops.call("select", ops.cast(c, DType.bool),
+                                                     ops.cast(a, ops.out), ops.cast(b, ops.out)))
 
 CAST = OpDef("cast", OpKind.ELEMENTWISE, 1, same_shape,
              lambda dtypes, attrs: (attrs["dtype"],),
              quiet(lambda x, dtype: x.astype(dtype.np)),
-             attrs=(attr("dtype", AttrType.DTYPE),), doc="converts the element type (C casts)")
+             attrs=(attr("dtype", AttrType.DTYPE),), doc="converts the element type (C casts)",
+             lowering=lambda ops, x, dtype: ops.cast(x, dtype))
 
 
 def _check_bound(name: str, value: object) -> None:
@@ -217,9 +279,26 @@ def _clip_ref(x: np.ndarray, min: float | None, max: float | None) -> np.ndarray
     return as_dtype(result, dtype_of(x))
 
 
+def _clip_lowering(ops: Any, x: Any, min: float | None, max: float | None) -> Any:
+    if x.dtype.is_int:  # bounds rounded inwards and saturated, as in the reference
+        info = np.iinfo(x.dtype.np)
+        if min is not None:
+            x = ops.call("max", x, int(np.clip(np.ceil(min), info.min, info.max)))
+        if max is not None:
+            x = ops.call("min", x, int(np.clip(np.floor(max), info.min, info.max)))
+        return x
+
+    def clip(v: Any) -> Any:
+        if min is not None:
+            v = ops.call("max", v, float(min))
+        return v if max is None else ops.call("min", v, float(max))
+
+    return ops.map(clip, x)
+
+
 CLIP = OpDef("clip", OpKind.ELEMENTWISE, 1, _clip_shape, same_dtype, quiet(_clip_ref),
              attrs=(attr("min", AttrType.ANY, None), attr("max", AttrType.ANY, None)),
-             accepts=NUMERIC_TYPES,
+             accepts=NUMERIC_TYPES, lowering=_clip_lowering,
              doc="min(max(x, min), max) in x's dtype; a None bound is absent; NaN stays NaN")
 
 

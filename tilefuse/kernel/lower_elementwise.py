@@ -1,0 +1,271 @@
+"""Elementwise kernels: one loop nest per output shape, vectorised, with a scalar tail.
+
+For each output shape S (outputs whose shapes differ only in size-1 axes are written in the same
+loop), the nest walks S
+as ``outer`` axes (flattened into one loop variable, the parallel loop when the schedule says
+so) and a trailing *block* of axes walked flat by a vectorised loop plus a scalar remainder::
+
+    [parallel] for r in 0..prod(outer):          (absent when the block is all of S)
+      vectorized for i in 0..N - N % W step W:   N = prod(block), W = schedule.vector_width
+        let t0 = ...                             every value computed once, bound to a let
+        out0[r*N + i:+W] = ...
+      for i1 in N - N % W..N:
+        (the same, one element at a time)
+
+The block is as large as the accesses allow: all of S (one flat loop, split into parallel
+chunks of the schedule's ``i`` tile) unless some operand is broadcast along it or transposed
+across it; then fewer trailing axes; scalars when no block vectorises
+(:class:`~tilefuse.kernel.access.NotVectorizable` drives the choice).
+
+:func:`lower_group` dispatches a kernel group to its lowering by kind.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from tilefuse.errors import CompileError
+from tilefuse.graph.ir import Value
+from tilefuse.kernel.access import (
+    KernelBuffers,
+    LoadInput,
+    Namer,
+    NotVectorizable,
+    dims,
+    flatten,
+    identifier,
+    kernel_buffers,
+    load_contiguous,
+    reindex,
+    reshaped_run,
+    squeezed,
+    unflatten,
+)
+from tilefuse.kernel.fusion import KernelKind
+from tilefuse.kernel.scalar_expr import ElementBuilder, KernelGroupLike, Override
+from tilefuse.loop.ir import (
+    Expr,
+    LoopFunction,
+    LoopKind,
+    Stmt,
+    Store,
+    block,
+    const,
+    loop,
+    minimum,
+    var,
+)
+from tilefuse.loop.simplify import simplify
+
+if TYPE_CHECKING:
+    from tilefuse.kernel.schedule import Schedule
+
+DEFAULT_CHUNK = 16 * 1024
+"""Elements per parallel chunk of a flat loop when the schedule names no tile."""
+
+Body = Callable[[Expr, int], list[Stmt]]
+"""``body(position, lanes)``: the statements for one lane run starting at a flat position."""
+
+
+@dataclass(frozen=True)
+class KernelContext:
+    """What every loop body of one kernel shares: the group, its buffers, the name pool."""
+
+    group: KernelGroupLike
+    buffers: KernelBuffers
+    names: Namer
+    load: LoadInput
+
+    @staticmethod
+    def of(group: KernelGroupLike) -> KernelContext:
+        buffers = kernel_buffers(group.inputs, group.outputs)
+        return KernelContext(group, buffers, Namer(buffers.names()),
+                             load_contiguous(buffers.inputs))
+
+    def builder(self, overrides: Mapping[Value, Override] | None = None) -> ElementBuilder:
+        return ElementBuilder(self.group, self.load, overrides, names=self.names)
+
+    def function(self, body: Sequence[Stmt]) -> LoopFunction:
+        fn = LoopFunction(identifier(self.group.name), self.buffers.params, (), block(*body))
+        return simplify(fn)[0]
+
+    def store_body(self, outputs: Sequence[Value], index: tuple[Expr, ...], lanes: int,
+                   block_axes: int, overrides: Mapping[Value, Override] | None = None,
+                   shape: tuple[int, ...] | None = None) -> list[Stmt]:
+        """Lets, then one store per output, for the run at ``index`` over ``shape`` (default:
+        the first output's); every output has ``shape``'s squeezed form."""
+        b = self.builder(overrides)
+        shape = dims(outputs[0].shape) if shape is None else shape
+        stores = []
+        for v in outputs:
+            own = dims(v.shape)
+            at = index if own == shape else reindex(index, shape, own)
+            run = block_axes if own == shape or lanes == 1 else reshaped_run(own, shape,
+                                                                             block_axes)
+            stores.append(Store(self.buffers.outputs[v].name, flatten(at, own),
+                                b.value(v, at, lanes, run)))
+        return [*b.lets, *stores]
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+def vector_width(schedule: Schedule | None) -> int:
+    if schedule is None or getattr(schedule, "vector_axis", None) is None:
+        return 1
+    return max(1, int(schedule.vector_width))
+
+
+def parallel_tile(schedule: Schedule | None, axis: str) -> int | None:
+    """The tile of ``axis`` when the schedule runs it across threads (0: the whole axis, one
+    chunk per iteration); None when it does not."""
+    if schedule is None or axis not in schedule.parallel_axes:
+        return None
+    return schedule.tile(axis) or 0
+
+
+# ----------------------------------------------------------------------------- loops
+
+
+def run_loops(names: Namer, start: int, stop: int, lanes: int, body: Body) -> list[Stmt]:
+    """A vectorised loop over ``[start, stop)`` in steps of ``lanes`` (as far as whole vectors
+    reach) and a scalar loop over the rest. ``body(i, lanes)`` may raise NotVectorizable for
+    the vector part, before anything is emitted."""
+    split = stop - (stop - start) % lanes if lanes > 1 else start
+    stmts: list[Stmt] = []
+    if split > start:
+        i = names.fresh("i")
+        stmts.append(loop(i, start, split, body(var(i), lanes), lanes, LoopKind.VECTORIZED))
+    if stop > split:
+        i = names.fresh("i")
+        stmts.append(loop(i, split, stop, body(var(i), 1)))
+    return stmts
+
+
+def outer_loop(names: Namer, count: int, tile: int | None,
+               body: Callable[[Expr], list[Stmt]]) -> list[Stmt]:
+    """``body(r)`` for each ``r`` in ``[0, count)``: no loop for one iteration, a parallel loop
+    when ``tile`` is not None (over tiles of ``tile`` iterations when that is smaller)."""
+    if count == 1:
+        return body(const(0))
+    r = names.fresh("r")
+    if tile is None or not 0 < tile < count:
+        kind = LoopKind.SERIAL if tile is None else LoopKind.PARALLEL
+        return [loop(r, 0, count, body(var(r)), kind=kind)]
+    g = names.fresh("g")
+    start = var(g) * tile
+    inner = loop(r, start, minimum(start + tile, count), body(var(r)))
+    return [loop(g, 0, -(-count // tile), [inner], kind=LoopKind.PARALLEL)]
+
+
+def chunked_runs(names: Namer, count: int, lanes: int, tile: int | None,
+                 body: Body) -> list[Stmt]:
+    """:func:`run_loops` over ``[0, count)``, with the vector part split into parallel chunks
+    of ``tile`` elements (rounded up to whole vectors) when ``tile`` is set."""
+    whole = count - count % lanes if lanes > 1 else 0
+    if tile is None or whole == 0:
+        return run_loops(names, 0, count, lanes, body)
+    tile = max(lanes, -(-(tile or DEFAULT_CHUNK) // lanes) * lanes)
+    if tile >= whole:
+        return run_loops(names, 0, count, lanes, body)
+    i, g = names.fresh("i"), names.fresh("g")
+    vector = body(var(i), lanes)
+    start = var(g) * tile
+    inner = loop(i, start, minimum(start + tile, whole), vector, lanes, LoopKind.VECTORIZED)
+    chunks = loop(g, 0, -(-whole // tile), [inner], kind=LoopKind.PARALLEL)
+    return [chunks, *run_loops(names, whole, count, 1, body)]
+
+
+def with_lanes(ctx: KernelContext, lanes: int,
+               build: Callable[[KernelContext, int], list[Stmt]]) -> list[Stmt]:
+    """``build(ctx, lanes)``, or ``build(ctx, 1)`` when some run does not vectorise (names
+    handed out by the failed trial are not used up)."""
+    if lanes > 1:
+        trial = replace(ctx, names=ctx.names.fork())
+        try:
+            stmts = build(trial, lanes)
+        except NotVectorizable:
+            pass
+        else:
+            ctx.names.adopt(trial.names)
+            return stmts
+    return build(ctx, 1)
+
+
+# ----------------------------------------------------------------------------- elementwise
+
+
+def lower_elementwise(group: KernelGroupLike, schedule: Schedule | None = None
+                      ) -> LoopFunction:
+    """The loop IR of an ELEMENTWISE group: buffers are the group inputs (readonly), then its
+    outputs; one loop nest per output shape, size-1 axes aside (see the module docstring)."""
+    ctx = KernelContext.of(group)
+    lanes = vector_width(schedule)
+    tile = parallel_tile(schedule, "i")
+    nests: dict[tuple[int, ...], list[Value]] = {}
+    for v in ctx.buffers.outputs:
+        nests.setdefault(squeezed(dims(v.shape)), []).append(v)
+    body: list[Stmt] = []
+    for outputs in nests.values():
+        body.extend(_nest(ctx, dims(outputs[0].shape), outputs, lanes, tile))
+    return ctx.function(body)
+
+
+def _nest(ctx: KernelContext, shape: tuple[int, ...], outputs: list[Value], lanes: int,
+          tile: int | None) -> list[Stmt]:
+    """The loops writing ``outputs`` (all of ``shape``): the largest block that vectorises."""
+    if not shape:
+        return ctx.store_body(outputs, (), 1, 0)
+    if lanes > 1:
+        for b in range(len(shape), 0, -1):
+            if math.prod(shape[len(shape) - b:]) < lanes:
+                break
+            trial = replace(ctx, names=ctx.names.fork())
+            try:
+                stmts = _block_nest(trial, shape, outputs, b, lanes, tile)
+            except NotVectorizable:
+                continue
+            ctx.names.adopt(trial.names)
+            return stmts
+    return _block_nest(ctx, shape, outputs, 1, 1, tile)
+
+
+def _block_nest(ctx: KernelContext, shape: tuple[int, ...], outputs: list[Value], b: int,
+                lanes: int, tile: int | None) -> list[Stmt]:
+    outer, inner = shape[:len(shape) - b], shape[len(shape) - b:]
+    count, size = math.prod(outer), math.prod(inner)
+
+    def runs(r: Expr) -> list[Stmt]:
+        prefix = unflatten(r, outer)
+
+        def body(i: Expr, n: int) -> list[Stmt]:
+            return ctx.store_body(outputs, prefix + unflatten(i, inner), n, b)
+
+        return run_loops(ctx.names, 0, size, lanes, body) if count > 1 or tile is None \
+            else chunked_runs(ctx.names, size, lanes, tile, body)
+
+    return outer_loop(ctx.names, count, None if tile is None else 0, runs)
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+def lower_group(group: KernelGroupLike, schedule: Schedule | None = None) -> LoopFunction:
+    """The loop IR of ``group`` by its kind: ELEMENTWISE and ROW_REDUCTION here (the
+    contraction lowering is :mod:`tilefuse.kernel.lower_matmul`); CompileError otherwise."""
+    kind = getattr(group, "kind", None)
+    if kind is KernelKind.ELEMENTWISE:
+        return lower_elementwise(group, schedule)
+    if kind is KernelKind.ROW_REDUCTION:
+        from tilefuse.kernel.lower_rows import lower_rows  # lower_rows builds on this module
+
+        return lower_rows(group, schedule)
+    shown = kind.value if isinstance(kind, KernelKind) else repr(kind)
+    raise CompileError(f"kernel {group.name}: no lowering for {shown} yet")
+
+
+__all__ = ["DEFAULT_CHUNK", "KernelContext", "chunked_runs", "lower_elementwise", "lower_group",
+           "outer_loop", "parallel_tile", "run_loops", "vector_width", "with_lanes"]

@@ -1,0 +1,386 @@
+"""Row-reduction kernels: softmax, layer_norm, rms_norm and any chain of row reductions over
+the trailing ``k`` axes of one domain F = [R..., N...].
+
+Each row is one iteration of the (parallel) row loop. Inside it the group's reductions run in
+*passes* over the row, by dependency level: a pass accumulates every reduction whose inputs
+are known by then, in vector accumulators (``unroll`` of them, from the schedule) plus a
+scalar one for the tail, reduces them horizontally and binds each per-row result to a ``let``;
+later passes read those through ``overrides``. Values over the whole row are recomputed inside
+each pass that needs them, never stored. A last pass writes the full-row outputs; per-row
+outputs are stored after it::
+
+    parallel for r in 0..R:
+      local acc: f32x16[1]; local acc1: f32[1]          pass 1: m = max(x)
+      acc[0] = splat(-inf); acc1[0] = -inf
+      vectorized for i in 0..N - N%16 step 16: acc[0] = max(acc[0], load<16>(x, r*N + i))
+      for i1 in N - N%16..N: acc1[0] = max(acc1[0], x[r*N + i1])
+      let m = max(reduce_max(acc[0]), acc1[0])
+      ...                                                pass 2: s = sum(exp(x - m))
+      vectorized for i3 ...: out0[r*N + i3:+16] = exp(load<16>(x, ...) - bcast(m)) / bcast(s)
+
+Softmax and log_softmax take 3 passes (max, sum, write), layer_norm 3 (mean, variance, write),
+rms_norm 2. ``var`` takes two passes itself (mean, then centred squares), like NumPy. max/min
+propagate NaN. ``prod`` has no horizontal vector product in the loop IR: its pass is scalar.
+Composite ops left in a group are decomposed here first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tilefuse.codegen.scalar_ops import reduction_identity
+from tilefuse.dtypes import DType
+from tilefuse.errors import CompileError
+from tilefuse.graph.builder import GraphBuilder
+from tilefuse.graph.ir import Node, Value
+from tilefuse.graph.types import normalize_axes
+from tilefuse.kernel.access import Namer, dims, flatten, squeezed, unflatten
+from tilefuse.kernel.lower_elementwise import (
+    KernelContext,
+    lower_elementwise,
+    outer_loop,
+    parallel_tile,
+    run_loops,
+    vector_width,
+    with_lanes,
+)
+from tilefuse.kernel.scalar_expr import ElementBuilder, KernelGroupLike, work_dtype
+from tilefuse.loop.ir import (
+    Expr,
+    Let,
+    Local,
+    LocalStore,
+    LoopFunction,
+    LoopKind,
+    LType,
+    Stmt,
+    Store,
+    XOp,
+    binary,
+    broadcast,
+    cast,
+    const,
+    loop,
+    reduce,
+    var,
+)
+from tilefuse.ops.registry import OpKind, Trait
+
+if TYPE_CHECKING:
+    from tilefuse.kernel.schedule import Schedule
+
+ROW_REDUCTIONS = frozenset({"sum", "mean", "max", "min", "var", "prod"})
+_HORIZONTAL = {XOp.ADD: XOp.REDUCE_ADD, XOp.MAX: XOp.REDUCE_MAX, XOp.MIN: XOp.REDUCE_MIN}
+
+
+@dataclass(frozen=True)
+class Run:
+    """A lane run of the row: the domain index of its first element, its lanes, and the
+    number of trailing (row) axes it runs in."""
+
+    index: tuple[Expr, ...]
+    lanes: int
+    block: int
+
+
+Term = Callable[[ElementBuilder, Run, Mapping[str, Expr]], Expr]
+Finish = Callable[[Expr, Mapping[str, Expr]], Expr]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One accumulation over the row: ``combine`` of ``term`` (in dtype ``acc``) over the row,
+    then ``finish`` of the total gives the per-row result named ``key`` (the value of
+    ``output`` when set). ``term``/``finish`` see the results of earlier stages by key."""
+
+    key: str
+    combine: XOp
+    acc: DType
+    term: Term
+    finish: Finish
+    level: int
+    output: Value | None = None
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """A group-like record for a group whose composites were decomposed."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """The domain F = rows + row, the reduction stages and the outputs by kind."""
+
+    rows: tuple[int, ...]
+    row: tuple[int, ...]
+    stages: tuple[Stage, ...]
+    full_outputs: tuple[Value, ...]
+    row_outputs: tuple[Value, ...]
+
+    @property
+    def levels(self) -> int:
+        return max((s.level for s in self.stages), default=0)
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def expand_composites(group: KernelGroupLike) -> KernelGroupLike:
+    """``group`` with composite ops (softmax, layer_norm, ...) replaced by their
+    decompositions (same inputs and outputs by position)."""
+    if not any(n.op.has(Trait.COMPOSITE) for n in group.nodes):
+        return group
+    builder = GraphBuilder(group.name)
+    mapping: dict[Value, Value] = {}
+    for node in group.nodes:
+        inputs = tuple(mapping.get(v, v) for v in node.inputs)
+        if node.op.has(Trait.COMPOSITE) and node.op.decompose is not None:
+            outs = tuple(node.op.decompose(builder, inputs, node.attrs, node.loc))
+        else:
+            node = Node(node.op, inputs, node.attrs, node.outputs, node.loc)
+            builder.append(node)
+            outs = node.outputs
+        mapping.update(zip(node.outputs, outs))
+    return RowGroup(group.name, builder.nodes, tuple(group.inputs),
+                    tuple(mapping.get(v, v) for v in group.outputs))
+
+
+def plan_rows(group: KernelGroupLike) -> RowPlan:
+    """The row structure of a ROW_REDUCTION group; CompileError when it has none."""
+    reductions = [n for n in group.nodes if n.op.kind is OpKind.REDUCTION]
+    if not reductions:
+        raise CompileError(f"kernel {group.name}: a row-reduction kernel without reductions")
+    full = dims(reductions[0].inputs[0].shape)
+    k = _row_width(group, reductions[0], full)
+    rows, row = full[:len(full) - k], full[len(full) - k:]
+    producers = {v: n for n in group.nodes for v in n.outputs}
+    stages: list[Stage] = []
+    done: dict[Node, int] = {}
+    for node in reductions:
+        if dims(node.inputs[0].shape) != full or _row_width(group, node, full) != k:
+            raise CompileError(f"kernel {group.name}: {node.op.name} over "
+                               f"{node.inputs[0].type} does not reduce the rows of {list(full)}")
+        level = 1 + max((done[d] for d in _reductions_before(node, producers)), default=0)
+        new = _stages(node, level, math.prod(row), len(stages))
+        stages.extend(new)
+        done[node] = new[-1].level
+    full_outputs, row_outputs = [], []
+    for v in dict.fromkeys(group.outputs):
+        shape = dims(v.shape)
+        if shape == full:
+            full_outputs.append(v)
+        elif squeezed(shape) == squeezed(rows):
+            row_outputs.append(v)
+        else:
+            raise CompileError(f"kernel {group.name}: output {v.type} is neither the domain "
+                               f"{list(full)} nor one value per row")
+    return RowPlan(rows, row, tuple(stages), tuple(full_outputs), tuple(row_outputs))
+
+
+def _row_width(group: KernelGroupLike, node: Node, full: tuple[int, ...]) -> int:
+    axes = normalize_axes(node.attrs["axes"], len(full))
+    k = len(axes)
+    if node.op.name not in ROW_REDUCTIONS or not k or axes != tuple(range(len(full) - k,
+                                                                            len(full))):
+        raise CompileError(f"kernel {group.name}: {node.op.name} {dict(node.attrs)} is not a "
+                           "reduction over trailing axes")
+    return k
+
+
+def _reductions_before(node: Node, producers: Mapping[Value, Node]) -> set[Node]:
+    """The reductions ``node``'s input depends on inside the group (not through them)."""
+    found: set[Node] = set()
+    seen: set[Value] = set()
+    stack = list(node.inputs)
+    while stack:
+        v = stack.pop()
+        p = producers.get(v)
+        if v in seen or p is None:
+            continue
+        seen.add(v)
+        if p.op.kind is OpKind.REDUCTION:
+            found.add(p)
+        else:
+            stack.extend(p.inputs)
+    return found
+
+
+def _stages(node: Node, level: int, n: int, count: int) -> list[Stage]:
+    """The stages of one reduction node (two for var)."""
+    name, out = node.op.name, node.output
+    acc = DType.u8 if out.dtype is DType.bool else work_dtype(out.dtype)
+    (u,) = node.inputs
+    key = f"s{count}"
+
+    def term(b: ElementBuilder, run: Run, results: Mapping[str, Expr]) -> Expr:
+        x = b.value(u, run.index, run.lanes, run.block)
+        return x if x.dtype is acc else cast(x, acc)
+
+    def to_out(e: Expr) -> Expr:
+        return e if e.dtype is out.dtype else cast(e, out.dtype)
+
+    combine = {"max": XOp.MAX, "min": XOp.MIN, "prod": XOp.MUL}.get(name, XOp.ADD)
+    if name in ("sum", "max", "min", "prod"):
+        return [Stage(key, combine, acc, term, lambda a, r: to_out(a), level, out)]
+    if name == "mean":
+        return [Stage(key, combine, acc, term, lambda a, r: to_out(a / float(n)), level, out)]
+    mean_key, divisor = f"{key}m", float(max(n - node.attrs["ddof"], 0))
+
+    def centred(b: ElementBuilder, run: Run, results: Mapping[str, Expr]) -> Expr:
+        mean = results[mean_key]
+        d = b.share(term(b, run, results) - (mean if run.lanes == 1
+                                              else broadcast(mean, run.lanes)))
+        return d * d
+
+    return [Stage(mean_key, XOp.ADD, acc, term, lambda a, r: a / float(n), level),
+            Stage(key, XOp.ADD, acc, centred, lambda a, r: to_out(a / divisor), level + 1,
+                  out)]
+
+
+# ----------------------------------------------------------------------------- lowering
+
+
+def lower_rows(group: KernelGroupLike, schedule: Schedule | None = None) -> LoopFunction:
+    """The loop IR of a ROW_REDUCTION group (see the module docstring): buffers are the group
+    inputs (readonly), then its outputs; rows run in parallel when the schedule says so."""
+    group = expand_composites(group)
+    if not any(n.op.kind is OpKind.REDUCTION for n in group.nodes):
+        return lower_elementwise(group, schedule)
+    plan = plan_rows(group)
+    ctx = KernelContext.of(group)
+    lanes = vector_width(schedule)
+    unroll = dict(getattr(schedule, "unroll", ()) or ()).get("n", 1)
+
+    def row_body(r: Expr) -> list[Stmt]:
+        prefix = unflatten(r, plan.rows)
+        results: dict[str, Expr] = {}
+        overrides: dict[Value, Expr] = {}
+        stmts: list[Stmt] = []
+        for level in range(1, plan.levels + 1):
+            stages = [s for s in plan.stages if s.level == level]
+            vector = lanes if all(s.combine in _HORIZONTAL for s in stages) else 1
+            stmts += with_lanes(ctx, vector, lambda c, n, st=stages: _reduce_pass(
+                c, plan, st, prefix, n, unroll, results, overrides))
+        if plan.full_outputs:
+            stmts += with_lanes(ctx, lanes, lambda c, n: _write_pass(c, plan, prefix, n,
+                                                                     overrides))
+        return stmts + _row_stores(ctx, plan, r, overrides)
+
+    body = outer_loop(ctx.names, math.prod(plan.rows), parallel_tile(schedule, "r"), row_body)
+    return ctx.function(body)
+
+
+def _reduce_pass(ctx: KernelContext, plan: RowPlan, stages: list[Stage],
+                 prefix: tuple[Expr, ...], lanes: int, unroll: int,
+                 results: dict[str, Expr], overrides: dict[Value, Expr]) -> list[Stmt]:
+    """One pass over the row accumulating ``stages``; binds their results (and the results'
+    overrides) after the loops."""
+    k, n = len(plan.row), math.prod(plan.row)
+    names = ctx.names
+    unroll = max(1, min(unroll, n // lanes)) if lanes > 1 else 1
+    scalar = [Local(names.fresh("acc"), LType(s.acc), 1) for s in stages]
+    vector = [Local(names.fresh("acc"), LType(s.acc, lanes), unroll) for s in stages] \
+        if lanes > 1 else []
+
+    def accumulate(accs: list[Local], slot: Expr, i: Expr, width: int) -> list[Stmt]:
+        b = ctx.builder(overrides)
+        run = Run(prefix + unflatten(i, plan.row), width, k)
+        terms = [s.term(b, run, results) for s in stages]
+        return [*b.lets, *(LocalStore(a.name, slot, binary(s.combine, a.load(slot), t))
+                           for a, s, t in zip(accs, stages, terms))]
+
+    loops = _vector_accumulation(names, n, lanes, unroll, vector, accumulate)
+    whole = n - n % lanes if lanes > 1 else 0
+    if n > whole:
+        i = names.fresh("i")
+        loops.append(loop(i, whole, n, accumulate(scalar, const(0), var(i), 1)))
+    stmts: list[Stmt] = [*scalar, *vector, *_initialise(stages, scalar, vector), *loops]
+    for pos, s in enumerate(stages):
+        total = scalar[pos].load(0)
+        if vector:
+            horizontal = reduce(_HORIZONTAL[s.combine], _tree(s.combine, vector[pos], unroll))
+            total = binary(s.combine, horizontal, total)
+        let = Let(names.fresh(s.key), s.finish(total, results))
+        stmts.append(let)
+        results[s.key] = let.ref
+        if s.output is not None:
+            overrides[s.output] = let.ref
+    return stmts
+
+
+def _vector_accumulation(names: Namer, n: int, lanes: int, unroll: int, vector: list[Local],
+                         accumulate: Callable[[list[Local], Expr, Expr, int], list[Stmt]]
+                         ) -> list[Stmt]:
+    """Vector loops over the whole vectors of the row: ``unroll`` accumulators in flight,
+    then single vectors for what is left of whole vectors."""
+    if lanes == 1:
+        return []
+    big, whole = n - n % (lanes * unroll), n - n % lanes
+    stmts: list[Stmt] = []
+    start = 0
+    if unroll > 1 and big:
+        i, j = names.fresh("i"), names.fresh("j")
+        body = accumulate(vector, var(j), var(i) + var(j) * lanes, lanes)
+        inner = loop(j, 0, unroll, body, kind=LoopKind.UNROLLED)
+        stmts.append(loop(i, 0, big, [inner], lanes * unroll, LoopKind.VECTORIZED))
+        start = big
+    if whole > start:
+        i = names.fresh("i")
+        stmts.append(loop(i, start, whole, accumulate(vector, const(0), var(i), lanes), lanes,
+                          LoopKind.VECTORIZED))
+    return stmts
+
+
+def _initialise(stages: list[Stage], scalar: list[Local], vector: list[Local]) -> list[Stmt]:
+    stmts: list[Stmt] = []
+    for pos, s in enumerate(stages):
+        for local in [scalar[pos], *vector[pos:pos + 1]]:
+            start = _identity(s.combine, s.acc, local.type.lanes)
+            stmts += [LocalStore(local.name, const(j), start) for j in range(local.count)]
+    return stmts
+
+
+def _identity(combine: XOp, dtype: DType, lanes: int) -> Expr:
+    if combine is XOp.MUL:
+        return const(1, dtype, lanes)
+    return const(reduction_identity(_HORIZONTAL[combine], dtype), dtype, lanes)
+
+
+def _tree(combine: XOp, local: Local, count: int) -> Expr:
+    """The accumulators of ``local`` combined pairwise: (a0 + a1) + (a2 + a3)."""
+    parts = [local.load(j) for j in range(count)]
+    while len(parts) > 1:
+        pairs = [binary(combine, parts[p], parts[p + 1]) for p in range(0, len(parts) - 1, 2)]
+        parts = pairs + ([parts[-1]] if len(parts) % 2 else [])
+    return parts[0]
+
+
+def _write_pass(ctx: KernelContext, plan: RowPlan, prefix: tuple[Expr, ...], lanes: int,
+                overrides: Mapping[Value, Expr]) -> list[Stmt]:
+    k = len(plan.row)
+
+    def body(i: Expr, width: int) -> list[Stmt]:
+        index = prefix + unflatten(i, plan.row)
+        return ctx.store_body(plan.full_outputs, index, width, k, overrides)
+
+    return run_loops(ctx.names, 0, math.prod(plan.row), lanes, body)
+
+
+def _row_stores(ctx: KernelContext, plan: RowPlan, r: Expr,
+                overrides: Mapping[Value, Expr]) -> list[Stmt]:
+    """Stores of the per-row outputs (after every pass)."""
+    b = ctx.builder(overrides)
+    stores = []
+    for v in plan.row_outputs:
+        index = unflatten(r, dims(v.shape))
+        stores.append(Store(ctx.buffers.outputs[v].name, flatten(index, dims(v.shape)),
+                            b.value(v, index)))
+    return [*b.lets, *stores]
