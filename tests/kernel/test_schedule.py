@@ -354,3 +354,13 @@ def test_every_default_on_random_plans_validates_and_round_trips(seed):
             validate(s, iteration_axes(group))
             assert s.kind is group.kind
             assert Schedule.from_json(s.to_json()) == s
+
+
+def test_a_kernel_without_the_anchor_its_kind_needs_is_refused():
+    group = only_group(W1)
+    for kind, anchor in ((KernelKind.CONTRACTION, None), (KernelKind.ROW_REDUCTION, group.anchor),
+                         (KernelKind.REDUCTION, group.nodes[1])):
+        odd = KernelGroup("odd", kind, group.nodes, group.inputs, group.outputs, anchor,
+                          group.domain)
+        with pytest.raises(ScheduleError, match=r"kernel odd: a .* kernel needs a"):
+            default_schedule(odd, AVX512_2)

@@ -804,18 +804,18 @@ def verify_plan(plan: KernelPlan) -> None:
             raise VerifyError(f"kernel {k.name} lists its nodes or roles inconsistently")
         for n in k.nodes:
             if is_constant(n):
-                raise VerifyError(f"kernel {k.name} holds a constant ({names[n.outputs[0]]})")
+                raise VerifyError(f"kernel {k.name} holds a constant")
             held[n] = held.get(n, 0) + 1
         reads = {v for n in k.nodes for v in n.inputs if producer.get(v) not in inside}
         if reads != set(k.inputs):
             raise VerifyError(f"kernel {k.name} declares inputs other than those it reads")
-        missing = [names[v] for v in k.inputs if v not in available]
+        missing = [names.get(v, '%?') for v in k.inputs if v not in available]
         if missing:
             raise VerifyError(f"kernel {k.name} reads {', '.join(missing)} before any earlier "
                               "kernel writes it")
         for v in k.outputs:
             if producer.get(v) not in inside or v in written:
-                raise VerifyError(f"kernel {k.name} writes {names[v]}, which it does not "
+                raise VerifyError(f"kernel {k.name} writes {names.get(v, '%?')}, which it does not "
                                   "compute or another kernel writes too")
             written.add(v)
         available |= set(k.outputs)
@@ -826,4 +826,4 @@ def verify_plan(plan: KernelPlan) -> None:
     for v in graph.outputs:
         p = producer.get(v)
         if p is not None and not is_constant(p) and v not in written:
-            raise VerifyError(f"graph output {names[v]} is written by no kernel")
+            raise VerifyError(f"graph output {names.get(v, '%?')} is written by no kernel")

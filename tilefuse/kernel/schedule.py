@@ -32,6 +32,7 @@ from typing import Any
 
 from tilefuse.dtypes import DType
 from tilefuse.errors import TilefuseError
+from tilefuse.graph.ir import Node
 from tilefuse.graph.types import Shape, Sym
 from tilefuse.kernel.fusion import KernelGroup, KernelKind, reduced_axes
 
@@ -310,6 +311,11 @@ def iteration_axes(group: KernelGroup, hint: int | None = None) -> dict[str, int
         return math.prod(hint if isinstance(d, Sym) else d for d in dims)
 
     anchor = group.anchor
+    if group.kind in _AXES_BY_KIND and not _anchor_fits(group.kind, anchor):
+        what = anchor.op.name if anchor is not None else "none"
+        raise ScheduleError(f"kernel {group.name}: a {group.kind.value} kernel needs a "
+                            f"{'matmul' if group.kind is KernelKind.CONTRACTION else 'reduction'}"
+                            f" anchor, got {what}")
     if group.kind is KernelKind.CONTRACTION and anchor is not None:
         a, b = (v.type.shape for v in anchor.inputs)
         out = anchor.outputs[0].type.shape
@@ -331,6 +337,14 @@ def iteration_axes(group: KernelGroup, hint: int | None = None) -> dict[str, int
 
 
 # ---- default rules ---------------------------------------------------------------------------
+
+
+def _anchor_fits(kind: KernelKind, anchor: Node | None) -> bool:
+    if anchor is None:
+        return False
+    if kind is KernelKind.CONTRACTION:
+        return anchor.op.name == "matmul"
+    return reduced_axes(anchor) is not None
 
 
 def _floor_pow2(n: int) -> int:
