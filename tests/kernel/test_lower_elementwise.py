@@ -25,6 +25,7 @@ from tilefuse.graph.ir import Graph, Value
 from tilefuse.graph.parser import parse_graph
 from tilefuse.graph.types import Sym, TensorType
 from tilefuse.kernel.access import (
+    Namer,
     NotVectorizable,
     broadcast_run,
     flatten,
@@ -471,12 +472,31 @@ def test_element_expr_with_an_override():
     assert_close(result, expected)
 
 
+def test_element_expr_with_lets_keeps_long_chains_small():
+    b = GraphBuilder("long")
+    x = b.input(((16,), F32), "x")
+    y = x
+    for _ in range(12):  # each gelu reads its input three times
+        y = b.add1("gelu", [y], {"approximate": "tanh"})
+    graph = b.build([y])
+    group = one_kernel(graph)
+    buffers = kernel_buffers(group.inputs, group.outputs)
+    lets: list = []
+    value = element_expr(group, y, (var("i"),), 4, load_contiguous(buffers.inputs),
+                         names=Namer(buffers.names()), lets=lets)
+    assert len(lets) == 12 and value.op.name == "VAR"
+    body = [*lets, Store("out0", var("i"), value)]
+    fn = LoopFunction("long", buffers.params, (), loop("i", 0, 16, body, 4, LoopKind.VECTORIZED))
+    arrays = random_inputs(graph, 16)
+    result = np.zeros(16, np.float32)
+    interpret(fn, *arrays, result)
+    assert_close(result, interpret_graph(graph, *arrays)[0])
+
+
 def test_builder_binds_each_value_once():
     graph = chain_graph((16,))
     (group,) = plan_of(graph).groups
     buffers = kernel_buffers(group.inputs, group.outputs)
-    from tilefuse.kernel.access import Namer
-
     builder = ElementBuilder(group, load_contiguous(buffers.inputs), names=Namer())
     first = builder.value(group.outputs[0], (var("i"),), 4)
     again = builder.value(group.outputs[0], (var("i"),), 4)

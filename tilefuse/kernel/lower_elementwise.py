@@ -127,6 +127,14 @@ def parallel_tile(schedule: Schedule | None, axis: str) -> int | None:
     return schedule.tile(axis) or 0
 
 
+def fit_lanes(lanes: int, count: int) -> int:
+    """The vector width for runs of ``count`` elements: ``lanes``, or the largest power of two
+    that fits when ``count`` is shorter (1: scalars)."""
+    if count >= lanes:
+        return lanes
+    return 1 << (count.bit_length() - 1) if count > 1 else 1
+
+
 # ----------------------------------------------------------------------------- loops
 
 
@@ -216,20 +224,21 @@ def lower_elementwise(group: KernelGroupLike, schedule: Schedule | None = None
 
 def _nest(ctx: KernelContext, shape: tuple[int, ...], outputs: list[Value], lanes: int,
           tile: int | None) -> list[Stmt]:
-    """The loops writing ``outputs`` (all of ``shape``): the largest block that vectorises."""
+    """The loops writing ``outputs`` (all of ``shape``): the largest block that vectorises,
+    with vectors no longer than the block."""
     if not shape:
         return ctx.store_body(outputs, (), 1, 0)
-    if lanes > 1:
-        for b in range(len(shape), 0, -1):
-            if math.prod(shape[len(shape) - b:]) < lanes:
-                break
-            trial = replace(ctx, names=ctx.names.fork())
-            try:
-                stmts = _block_nest(trial, shape, outputs, b, lanes, tile)
-            except NotVectorizable:
-                continue
-            ctx.names.adopt(trial.names)
-            return stmts
+    for b in range(len(shape), 0, -1):
+        width = fit_lanes(lanes, math.prod(shape[len(shape) - b:]))
+        if width == 1:
+            break
+        trial = replace(ctx, names=ctx.names.fork())
+        try:
+            stmts = _block_nest(trial, shape, outputs, b, width, tile)
+        except NotVectorizable:
+            continue
+        ctx.names.adopt(trial.names)
+        return stmts
     return _block_nest(ctx, shape, outputs, 1, 1, tile)
 
 
@@ -267,5 +276,6 @@ def lower_group(group: KernelGroupLike, schedule: Schedule | None = None) -> Loo
     raise CompileError(f"kernel {group.name}: no lowering for {shown} yet")
 
 
-__all__ = ["DEFAULT_CHUNK", "KernelContext", "chunked_runs", "lower_elementwise", "lower_group",
-           "outer_loop", "parallel_tile", "run_loops", "vector_width", "with_lanes"]
+__all__ = ["DEFAULT_CHUNK", "KernelContext", "chunked_runs", "fit_lanes", "lower_elementwise",
+           "lower_group", "outer_loop", "parallel_tile", "run_loops", "vector_width",
+           "with_lanes"]

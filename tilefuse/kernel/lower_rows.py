@@ -40,6 +40,7 @@ from tilefuse.graph.types import normalize_axes
 from tilefuse.kernel.access import Namer, dims, flatten, squeezed, unflatten
 from tilefuse.kernel.lower_elementwise import (
     KernelContext,
+    fit_lanes,
     lower_elementwise,
     outer_loop,
     parallel_tile,
@@ -256,7 +257,7 @@ def lower_rows(group: KernelGroupLike, schedule: Schedule | None = None) -> Loop
         return lower_elementwise(group, schedule)
     plan = plan_rows(group)
     ctx = KernelContext.of(group)
-    lanes = vector_width(schedule)
+    lanes = fit_lanes(vector_width(schedule), math.prod(plan.row))
     unroll = dict(getattr(schedule, "unroll", ()) or ()).get("n", 1)
 
     def row_body(r: Expr) -> list[Stmt]:

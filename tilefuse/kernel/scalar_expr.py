@@ -385,16 +385,23 @@ class ElementBuilder:
 
 
 def element_expr(group: KernelGroupLike, value: Value, index: Sequence[Expr], lanes: int,
-                 load_input: LoadInput, overrides: Mapping[Value, Override] | None = None
-                 ) -> Expr:
+                 load_input: LoadInput, overrides: Mapping[Value, Override] | None = None, *,
+                 names: Namer | None = None, lets: list[Let] | None = None) -> Expr:
     """The expression of group value ``value`` at ``index`` (one i64 expression per axis of its
     shape; with ``lanes > 1`` the last index is lane 0 and the lanes run along the last axis).
 
     ``load_input(v, index, lanes)`` loads group inputs (``index`` over the input's own shape;
     ``lanes > 1`` only when its last axis is longer than 1, lanes contiguous from ``index``);
     ``overrides`` gives values computed elsewhere (matmul accumulators, per-row reductions).
-    Repeated sub-values are one shared node: the result is a DAG (for long chains prefer an
-    :class:`ElementBuilder` with names, which binds values to lets). Raises
+    Repeated sub-values are one shared node, so the result is a DAG; with ``names`` and
+    ``lets`` every computed value is instead bound to a ``Let`` appended to ``lets`` (place
+    them before the statement using the result), which keeps long chains small. Raises
     :class:`~tilefuse.kernel.access.NotVectorizable` when a run is not contiguous somewhere.
     """
-    return ElementBuilder(group, load_input, overrides).value(value, tuple(index), lanes)
+    if (names is None) != (lets is None):
+        raise CompileError("element_expr needs both names and lets, or neither")
+    builder = ElementBuilder(group, load_input, overrides, names=names)
+    result = builder.value(value, tuple(index), lanes)
+    if lets is not None:
+        lets.extend(builder.lets)
+    return result
