@@ -10,13 +10,13 @@ each pass that needs them, never stored. A last pass writes the full-row outputs
 outputs are stored after it::
 
     parallel for r in 0..R:
-      local acc: f32x16[1]; local acc1: f32[1]          pass 1: m = max(x)
-      acc[0] = splat(-inf); acc1[0] = -inf
-      vectorized for i in 0..N - N%16 step 16: acc[0] = max(acc[0], load<16>(x, r*N + i))
-      for i1 in N - N%16..N: acc1[0] = max(acc1[0], x[r*N + i1])
-      let m = max(reduce_max(acc[0]), acc1[0])
-      ...                                                pass 2: s = sum(exp(x - m))
-      vectorized for i3 ...: out0[r*N + i3:+16] = exp(load<16>(x, ...) - bcast(m)) / bcast(s)
+      local acc: f32[1]; local acc1: f32x16[1]          pass 1: s0 = max(x)
+      acc[0] = -inf; acc1[0] = splat(-inf)
+      vectorized for i in 0..N - N%16 step 16: acc1[0] = max(acc1[0], load<16>(x, r*N + i))
+      for i1 in N - N%16..N: acc[0] = max(acc[0], x[r*N + i1])
+      let s0 = max(reduce_max(acc1[0]), acc[0])
+      ...                                                pass 2: s1 = sum(exp(x - s0))
+      vectorized for i4 ...: out0[r*N + i4:+16] = exp(load<16>(x, ...) - bcast(s0)) / bcast(s1)
 
 Softmax and log_softmax take 3 passes (max, sum, write), layer_norm 3 (mean, variance, write),
 rms_norm 2. ``var`` takes two passes itself (mean, then centred squares), like NumPy. max/min

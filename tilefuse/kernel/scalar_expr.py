@@ -143,9 +143,6 @@ class ExprOps:
         """``x`` bound to a name when the builder keeps lets (for values used many times)."""
         return x if self._share is None else self._share(x)
 
-    def isfloat(self, x: Expr) -> bool:
-        return x.dtype.is_float
-
     # ------------------------------------------------------------------ recipes
     def map(self, fn: Callable[..., Expr], *args: Expr, dtype: DType | None = None) -> Expr:
         """The elementwise reference recipe: ``args`` cast to the working dtype (or
