@@ -2,9 +2,10 @@
 
 from tilefuse.passes.cse import cse
 from tilefuse.passes.dce import dce
+from tilefuse.passes.decompose import decompose_composites
 from tilefuse.passes.manager import Pass, PassRecord, PassSpec, PipelineReport, run_pipeline
 from tilefuse.passes.pipeline import GRAPH_PIPELINE
 from tilefuse.passes.shape_infer import shape_infer, specialize
 
 __all__ = ["GRAPH_PIPELINE", "Pass", "PassRecord", "PassSpec", "PipelineReport", "cse", "dce",
-           "run_pipeline", "shape_infer", "specialize"]
+           "decompose_composites", "run_pipeline", "shape_infer", "specialize"]

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from tilefuse.passes.cse import cse
 from tilefuse.passes.dce import dce
+from tilefuse.passes.decompose import decompose_composites
 from tilefuse.passes.manager import PassSpec
 from tilefuse.passes.shape_infer import shape_infer
 
 GRAPH_PIPELINE: tuple[PassSpec, ...] = (
     # First, so every later pass can trust each node's output types.
     PassSpec("shape_infer", shape_infer, "re-infer every output type from the op rules"),
+    # Before DCE/CSE: composites become the simple ops that fusion recognises (one vocabulary
+    # whether softmax arrived as one op or written by hand), and CSE can share their pieces.
+    PassSpec("decompose", decompose_composites,
+             "expand softmax, log_softmax, layer_norm, rms_norm into simple ops"),
     # Before CSE: no point hashing nodes whose results nobody reads.
     PassSpec("dce", dce, "drop nodes whose outputs reach no graph output"),
     # Merges repeated (op, inputs, attrs); drops the duplicates itself.

@@ -1,8 +1,9 @@
 """The executable interface: what ``tilefuse.jit`` runs once a graph is compiled.
 
 An executable holds its (optimised) graph and maps input arrays (C-contiguous, of the graph's
-input types) to freshly allocated output arrays that the caller owns. For now every target runs
-the reference interpreter; the native CPU backend replaces ``"cpu"`` behind the same interface.
+input types) to freshly allocated output arrays that the caller owns. Target ``"cpu"`` builds the
+native executable (fused kernels compiled through LLVM, :mod:`tilefuse.runtime.native`);
+``"reference"`` runs the reference interpreter.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class InterpreterExecutable:
 def build_executable(graph: Graph, target: str, dump_dir: Path | str | None = None) -> Executable:
     """An executable of ``graph`` for ``target`` ("cpu" or "reference")."""
     check_target(target)
+    if target == "cpu":
+        from tilefuse.runtime.native import build_native  # lazy: "reference" needs no LLVM
+        return build_native(graph, dump_dir)
     return InterpreterExecutable(graph)
 
 
