@@ -80,14 +80,30 @@ def main(argv: list[str] | None = None) -> int:
         if path.is_file():
             print(f"  {path.relative_to(dump_dir)}  ({path.stat().st_size} bytes)")
 
-    _section("6. result against NumPy")
+    plan = dump_dir / "kernels.plan"
+    if plan.exists():
+        _section("6. fused kernels (kernels.plan)")
+        print(plan.read_text())
+        loop = dump_dir / "kernels" / "k0.loop"
+        asm = dump_dir / "kernels" / "k0.s"
+        if loop.exists():
+            _section("7. loop IR of k0 (first 24 lines of kernels/k0.loop)")
+            print("\n".join(loop.read_text().splitlines()[:24]))
+        if asm.exists():
+            text = asm.read_text()
+            _section("8. machine code of k0 (kernels/k0.s)")
+            print(f"{text.count('vfmadd')} FMA instructions, "
+                  f"{'zmm (AVX-512)' if 'zmm' in text else 'no zmm'} registers, "
+                  f"{len(text.splitlines())} lines of assembly")
+
+    _section("9. result against NumPy")
     expected = ffn(x, w, b)
     assert_close(out, expected, reduction=True, msg="gelu(x @ w + b)")
     err = float(np.max(np.abs(out.astype(np.float64) - expected)))
     print(f"output {out.dtype}{list(out.shape)}, max abs difference {err:.3g}: equal within the "
           "f32 contraction tolerance")
 
-    _section("7. calls")
+    _section("10. calls")
     t0 = time.perf_counter()
     jitted(x, w, b)
     second_call = time.perf_counter() - t0
@@ -95,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"second call (cache hit + run):             {second_call * 1e3:.1f} ms")
     print(f"cache: {jitted.cache_info()}")
     print(f"cache-hit overhead (guards + dispatch), median: {_cache_hit_overhead_us():.2f} us")
-    print(f"backend: {tilefuse.__name__} {tilefuse.__version__}, target 'cpu' "
-          "(runs on the reference interpreter until the native CPU backend lands)")
+    print(f"tilefuse {tilefuse.__version__}, target 'cpu': native x86-64 code through LLVM")
     return 0
 
 
