@@ -217,3 +217,30 @@ def test_fallback_is_marked_in_the_plan_dump(tmp_path):
     graph = builder.build([builder.add1("concat", [x, x], {"axis": 0})])
     build_native(graph, tmp_path)
     assert "HOST FALLBACK" in (tmp_path / "kernels.plan").read_text()
+
+
+def test_outputs_reuse_released_buffers_only():
+    """A released output's memory is reused; one still held, or viewed, never is."""
+    b = GraphBuilder("pool")
+    x = b.input(((513,), DType.f32), "x")
+    y = b.add1("exp", [x])
+    exe = build_native(b.build([y]))
+    g = np.random.default_rng(7)
+    first_in = random_array(g, (513,), DType.f32)
+    held = exe(first_in)[0]
+    second = exe(random_array(g, (513,), DType.f32))[0]
+    assert not np.shares_memory(held, second)
+    assert_close(held, np.exp(first_in))           # not overwritten by the second call
+    address = second.ctypes.data
+    del second
+    again_in = random_array(g, (513,), DType.f32)
+    again = exe(again_in)[0]
+    assert again.ctypes.data == address            # released, so reused
+    assert_close(again, np.exp(again_in))
+    view = again[5:]
+    del again
+    last_in = random_array(g, (513,), DType.f32)
+    fresh = exe(last_in)[0]
+    assert not np.shares_memory(fresh, view)       # a view keeps the memory alive
+    assert_close(view, np.exp(again_in)[5:])
+    assert_close(fresh, np.exp(last_in))

@@ -20,6 +20,7 @@ from tilefuse.codegen.llvm_types import (
     constant,
     intrinsic,
     llvm_type,
+    saturating_fptoi,
     vector_of,
 )
 from tilefuse.codegen.math_lib import MathLib
@@ -80,8 +81,7 @@ class LLVMOps:
         if src.is_float:
             if src is DType.f16:
                 x = b.fpext(x, vector_of(F32, t.lanes))
-            name = "fptosi.sat" if _is_signed(dst) else "fptoui.sat"
-            return intrinsic(b, name, [x], ret=target, overloads=[target, x.type])
+            return saturating_fptoi(b, x, target, _is_signed(dst))
         if dst.is_float:
             return (b.sitofp if _is_signed(src) else b.uitofp)(x, target)
         if _width(dst) == _width(src):

@@ -29,6 +29,7 @@ from tilefuse.codegen.llvm_types import (
     constant,
     intrinsic,
     llvm_type,
+    saturating_fptoi,
     type_suffix,
     vector_of,
 )
@@ -129,7 +130,7 @@ class _Em:
 
     def to_int(self, x: ir.Value) -> ir.Value:
         """Integral-valued, in-range float to int (saturating, so never poison)."""
-        return intrinsic(self.b, "fptosi.sat", [x], ret=self.ity, overloads=[self.ity, self.fty])
+        return saturating_fptoi(self.b, x, self.ity, signed=True)
 
     def to_float(self, n: ir.Value) -> ir.Value:
         return self.b.sitofp(n, self.fty)
