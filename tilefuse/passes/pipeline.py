@@ -6,6 +6,7 @@ each entry says why it is where it is.
 
 from __future__ import annotations
 
+from tilefuse.passes.algebra import simplify_algebra
 from tilefuse.passes.cse import cse
 from tilefuse.passes.dce import dce
 from tilefuse.passes.decompose import decompose_composites
@@ -19,6 +20,8 @@ GRAPH_PIPELINE: tuple[PassSpec, ...] = (
     # whether softmax arrived as one op or written by hand), and CSE can share their pieces.
     PassSpec("decompose", decompose_composites,
              "expand softmax, log_softmax, layer_norm, rms_norm into simple ops"),
+    # Exact peepholes (pow(x, 2) -> x*x); after decompose so composites' pieces are seen too.
+    PassSpec("algebra", simplify_algebra, "exact algebraic peepholes such as pow(x, 2) -> x*x"),
     # Before CSE: no point hashing nodes whose results nobody reads.
     PassSpec("dce", dce, "drop nodes whose outputs reach no graph output"),
     # Merges repeated (op, inputs, attrs); drops the duplicates itself.
