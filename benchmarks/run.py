@@ -8,10 +8,23 @@ skipped with a note when not installed. Weights are constants for tilefuse (clos
 can be packed at compile time) and initializers for onnxruntime. Every implementation's output is
 checked against NumPy's before timing. Times are medians over rounds; in each round every
 implementation runs once (or a batch of calls for microsecond workloads), in turn, so that noise
-from the shared machine hits all of them alike.
+from the shared machine hits all of them alike. NumPy alone is timed in rounds of its own (see
+SEPARATE below).
+
+Thread pools: tilefuse (libgomp), torch (its own OpenMP runtime) and onnxruntime (its own pool) live
+in one process here. By default each keeps its idle threads spinning for a while after a parallel
+region, so on 2 cores whichever runs next in a round finds its cores taken by another runtime's
+spinning threads. The harness therefore shortens the spin: GOMP_SPINCOUNT=20000 (set before any
+runtime loads, read by both OpenMP runtimes: threads stay hot between back-to-back calls but sleep
+within microseconds), and onnxruntime's `session.intra_op.allow_spinning=0`. Sleeping pools
+(OMP_WAIT_POLICY=PASSIVE) were tried and rejected: they cost torch eager ~1 ms per call on W5.
 """
 
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GOMP_SPINCOUNT", "20000")  # before any OpenMP runtime loads; see above
 
 import argparse
 import json
@@ -51,6 +64,7 @@ def _peers(w: Workload, inputs: list[np.ndarray]) -> dict[str, Callable[[], Any]
         import onnxruntime as ort
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 2
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = ort.InferenceSession(w.onnx_model(inputs).SerializeToString(), opts,
                                        providers=["CPUExecutionProvider"])
         feed = {"x": dyn[0]}
@@ -58,6 +72,12 @@ def _peers(w: Workload, inputs: list[np.ndarray]) -> dict[str, Callable[[], Any]
     except ImportError:
         print("  (onnxruntime not installed: skipped)")
     return impls
+
+
+# Timed in rounds of their own, after the interleaved ones: NumPy's BLAS (OpenBLAS) keeps its
+# threads busy-waiting after every call with no setting to stop it, which halved the speed of
+# whatever ran next on 2 cores (tilefuse's W1 went from 8 to 18 ms interleaved with it).
+SEPARATE = ("numpy",)
 
 
 def _as_numpy(out: Any) -> np.ndarray:
@@ -80,13 +100,15 @@ def run_workload(w: Workload, rounds: int, rng: np.random.Generator) -> dict[str
                      reduction=w.reduction, msg=f"{w.name} {name}")
     batch = {name: _calls_per_sample(fn) for name, fn in impls.items()}
     samples: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(rounds):
-        for name, fn in impls.items():
-            n = batch[name]
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            samples[name].append((time.perf_counter() - t0) / n)
+    interleaved = [name for name in impls if name not in SEPARATE]
+    for group in (interleaved, *([n] for n in SEPARATE if n in impls)):
+        for _ in range(rounds):
+            for name in group:
+                fn, n = impls[name], batch[name]
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                samples[name].append((time.perf_counter() - t0) / n)
     medians = {name: statistics.median(s) for name, s in samples.items()}
     return {"workload": w.name, "title": w.title, "median_s": medians,
             "gflops": {k: w.flops(inputs) / v / 1e9 for k, v in medians.items()},
