@@ -97,6 +97,12 @@ class CompiledKernel:
                              f"got {num_threads}")
         self.call_unchecked([a.ctypes.data for a in arrays], values, num_threads)
 
+    def raw_entry(self) -> tuple[ctypes._CFuncPtr, type, type]:
+        """The ctypes entry ``f(buffers_address, scalars_address, num_threads)`` and the ctypes
+        array types of its buffer-pointer and scalar tables: for a runtime that keeps those tables
+        alive across calls and rewrites only the addresses that change. No checks at all."""
+        return self._entry, self._buffer_array, self._scalar_array
+
     def call_unchecked(self, pointers: list[int], scalars: list[int],
                        num_threads: int = 0) -> None:
         """Runs the kernel on raw buffer addresses, without any check: for a runtime that has

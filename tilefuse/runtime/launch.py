@@ -11,6 +11,8 @@ unchecked.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -35,7 +37,8 @@ class KernelLaunch:
     buffer order). Fixed arrays are checked once, here; the call's own arrays (inputs, checked
     by the executable's guard, and fresh outputs) are only looked up."""
 
-    __slots__ = ("_arrays", "_dynamic", "_pointers", "args", "kernel")
+    __slots__ = ("_arrays", "_buffers", "_call", "_dynamic", "_pointers", "_scalars", "args",
+                 "kernel")
 
     def __init__(self, kernel: CompiledKernel, args: Sequence[Slot]):
         buffers = kernel.signature.buffers
@@ -51,12 +54,22 @@ class KernelLaunch:
         self._arrays = tuple(a for a in self.args if not isinstance(a, int))  # kept alive
         self._pointers = [0 if isinstance(a, int) else a.ctypes.data for a in self.args]
         self._dynamic = tuple((pos, a) for pos, a in enumerate(self.args) if isinstance(a, int))
+        entry, buffer_table, scalar_table = kernel.raw_entry()
+        self._buffers = buffer_table(*self._pointers)   # kept alive; dynamic slots rewritten
+        self._scalars = scalar_table()
+        buffers_at, scalars_at = ctypes.addressof(self._buffers), ctypes.addressof(self._scalars)
+        self._call = functools.partial(entry, buffers_at, scalars_at, 0)
 
     def run(self, table: Sequence[np.ndarray]) -> None:
-        pointers = self._pointers.copy()
+        self.run_addresses([a.ctypes.data for a in table])
+
+    def run_addresses(self, addresses: Sequence[int]) -> None:
+        """Runs with the call's arrays given by address (``addresses[i]`` is table[i]'s data):
+        the executable computes each address once per call, however many kernels read it."""
+        buffers = self._buffers
         for pos, index in self._dynamic:
-            pointers[pos] = table[index].ctypes.data
-        self.kernel.call_unchecked(pointers, [])
+            buffers[pos] = addresses[index]
+        self._call()
 
 
 @dataclass(frozen=True)
@@ -67,8 +80,11 @@ class NativeStep:
     launches: tuple[KernelLaunch, ...]
 
     def run(self, table: Sequence[np.ndarray]) -> None:
+        self.run_addresses([a.ctypes.data for a in table])
+
+    def run_addresses(self, addresses: Sequence[int]) -> None:
         for launch in self.launches:
-            launch.run(table)
+            launch.run_addresses(addresses)
 
 
 @dataclass(frozen=True)
