@@ -8,7 +8,9 @@ Building one (:class:`NativeExecutable`) runs, once per graph:
 3. give each group its default schedule and lower it: matmul groups with
    :func:`~tilefuse.kernel.lower_matmul.lower_matmul` (a constant B, and a B computed from
    constants by a prologue, packed here once), elementwise and row-reduction groups with
-   :func:`~tilefuse.kernel.lower_elementwise.lower_group`; compile every kernel;
+   :func:`~tilefuse.kernel.lower_elementwise.lower_group`; compile every kernel through the
+   disk cache (:mod:`tilefuse.runtime.kernel_cache`: a kernel compiled before, by any process,
+   is loaded without running LLVM; ``TILEFUSE_CACHE=0`` turns that off);
 4. groups with no native lowering (movement, opaque, plain reductions, or a lowering that raised
    CompileError) become host steps that run the ops' NumPy references. Each is logged on the
    ``fallback`` topic with its reason and marked in the plan dump: nothing falls back silently;
@@ -33,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tilefuse.codegen.jit import CompiledKernel, aligned_empty, compile_kernel
+from tilefuse.codegen.jit import CompiledKernel, aligned_empty
 from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.dump import DumpWriter
 from tilefuse.errors import CompileError, GuardError
@@ -49,6 +51,7 @@ from tilefuse.kernel.schedule import Schedule, default_schedule
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import LoopFunction
 from tilefuse.passes.decompose import decompose_composites
+from tilefuse.runtime.kernel_cache import KernelArtifact, KernelCache, KernelCacheStats
 from tilefuse.runtime.launch import HostStep, KernelLaunch, NativeStep, Slot, Step
 from tilefuse.runtime.memory import BufferRequest, MemoryPlan, plan_memory
 
@@ -71,8 +74,12 @@ Binding = Value | Scratch | np.ndarray  # what one kernel buffer argument holds
 @dataclass(frozen=True)
 class _Kernel:
     fn: LoopFunction
-    compiled: CompiledKernel
+    artifact: KernelArtifact
     bindings: Mapping[str, Binding]
+
+    @property
+    def compiled(self) -> CompiledKernel:
+        return self.artifact.kernel
 
 
 @dataclass
@@ -96,11 +103,12 @@ def _nbytes(value: Value) -> int:
 class _Builder:
     """Everything :class:`NativeExecutable` does once: plan, lower, compile, place buffers."""
 
-    def __init__(self, graph: Graph, target: CpuTarget):
+    def __init__(self, graph: Graph, target: CpuTarget, cache: KernelCache):
         for v in [*graph.inputs, *(o for n in graph.nodes for o in n.outputs)]:
             if not is_static(v.shape):
                 raise CompileError(f"the native executable needs static shapes, got {v.type}")
         self.target = target
+        self.cache = cache
         self.graph, _ = decompose_composites(graph)
         self.plan: KernelPlan = form_kernels(self.graph)
         self.names = value_names(self.graph)
@@ -137,8 +145,10 @@ class _Builder:
                 made = self.lower_contraction(group, pending.schedule)
             else:
                 made = [self.lower_generic(group, pending.schedule)]
-            pending.kernels = [_Kernel(fn, compile_kernel(fn, target=self.target), bindings)
-                               for fn, bindings in made]
+            pending.kernels = [
+                _Kernel(fn, self.cache.compile(fn, pending.schedule,
+                                               f"{self.graph.name}/{fn.name}"), bindings)
+                for fn, bindings in made]
         except CompileError as err:
             return self.fall_back(pending, f"{group.kind.value} lowering failed: {err}")
         return pending
@@ -269,20 +279,38 @@ class _Builder:
                 ops = ", ".join(n.op.name for n in group.nodes)
                 lines.append(f"  {step}: {group.name} HOST FALLBACK ({ops}): {pending.reason}")
             else:
-                names = ", ".join(k.fn.name for k in pending.kernels)
+                names = ", ".join(k.fn.name + (" (from the disk cache)" if k.artifact.entry
+                                               else "") for k in pending.kernels)
                 lines.append(f"  {step}: {group.name} native: {names}  [{pending.schedule}]")
         lines += ["", f"constants: {len(self.constants)} arrays evaluated at build time", "",
                   "memory plan: " + memory.report()]
         writer.write("kernels.plan", "\n".join(lines))
         for pending in self.pending:
             for kernel in pending.kernels:
-                base = f"kernels/{kernel.fn.name}"
-                if pending.schedule is not None:
-                    writer.write(f"{base}.schedule.json", pending.schedule.to_json(indent=2)
-                                 + "\n")
-                writer.write(f"{base}.loop", str(kernel.fn))
-                writer.write(f"{base}.ll", kernel.compiled.llvm_ir())
-                writer.write(f"{base}.s", kernel.compiled.assembly())
+                _dump_kernel(writer, kernel, pending.schedule)
+
+
+def _dump_kernel(writer: DumpWriter, kernel: _Kernel, schedule: Schedule | None) -> None:
+    """``kernels/<name>.{schedule.json,loop,ll,s}``; a kernel loaded from the disk cache shows
+    the optimised IR stored with its object code, under a comment saying so."""
+    base = f"kernels/{kernel.fn.name}"
+    if schedule is not None:
+        writer.write(f"{base}.schedule.json", schedule.to_json(indent=2) + "\n")
+    writer.write(f"{base}.loop", str(kernel.fn))
+    artifact = kernel.artifact
+    writer.write(f"{base}.ll", _cache_note(artifact, ";", "the optimised LLVM IR stored with it")
+                 + artifact.llvm_ir)
+    writer.write(f"{base}.s", _cache_note(artifact, "#", "the assembly LLVM emits from the "
+                                          "optimised IR stored with it") + artifact.assembly())
+
+
+def _cache_note(artifact: KernelArtifact, comment: str, what: str) -> str:
+    """A first comment line for the dump of a kernel loaded from the disk cache (none for one
+    compiled now): where the running code came from, and what the dumped text is."""
+    if artifact.entry is None:
+        return ""
+    return (f"{comment} tilefuse: this kernel's machine code was loaded from the disk cache "
+            f"entry {artifact.entry}; below is {what}\n")
 
 
 def _slot(binding: Binding, slots: Mapping[object, Slot]) -> Slot:
@@ -291,12 +319,19 @@ def _slot(binding: Binding, slots: Mapping[object, Slot]) -> Slot:
 
 class NativeExecutable:
     """A graph compiled for this CPU (see the module docstring). ``executable(*arrays)``
-    returns one fresh array per graph output."""
+    returns one fresh array per graph output.
+
+    ``cache`` compiles the kernels (default: :meth:`KernelCache.from_env`, the disk cache the
+    environment asks for); ``cache_stats`` says how many were loaded from disk (hits), compiled
+    (misses) and stored."""
 
     def __init__(self, graph: Graph, dump_dir: Path | str | None = None, *,
-                 target: CpuTarget | None = None):
+                 target: CpuTarget | None = None, cache: KernelCache | None = None):
         self.graph = graph
-        build = _Builder(graph, target or host_target())
+        target = target or host_target()
+        build = _Builder(graph, target, cache or KernelCache.from_env(target))
+        self.cache_stats: KernelCacheStats = build.cache.stats
+        """How many kernels were loaded from the disk cache, compiled, stored."""
         self.memory_plan, slots, self._arena = build.place()
         self._steps = tuple(build.steps(slots))
         self._inputs = tuple((v.name or f"#{i}", tuple(v.shape), v.dtype.np)
