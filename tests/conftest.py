@@ -97,3 +97,13 @@ def random_graph(rng: np.random.Generator, n_nodes: int = 12) -> Graph:
 def graph_factory() -> Callable[[np.random.Generator, int], Graph]:
     """:func:`random_graph`, for tests in any folder."""
     return random_graph
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Kernels compiled by tests go to one temp cache for the session, never ~/.cache.
+    (Subprocesses inherit it through the environment.)"""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TILEFUSE_CACHE_DIR", str(tmp_path_factory.mktemp("kernel-cache")))
+        patch.delenv("TILEFUSE_CACHE", raising=False)
+        yield
