@@ -43,6 +43,8 @@ PARALLEL_MIN_FLOPS = 1 << 20
 SYMBOLIC_DIM_HINT = 256
 """The size the default rules assume for a symbolic dim (``batch``, ``seq``)."""
 CACHE_TILES = {"m": 96, "k": 384, "n": 3072}
+MIN_ACCUMULATORS = 8
+"""Independent FMA chains a micro-kernel needs to keep two FMA units busy (latency 4 × 2)."""
 """Target contraction cache blocks (MC, KC, NC): an MC×KC block of A in L2, a KC×NC panel of B
 in L3."""
 PACKABLE = ("A", "B")
@@ -481,6 +483,12 @@ def _default_contraction(axes: Extents, sizes: dict[str, int], lanes: int,
     width = _width(lanes, axes["n"])
     nr = width * max(1, min(2, n // width))
     mr = min(max(1, target.vector_registers * 3 // 4 // (nr // width)), 16, m)
+    if mr * (nr // width) < MIN_ACCUMULATORS:
+        # Few rows (a GEMV at batch 1): each accumulator is one FMA dependency chain, and with
+        # 2 chains the FMA latency idles the units 3/4 of the time; widen the tile along N.
+        vectors = min(-(-MIN_ACCUMULATORS // mr), max(1, n // width),
+                      target.vector_registers * 3 // 4 // mr)
+        nr = width * max(nr // width, vectors)
     threads = _threads(target, 2 * batch * m * n * k, PARALLEL_MIN_FLOPS, target.cores)
     nc_target, mc_target, parallel = CACHE_TILES["n"], CACHE_TILES["m"], ()
     if threads > 1 and "b" in axes and batch >= threads:

@@ -342,6 +342,13 @@ class NativeExecutable:
         self._copies = tuple((j, slots[v]) for j, v in enumerate(build.graph.outputs)
                              if not _is_index(slots[v], first + j))
         self._returned: list[np.ndarray | None] = [None] * len(self._outputs)
+        self._returned_at: list[int] = [0] * len(self._outputs)   # their data addresses
+        self._strides = tuple(_c_strides(shape, np.dtype(dtype).itemsize)
+                              for _, shape, dtype in self._inputs)
+        # Native steps take the call's buffers by address (computed once per call); host
+        # fallbacks take the arrays.
+        self._runners = tuple((step.run_addresses, True) if isinstance(step, NativeStep)
+                              else (step.run, False) for step in self._steps)
         self._lock = threading.Lock()
         if dump_dir is not None:
             build.dump(dump_dir, self.memory_plan)
@@ -374,8 +381,9 @@ class NativeExecutable:
         with self._lock:
             outputs = [self._output(j) for j in range(len(self._outputs))]
             table = [*arrays, *outputs]
-            for step in self._steps:
-                step.run(table)
+            addresses = [a.ctypes.data for a in arrays] + self._returned_at
+            for run, native in self._runners:
+                run(addresses if native else table)
             for j, slot in self._copies:
                 outputs[j][...] = table[slot] if isinstance(slot, int) else slot
             self._returned[:] = outputs
@@ -383,7 +391,8 @@ class NativeExecutable:
 
     def _output(self, j: int) -> np.ndarray:
         """Output ``j``'s buffer: the one returned last time when the caller has released it
-        (nothing but this executable refers to it, not even a view), else a fresh one.
+        (nothing but this executable refers to it, not even a view), else a fresh one; its
+        address goes to ``_returned_at[j]``.
 
         A fresh 64 MiB array costs ~15 ms of page faults here, far more than most kernels;
         reusing a released one costs nothing and is safe, since no one can observe it.
@@ -392,21 +401,30 @@ class NativeExecutable:
         if last is not None and _released(last):
             return last
         shape, dtype = self._outputs[j]
-        return aligned_empty(shape, dtype)
+        fresh = aligned_empty(shape, dtype)
+        self._returned_at[j] = fresh.ctypes.data
+        return fresh
 
     def _check(self, arrays: Sequence[np.ndarray]) -> None:
         """GuardError unless the arrays are exactly what the kernels were compiled for."""
         if len(arrays) != len(self._inputs):
             raise GuardError(f"@{self.graph.name} takes {len(self._inputs)} inputs, "
                              f"got {len(arrays)}")
-        for i, (array, (name, shape, dtype)) in enumerate(zip(arrays, self._inputs)):
+        for i, (array, (name, shape, dtype), strides) in enumerate(
+                zip(arrays, self._inputs, self._strides)):
             if type(array) is not np.ndarray or array.dtype != dtype or array.shape != shape \
-                    or not array.flags.c_contiguous:
+                    or (array.strides != strides and not array.flags.c_contiguous):
                 raise GuardError(f"input {name} must be a C-contiguous {dtype}{list(shape)} "
                                  f"array, got {_describe(array)}")
             align = self._align.get(i)
             if align and array.ctypes.data % align:
                 raise GuardError(f"input {name} must be {align}-byte aligned")
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The strides NumPy gives a fresh C-ordered array of ``shape`` (the guard's fast path;
+    other strides of a C-contiguous array, on size-1 or empty axes, take the slow check)."""
+    return np.empty(shape, np.dtype(f"V{itemsize}")).strides
 
 
 def _released(array: np.ndarray) -> bool:
