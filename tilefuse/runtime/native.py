@@ -43,6 +43,7 @@ from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.graph.types import is_static
 from tilefuse.kernel.access import kernel_buffers
+from tilefuse.kernel.expr_printer import format_group_expr
 from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan, form_kernels
 from tilefuse.kernel.lower_elementwise import lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
@@ -269,8 +270,9 @@ class _Builder:
 
     # ---------------------------------------------------------------- dumps
     def dump(self, directory: Path | str, memory: MemoryPlan) -> None:
-        """``kernels.plan`` (groups, launch sequence with host fallbacks marked, memory plan)
-        and, per kernel, ``kernels/<name>.{schedule.json,loop,ll,s}``."""
+        """``kernels.plan`` (groups, launch sequence with host fallbacks marked, memory plan),
+        per group its tensor expression ``kernels/<group>.expr`` and, per compiled kernel,
+        ``kernels/<name>.{schedule.json,loop,ll,s}``."""
         writer = DumpWriter(directory)
         lines = [print_plan(self.plan).rstrip(), "", "launch sequence:"]
         for step, pending in enumerate(self.pending):
@@ -285,7 +287,10 @@ class _Builder:
         lines += ["", f"constants: {len(self.constants)} arrays evaluated at build time", "",
                   "memory plan: " + memory.report()]
         writer.write("kernels.plan", "\n".join(lines))
+        names = value_names(self.plan.graph)
         for pending in self.pending:
+            group = pending.group
+            writer.write(f"kernels/{group.name}.expr", format_group_expr(group, names))
             for kernel in pending.kernels:
                 _dump_kernel(writer, kernel, pending.schedule)
 
