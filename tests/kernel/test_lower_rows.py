@@ -1,11 +1,13 @@
 """Row-reduction kernels lowered to loop IR: softmax, log_softmax, layer_norm and rms_norm from
 the composite ops (decomposed or not) and from hand-written graphs, over odd shapes; every row
 reduction (sum, mean, max, min, var, prod) with per-row outputs; NaN propagation; the number of
-passes; vectorisation fallback; parallel rows. Each kernel runs in the loop interpreter and
-compiled, against the graph's reference interpreter."""
+passes; vectorisation fallback; parallel rows; expensive row values stored by the pass computing
+them and read back by the write pass (the cost rule; bit-identical results). Each kernel runs in
+the loop interpreter and compiled, against the graph's reference interpreter."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -18,17 +20,20 @@ from test_lower_elementwise import (
     random_inputs,
 )
 
+from tilefuse.codegen import compile_kernel
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Value
 from tilefuse.graph.parser import parse_graph
+from tilefuse.kernel import row_store
 from tilefuse.kernel.fusion import KernelGroup, KernelKind, form_kernels
 from tilefuse.kernel.lower_elementwise import lower_group
-from tilefuse.kernel.lower_rows import lower_rows, plan_rows
+from tilefuse.kernel.lower_rows import lower_rows, plan_rows, row_shape
+from tilefuse.kernel.row_store import row_varying
 from tilefuse.kernel.schedule import Schedule
-from tilefuse.loop import Local, LoopFunction, LoopKind, Store
-from tilefuse.loop.ir import walk_stmts
+from tilefuse.loop import Local, LocalStore, LoopFunction, LoopKind, Store
+from tilefuse.loop.ir import For, Stmt, XOp, expr_children, walk_expr, walk_stmts
 
 F32, F64, F16, BF16 = DType.f32, DType.f64, DType.f16, DType.bf16
 SHAPES = [(1, 1), (7, 13), (3, 513), (12, 5, 64)]
@@ -61,6 +66,32 @@ def check_rows(graph: Graph, decompose: bool = True, seed: int = 0, **kwargs: An
 
 def vector_accumulators(fn: LoopFunction) -> int:
     return sum(isinstance(s, Local) and s.type.lanes > 1 for s in walk_stmts(fn.body))
+
+
+def loads_from(stmt: Stmt, prefix: str = "out") -> bool:
+    """Whether ``stmt`` reads a buffer whose name starts with ``prefix`` (an output)."""
+    return any(e.op is XOp.LOAD and str(e.arg).startswith(prefix)
+               for s in walk_stmts(stmt) for root in expr_children(s) for e in walk_expr(root))
+
+
+def reads_output(stmt: Stmt) -> bool:
+    return loads_from(stmt, "out")
+
+
+def row_loops(fn: LoopFunction) -> tuple[list[For], list[For]]:
+    """The innermost loops over the row: those of reduction passes (they accumulate into a
+    local) and those of the write pass."""
+    loops = [s for s in walk_stmts(fn.body)
+             if isinstance(s, For) and s.kind is not LoopKind.UNROLLED]
+    inner = [s for s in loops if not any(x in loops for x in walk_stmts(s.body))]
+    passes = [s for s in inner if any(isinstance(x, LocalStore) for x in walk_stmts(s.body))]
+    return passes, [s for s in inner if s not in passes]
+
+
+def count_op(stmt: Stmt, op: XOp) -> int:
+    """Occurrences of ``op`` in the expressions of ``stmt`` and its nested statements."""
+    return sum(e.op is op for s in walk_stmts(stmt) for root in expr_children(s)
+               for e in walk_expr(root))
 
 
 # ----------------------------------------------------------------------------- composites
@@ -98,9 +129,10 @@ def test_passes_per_composite():
                          vector_width=8)
         fn = lower_group(group, sched)
         assert vector_accumulators(fn) == reductions, op
-        stores = [s for s in kind_loops(fn, LoopKind.VECTORIZED)
-                  if any(isinstance(x, Store) for x in walk_stmts(s.body))]
-        assert len(stores) == 1, op  # one write pass
+        writes = [s for s in kind_loops(fn, LoopKind.VECTORIZED)
+                  if any(isinstance(x, Store) for x in walk_stmts(s.body))
+                  and not any(isinstance(x, LocalStore) for x in walk_stmts(s.body))]
+        assert len(writes) == 1, op  # one write pass (a reduction pass may store a row value)
 
 
 HAND_SOFTMAX = """
@@ -251,7 +283,10 @@ def test_transposed_input_makes_scalar_passes():
       return %1
     }""")
     (fn,) = check_rows(graph)
-    assert not kind_loops(fn, LoopKind.VECTORIZED)
+    assert vector_accumulators(fn) == 0  # the passes reading x are scalar
+    # only the write pass vectorises: it reads exp(x - max) back from the contiguous output
+    (write,) = kind_loops(fn, LoopKind.VECTORIZED)
+    assert reads_output(write)
 
 
 def test_parallel_rows_in_tiles():
@@ -272,6 +307,155 @@ def test_default_schedule_parallel_rows():
     (fn,) = check_rows(graph, interpreted=False, threads=2)
     (group,) = plan_of(graph).groups
     assert bool(kind_loops(fn, LoopKind.PARALLEL)) == bool(default(group).parallel_axes)
+
+
+# ----------------------------------------------------------------------------- stored values
+
+
+def recompute_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Turns the stored path off (every value costs at most the threshold)."""
+    monkeypatch.setattr(row_store, "RECOMPUTE_MAX_OPS", 10**9)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_softmax_stores_exp_and_the_write_pass_reads_it(shape):
+    """exp(x - max) is computed once per element, in the sum pass, which stores it into the
+    output row; the write pass reads it back and divides."""
+    (fn,) = check_rows(composite_graph("softmax", shape), seed=shape[-1] + 1)
+    passes, writes = row_loops(fn)
+    assert writes and all(count_op(w, XOp.EXP) == 0 and reads_output(w) for w in writes)
+    assert all(count_op(w, XOp.DIV) == 1 for w in writes)  # still a true division
+    storing = [p for p in passes if any(isinstance(x, Store) for x in walk_stmts(p))]
+    exps = re.findall(r"\bexp\(", str(fn))  # in the printed loop IR
+    assert len(exps) == len(storing) == sum_loops(shape)
+
+
+def sum_loops(shape: tuple[int, ...]) -> int:
+    """Loops of the sum pass at the default schedule: a vector loop and a scalar tail."""
+    return 1 if shape[-1] % 16 == 0 or shape[-1] == 1 else 2
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_log_softmax_computes_exp_once_and_stores_nothing(shape):
+    """The write pass of log_softmax needs x - max only (1 op): recomputed, nothing stored."""
+    (fn,) = check_rows(composite_graph("log_softmax", shape), seed=shape[-1] + 2)
+    passes, writes = row_loops(fn)
+    assert len(re.findall(r"\bexp\(", str(fn))) == sum_loops(shape)
+    assert not any(count_op(w, XOp.EXP) or reads_output(w) for w in writes)
+    assert not any(isinstance(x, Store) for p in passes for x in walk_stmts(p))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_layer_norm_recomputes_the_cheap_centred_value(shape):
+    """x - mean costs 1 op: the write pass recomputes it from x, the passes store nothing."""
+    (fn,) = check_rows(composite_graph("layer_norm", shape), seed=shape[-1] + 3)
+    passes, writes = row_loops(fn)
+    assert writes and not any(reads_output(w) for w in writes)
+    assert not any(isinstance(x, Store) for p in passes for x in walk_stmts(p))
+
+
+COST_EDGE = """
+graph @edge(%x: f32[5,40]) -> f32[5,40] {{
+  %m = max(%x) {{axes=[1], keepdims=true}} : f32[5,1]
+  %0 = mul(%x, %x) : f32[5,40]
+  %1 = add(%0, %x) : f32[5,40]
+  %2 = {value} : f32[5,40]
+  %3 = sum(%2) {{axes=[1], keepdims=true}} : f32[5,1]
+  %4 = div(%2, %3) : f32[5,40]
+  return %4
+}}"""
+
+
+@pytest.mark.parametrize(("value", "stored"), [
+    ("sub(%1, %m)", True),   # x*x + x - m: 3 ops, stored
+    ("add(%0, %x)", False),  # x*x + x: 2 ops, recomputed
+    ("sub(%x, %m)", False),  # 1 op, recomputed
+    ("exp(%x)", True),       # a transcendental, stored
+])
+def test_the_cost_rule(value, stored):
+    """Recompute a value costing <= 2 ops per element, store one costing more."""
+    (fn,) = check_rows(parse_graph(COST_EDGE.format(value=value)), seed=31)
+    passes, writes = row_loops(fn)
+    assert writes and all(reads_output(w) == stored for w in writes)
+    assert any(isinstance(x, Store) for p in passes for x in walk_stmts(p)) == stored
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, F16, BF16])
+def test_stored_only_when_the_output_holds_the_value_exactly(dtype):
+    """f16/bf16 softmax computes exp in f32: the output cannot hold it, so it is recomputed."""
+    (fn,) = check_rows(composite_graph("softmax", (3, 100), dtype), seed=32)
+    _, writes = row_loops(fn)
+    exact = dtype in (F32, F64)
+    assert all(reads_output(w) == exact and bool(count_op(w, XOp.EXP)) != exact
+               for w in writes)
+
+
+def test_long_rows_are_recomputed(monkeypatch):
+    monkeypatch.setattr(row_store, "STORE_ROW_BYTES", 4 * 63)
+    (fn,) = check_rows(composite_graph("softmax", (3, 64)), seed=33)
+    _, writes = row_loops(fn)
+    assert all(count_op(w, XOp.EXP) == 1 and not reads_output(w) for w in writes)
+
+
+@pytest.mark.parametrize("op", ["softmax", "layer_norm", "rms_norm"])
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_stored_results_are_bitwise_those_recomputed(monkeypatch, op, dtype, threads):
+    """Storing changes where a value lives, not how it is computed: compiled outputs are
+    bit-identical with the stored path on and off (NaN rows included)."""
+    plan = plan_of(composite_graph(op, (37, 300), dtype))
+    (group,) = plan.groups
+    arrays = nan_rows(plan.graph, 34)
+    arrays[0] *= 30
+
+    def run() -> np.ndarray:
+        fn = lower_group(group, default(group))
+        out = np.empty(arrays[0].shape, arrays[0].dtype)
+        compile_kernel(fn)(*arrays, out, num_threads=threads)
+        return out
+
+    stored = run()
+    recompute_everything(monkeypatch)
+    assert stored.tobytes() == run().tobytes()
+
+
+EXP_TOO = """
+graph @both(%x: f32[{r},{n}]) -> ({outs}) {{
+  %0 = max(%x) {{axes=[1], keepdims=true}} : f32[{r},1]
+  %1 = sub(%x, %0) : f32[{r},{n}]
+  %2 = exp(%1) : f32[{r},{n}]
+  %3 = sum(%2) {{axes=[1], keepdims=true}} : f32[{r},1]
+  %4 = div(%2, %3) : f32[{r},{n}]
+  %5 = cast(%2) {{dtype=f16}} : f16[{r},{n}]
+  return {returned}
+}}"""
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (3, 513)])
+@pytest.mark.parametrize("returned", [True, False])
+def test_other_outputs_reading_the_stored_value(shape, returned):
+    """Returned, e = exp(x - max) is stored in its own buffer by the sum pass, for good;
+    otherwise in softmax's, and the f16 cast of e reads it before softmax overwrites it."""
+    r, n = shape
+    outs = ", ".join(f"{t}[{r},{n}]" for t in ("f32", "f16", *(("f32",) if returned else ())))
+    text = EXP_TOO.format(r=r, n=n, outs=outs, returned="%4, %5, %2" if returned else "%4, %5")
+    (fn,) = check_rows(parse_graph(text), seed=35)
+    passes, writes = row_loops(fn)
+    stored = {s.buffer for p in passes for s in walk_stmts(p) if isinstance(s, Store)}
+    assert len(stored) == 1
+    for w in writes:
+        written = {s.buffer for s in walk_stmts(w) if isinstance(s, Store)}
+        assert count_op(w, XOp.EXP) == 0 and reads_output(w)
+        assert bool(written & stored) != returned
+
+
+def test_row_varying_values():
+    (group,) = plan_of(composite_graph("layer_norm", (4, 8))).groups
+    plan = plan_rows(group)
+    varying = row_varying(group, row_shape(group, plan))
+    per_row = {v for n in group.nodes if n.op.name == "mean" for v in n.outputs}
+    assert group.inputs[0] in varying and not per_row & varying
+    assert group.outputs[0] in varying
 
 
 # ----------------------------------------------------------------------------- errors

@@ -6,8 +6,11 @@ Each row is one iteration of the (parallel) row loop. Inside it the group's redu
 are known by then, in vector accumulators (``unroll`` of them, from the schedule) plus a
 scalar one for the tail, reduces them horizontally and binds each per-row result to a ``let``;
 later passes read those through ``overrides``. Values over the whole row are recomputed inside
-each pass that needs them, never stored. A last pass writes the full-row outputs; per-row
-outputs are stored after it::
+each pass that needs them, with one exception (:mod:`tilefuse.kernel.row_store`): an expensive
+value the write pass would recompute, such as softmax's ``exp(x - max)``, is stored by the
+reduction pass computing it into the output's row, and the write pass reads it back from there
+(bit-identical: the same operations in the same order). A last pass writes the full-row
+outputs; per-row outputs are stored after it::
 
     parallel for r in 0..R:
       local acc: f32[1]; local acc1: f32x16[1]          pass 1: s0 = max(x)
@@ -16,12 +19,16 @@ outputs are stored after it::
       for i1 in N - N%16..N: acc[0] = max(acc[0], x[r*N + i1])
       let s0 = max(reduce_max(acc1[0]), acc[0])
       ...                                                pass 2: s1 = sum(exp(x - s0))
-      vectorized for i4 ...: out0[r*N + i4:+16] = exp(load<16>(x, ...) - bcast(s0)) / bcast(s1)
+        let t1 = exp(load<16>(x, r*N + i2) - bcast(s0)); acc3[0] = acc3[0] + t1
+        out0[r*N + i2:+16] = t1                          (stored: exp is expensive)
+      ...
+      vectorized for i4 ...: out0[r*N + i4:+16] = load<16>(out0, r*N + i4) / bcast(s1)
 
 Softmax and log_softmax take 3 passes (max, sum, write), layer_norm 3 (mean, variance, write),
 rms_norm 2. ``var`` takes two passes itself (mean, then centred squares), like NumPy. max/min
 propagate NaN. ``prod`` has no horizontal vector product in the loop IR: its pass is scalar.
-Composite ops left in a group are decomposed here first.
+Composite ops left in a group are decomposed here first. Division by a per-row scalar stays a
+division (IEEE, like NumPy), not a multiplication by its reciprocal.
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ from tilefuse.kernel.lower_elementwise import (
     vector_width,
     with_lanes,
 )
-from tilefuse.kernel.scalar_expr import ElementBuilder, KernelGroupLike, work_dtype
+from tilefuse.kernel.row_store import RowShape, StoredValue, choose_stores
+from tilefuse.kernel.scalar_expr import ElementBuilder, KernelGroupLike, Override, work_dtype
 from tilefuse.loop.ir import (
     Expr,
     Let,
@@ -67,6 +75,7 @@ from tilefuse.loop.ir import (
     loop,
     reduce,
     var,
+    walk_expr,
 )
 from tilefuse.ops.registry import OpKind, Trait
 
@@ -95,7 +104,8 @@ Finish = Callable[[Expr, Mapping[str, Expr]], Expr]
 class Stage:
     """One accumulation over the row: ``combine`` of ``term`` (in dtype ``acc``) over the row,
     then ``finish`` of the total gives the per-row result named ``key`` (the value of
-    ``output`` when set). ``term``/``finish`` see the results of earlier stages by key."""
+    ``output`` when set). ``term``/``finish`` see the results of earlier stages by key;
+    ``source`` is the reduced group value (what ``term`` computes at each element)."""
 
     key: str
     combine: XOp
@@ -104,6 +114,7 @@ class Stage:
     finish: Finish
     level: int
     output: Value | None = None
+    source: Value | None = None
 
 
 @dataclass(frozen=True)
@@ -230,9 +241,10 @@ def _stages(node: Node, level: int, n: int, count: int) -> list[Stage]:
 
     combine = {"max": XOp.MAX, "min": XOp.MIN, "prod": XOp.MUL}.get(name, XOp.ADD)
     if name in ("sum", "max", "min", "prod"):
-        return [Stage(key, combine, acc, term, lambda a, r: to_out(a), level, out)]
+        return [Stage(key, combine, acc, term, lambda a, r: to_out(a), level, out, u)]
     if name == "mean":
-        return [Stage(key, combine, acc, term, lambda a, r: to_out(a / float(n)), level, out)]
+        return [Stage(key, combine, acc, term, lambda a, r: to_out(a / float(n)), level, out,
+                      u)]
     mean_key, divisor = f"{key}m", float(max(n - node.attrs["ddof"], 0))
 
     def centred(b: ElementBuilder, run: Run, results: Mapping[str, Expr]) -> Expr:
@@ -241,9 +253,9 @@ def _stages(node: Node, level: int, n: int, count: int) -> list[Stage]:
                                               else broadcast(mean, run.lanes)))
         return d * d
 
-    return [Stage(mean_key, XOp.ADD, acc, term, lambda a, r: a / float(n), level),
+    return [Stage(mean_key, XOp.ADD, acc, term, lambda a, r: a / float(n), level, None, u),
             Stage(key, XOp.ADD, acc, centred, lambda a, r: to_out(a / divisor), level + 1,
-                  out)]
+                  out, u)]
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -259,32 +271,56 @@ def lower_rows(group: KernelGroupLike, schedule: Schedule | None = None) -> Loop
     ctx = KernelContext.of(group)
     lanes = fit_lanes(vector_width(schedule), math.prod(plan.row))
     unroll = dict(getattr(schedule, "unroll", ()) or ()).get("n", 1)
+    stored = choose_stores(group, row_shape(group, plan), ctx.load)
+    finished = {s.output for s in stored if s.value == s.output}
+    written = tuple(v for v in plan.full_outputs if v not in finished)
+    held = frozenset(ctx.buffers.outputs[s.output].name for s in stored)
 
     def row_body(r: Expr) -> list[Stmt]:
         prefix = unflatten(r, plan.rows)
         results: dict[str, Expr] = {}
-        overrides: dict[Value, Expr] = {}
+        overrides: dict[Value, Override] = {}
         stmts: list[Stmt] = []
         for level in range(1, plan.levels + 1):
             stages = [s for s in plan.stages if s.level == level]
+            keep = [s for s in stored if s.level == level]
             vector = lanes if all(s.combine in _HORIZONTAL for s in stages) else 1
-            stmts += with_lanes(ctx, vector, lambda c, n, st=stages: _reduce_pass(
-                c, plan, st, prefix, n, unroll, results, overrides))
-        if plan.full_outputs:
-            stmts += with_lanes(ctx, lanes, lambda c, n: _write_pass(c, plan, prefix, n,
-                                                                     overrides))
+            stmts += with_lanes(ctx, vector, lambda c, n, st=stages, kp=keep: _reduce_pass(
+                c, plan, st, prefix, n, unroll, results, overrides, kp))
+        if written:
+            reads = {**overrides, **{s.value: _stored_reader(ctx, plan, s) for s in stored}}
+            stmts += with_lanes(ctx, lanes, lambda c, n: _write_pass(c, plan, written, prefix,
+                                                                     n, reads, held))
         return stmts + _row_stores(ctx, plan, r, overrides)
 
     body = outer_loop(ctx.names, math.prod(plan.rows), parallel_tile(schedule, "r"), row_body)
     return ctx.function(body)
 
 
+def row_shape(group: KernelGroupLike, plan: RowPlan) -> RowShape:
+    """What :func:`~tilefuse.kernel.row_store.choose_stores` needs of ``plan``."""
+    per_row = tuple(v for n in group.nodes if n.op.kind is OpKind.REDUCTION for v in n.outputs)
+    sources: dict[int, tuple[Value, ...]] = {}
+    for s in plan.stages:
+        if s.source is not None:
+            sources[s.level] = (*sources.get(s.level, ()), s.source)
+    return RowShape(plan.rows, plan.row, per_row, sources, plan.full_outputs)
+
+
+def _stored_reader(ctx: KernelContext, plan: RowPlan, stored: StoredValue) -> Override:
+    """The write pass's read of a stored row value: a load from the output row holding it."""
+    buffer = ctx.buffers.outputs[stored.output]
+    full = plan.rows + plan.row
+    return lambda index, lanes: buffer.load(flatten(index, full), lanes)
+
+
 def _reduce_pass(ctx: KernelContext, plan: RowPlan, stages: list[Stage],
                  prefix: tuple[Expr, ...], lanes: int, unroll: int,
-                 results: dict[str, Expr], overrides: dict[Value, Expr]) -> list[Stmt]:
-    """One pass over the row accumulating ``stages``; binds their results (and the results'
-    overrides) after the loops."""
-    k, n = len(plan.row), math.prod(plan.row)
+                 results: dict[str, Expr], overrides: dict[Value, Override],
+                 stored: list[StoredValue]) -> list[Stmt]:
+    """One pass over the row accumulating ``stages`` and storing the ``stored`` values it
+    computes; binds their results (and the results' overrides) after the loops."""
+    k, n, full = len(plan.row), math.prod(plan.row), plan.rows + plan.row
     names = ctx.names
     unroll = max(1, min(unroll, n // lanes)) if lanes > 1 else 1
     scalar = [Local(names.fresh("acc"), LType(s.acc), 1) for s in stages]
@@ -295,8 +331,10 @@ def _reduce_pass(ctx: KernelContext, plan: RowPlan, stages: list[Stage],
         b = ctx.builder(overrides)
         run = Run(prefix + unflatten(i, plan.row), width, k)
         terms = [s.term(b, run, results) for s in stages]
+        stores = [Store(ctx.buffers.outputs[s.output].name, flatten(run.index, full),
+                        b.value(s.value, run.index, width, k)) for s in stored]
         return [*b.lets, *(LocalStore(a.name, slot, binary(s.combine, a.load(slot), t))
-                           for a, s, t in zip(accs, stages, terms))]
+                           for a, s, t in zip(accs, stages, terms)), *stores]
 
     loops = _vector_accumulation(names, n, lanes, unroll, vector, accumulate)
     whole = n - n % lanes if lanes > 1 else 0
@@ -364,19 +402,33 @@ def _tree(combine: XOp, local: Local, count: int) -> Expr:
     return parts[0]
 
 
-def _write_pass(ctx: KernelContext, plan: RowPlan, prefix: tuple[Expr, ...], lanes: int,
-                overrides: Mapping[Value, Expr]) -> list[Stmt]:
-    k = len(plan.row)
+def _write_pass(ctx: KernelContext, plan: RowPlan, outputs: tuple[Value, ...],
+                prefix: tuple[Expr, ...], lanes: int, overrides: Mapping[Value, Override],
+                held: frozenset[str]) -> list[Stmt]:
+    """The last pass: writes the full-row ``outputs``. Stored values are read back through
+    ``overrides`` from the output buffers named ``held``; every value reading them is bound
+    before the first store of the run (which may overwrite what it reads)."""
+    k, full = len(plan.row), plan.rows + plan.row
 
     def body(i: Expr, width: int) -> list[Stmt]:
         index = prefix + unflatten(i, plan.row)
-        return ctx.store_body(plan.full_outputs, index, width, k, overrides)
+        b = ctx.builder(overrides)
+        values = [b.value(v, index, width, k) for v in outputs]
+        pinned: list[Let] = []
+        for pos, e in enumerate(values):
+            if e.op is not XOp.VAR and any(n.op is XOp.LOAD and n.arg in held
+                                           for n in walk_expr(e)):
+                pinned.append(Let(ctx.names.fresh("t"), e))
+                values[pos] = pinned[-1].ref
+        at = flatten(index, full)
+        stores = [Store(ctx.buffers.outputs[v].name, at, e) for v, e in zip(outputs, values)]
+        return [*b.lets, *pinned, *stores]
 
     return run_loops(ctx.names, 0, math.prod(plan.row), lanes, body)
 
 
 def _row_stores(ctx: KernelContext, plan: RowPlan, r: Expr,
-                overrides: Mapping[Value, Expr]) -> list[Stmt]:
+                overrides: Mapping[Value, Override]) -> list[Stmt]:
     """Stores of the per-row outputs (after every pass)."""
     b = ctx.builder(overrides)
     stores = []
