@@ -132,6 +132,11 @@ class _Em:
         """Integral-valued, in-range float to int (saturating, so never poison)."""
         return saturating_fptoi(self.b, x, self.ity, signed=True)
 
+    def to_int_in_range(self, x: ir.Value) -> ir.Value:
+        """Float to int for values known to be integral, finite and in range (a clamped, rounded
+        exponent): one conversion instruction, without the saturation selects of to_int."""
+        return self.b.fptosi(x, self.ity)
+
     def to_float(self, n: ir.Value) -> ir.Value:
         return self.b.sitofp(n, self.fty)
 
@@ -169,7 +174,8 @@ def _exp(em: _Em, x: ir.Value) -> ir.Value:
     lo, hi, _, _, degree = _EXP_CONSTS[em.dtype]
     r, n = _reduce_ln2(em, x, lo, hi)
     p = em.poly(r, _taylor(lambda k: 1.0 / math.factorial(k), degree))
-    return em.sel(em.isnan(x), x, _scale(em, p, em.to_int(n)))
+    # n comes from the clamped x (NaN clamps to the upper bound), so it is always in range.
+    return em.sel(em.isnan(x), x, _scale(em, p, em.to_int_in_range(n)))
 
 
 def _expm1(em: _Em, x: ir.Value) -> ir.Value:
