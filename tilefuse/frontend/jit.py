@@ -94,7 +94,7 @@ class _Entry:
         arrays = [_contiguous(args[i]) for i in self.positions]
         if self.keywords:
             arrays += [_contiguous(kwargs[k]) for k in self.keywords]
-        return self.pack(self.executable(*arrays))
+        return self.pack(self.executable.run_trusted(arrays))
 
 
 class JitFunction:

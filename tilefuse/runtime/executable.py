@@ -8,6 +8,7 @@ native executable (fused kernels compiled through LLVM, :mod:`tilefuse.runtime.n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -27,6 +28,11 @@ class Executable(Protocol):
     graph: Graph
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]: ...
+
+    def run_trusted(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The same call for a caller that has already checked the arrays' count, dtypes,
+        shapes and contiguity against the graph's inputs (as tilefuse.jit's guard does)."""
+        ...
 
 
 class InterpreterExecutable:
@@ -49,6 +55,9 @@ class InterpreterExecutable:
 
     def __repr__(self) -> str:
         return f"InterpreterExecutable(@{self.graph.name})"
+
+    def run_trusted(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return self(*arrays)
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         outs = interpret(self.graph, *arrays)
