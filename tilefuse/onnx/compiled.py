@@ -1,0 +1,166 @@
+"""A loaded ONNX model: compiled per input signature, callable like a function or through
+onnxruntime's ``run(output_names, input_feed)``.
+
+Dims the model fixes are checked on every call; dims it names (``dim_param``) or leaves unknown
+take their sizes from the call's arrays, and each new signature compiles once (cached by shapes,
+like :func:`tilefuse.jit`). A call with the wrong number of inputs, or an input of the wrong
+dtype, rank or static size, or two sizes for one ``dim_param``, is a :class:`GuardError` naming
+the input.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tilefuse.dump import resolve_dump_dir
+from tilefuse.errors import GuardError
+from tilefuse.frontend.jit import Lowered
+from tilefuse.graph.types import TensorType
+from tilefuse.log import get_logger
+from tilefuse.onnx.importer import import_graph
+from tilefuse.onnx.model import ModelInfo, TensorSpec
+from tilefuse.passes.manager import run_pipeline
+from tilefuse.passes.pipeline import GRAPH_PIPELINE
+from tilefuse.runtime.executable import build_executable, check_target
+
+Key = tuple[tuple[int, ...], ...]
+
+
+def _check_input(spec: TensorSpec, array: Any, sizes: dict[str, int]) -> np.ndarray:
+    """The array, C-contiguous, after checking it against the declared input."""
+    if not isinstance(array, (np.ndarray, np.generic)):
+        raise GuardError(f"input {spec.name!r} must be a NumPy array, got {type(array).__name__}")
+    arr = np.asarray(array)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    assert spec.dtype is not None
+    if arr.dtype != spec.dtype.np:
+        raise GuardError(f"input {spec.name!r} expects element type {spec.dtype.value}, got "
+                         f"{arr.dtype}")
+    if spec.dims is None:
+        return arr
+    if arr.ndim != len(spec.dims):
+        raise GuardError(f"input {spec.name!r} expects rank {len(spec.dims)} "
+                         f"({_shown(spec)}), got shape {list(arr.shape)}")
+    for i, (want, got) in enumerate(zip(spec.dims, arr.shape)):
+        if isinstance(want, int) and want != got:
+            raise GuardError(f"input {spec.name!r} expects dim {i} = {want} ({_shown(spec)}), "
+                             f"got shape {list(arr.shape)}")
+        if isinstance(want, str) and sizes.setdefault(want, got) != got:
+            raise GuardError(f"input {spec.name!r}: dim {i} ({want}) is {got}, but another "
+                             f"input gave {want} = {sizes[want]}")
+    return arr
+
+
+def _shown(spec: TensorSpec) -> str:
+    dims = ",".join("?" if d is None else str(d) for d in spec.dims or ())
+    return f"{spec.dtype.value if spec.dtype else '?'}[{dims}]"
+
+
+class OnnxModel:
+    """A model from :func:`tilefuse.onnx.load`. ``model(*arrays)`` returns the single output
+    or a list of outputs; ``model.run(None, {"x": x})`` returns a list, as onnxruntime does."""
+
+    def __init__(self, info: ModelInfo, *, target: str = "cpu",
+                 dump: str | Path | None = None):
+        check_target(target)
+        self.info = info
+        self._target = target
+        self._dump = dump
+        self._cache: dict[Key, Lowered] = {}
+        self._lock = threading.Lock()
+        self._log = get_logger("recompiles")
+
+    def __repr__(self) -> str:
+        return (f"<tilefuse.onnx model {self.info.name!r} (opset {self.info.opset}, target "
+                f"{self._target!r}, {len(self._cache)} compiled signatures)>")
+
+    @property
+    def input_names(self) -> list[str]:
+        return [s.name for s in self.info.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [s.name for s in self.info.outputs]
+
+    def is_static(self) -> bool:
+        return all(s.dims is not None and all(isinstance(d, int) for d in s.dims)
+                   for s in self.info.inputs)
+
+    # ---- calls -----------------------------------------------------------------------------
+
+    def __call__(self, *arrays: Any) -> Any:
+        outs = self._run(arrays)
+        return outs[0] if len(outs) == 1 else outs
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+            run_options: Any = None) -> list[np.ndarray]:
+        """onnxruntime's ``InferenceSession.run``: outputs named (None: all) from inputs by
+        name."""
+        if not isinstance(input_feed, Mapping):
+            raise GuardError(f"input_feed must be a dict of name -> array, got "
+                             f"{type(input_feed).__name__}")
+        names = self.input_names
+        unknown = sorted(set(input_feed) - set(names))
+        missing = [n for n in names if n not in input_feed]
+        if unknown or missing:
+            raise GuardError(f"input_feed names unknown inputs {unknown} and lacks {missing} "
+                             f"(the model's inputs: {names})")
+        outs = self._run(tuple(input_feed[n] for n in names))
+        if output_names is None:
+            return outs
+        index = {n: i for i, n in enumerate(self.output_names)}
+        bad = [n for n in output_names if n not in index]
+        if bad:
+            raise GuardError(f"unknown outputs {bad} (the model's outputs: {self.output_names})")
+        return [outs[index[n]] for n in output_names]
+
+    def lower(self, *arrays: Any) -> Lowered:
+        """The imported and optimised graphs (and executable) for these inputs, compiling them
+        if needed; ``str(model.lower(x).captured)`` is the imported graph as text."""
+        key, _ = self._guard(arrays)
+        return self._entry(key)
+
+    def _run(self, arrays: tuple[Any, ...]) -> list[np.ndarray]:
+        key, checked = self._guard(arrays)
+        entry = self._cache.get(key) or self._entry(key)
+        assert entry.executable is not None
+        return entry.executable(*checked)
+
+    def _guard(self, arrays: tuple[Any, ...]) -> tuple[Key, list[np.ndarray]]:
+        specs = self.info.inputs
+        if len(arrays) != len(specs):
+            raise GuardError(f"the model takes {len(specs)} inputs "
+                             f"({', '.join(self.input_names) or 'none'}), got {len(arrays)}")
+        sizes: dict[str, int] = {}
+        checked = [_check_input(s, a, sizes) for s, a in zip(specs, arrays)]
+        return tuple(a.shape for a in checked), checked
+
+    # ---- compiling -------------------------------------------------------------------------
+
+    def compile_static(self) -> None:
+        """Compiles the one signature of a model whose input shapes are all fixed."""
+        self._entry(tuple(tuple(s.dims or ()) for s in self.info.inputs))  # type: ignore[misc]
+
+    def _entry(self, key: Key) -> Lowered:
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is not None:
+                return entry
+            if self._cache:
+                self._log.debug("onnx model %s: compiling for input shapes %s",
+                                self.info.name, [list(s) for s in key])
+            types = [TensorType(shape, spec.dtype)  # type: ignore[arg-type]
+                     for shape, spec in zip(key, self.info.inputs)]
+            dump_dir = resolve_dump_dir(self._dump)
+            graph = import_graph(self.info, types)
+            optimized, report = run_pipeline(graph, GRAPH_PIPELINE, dump_dir=dump_dir)
+            executable = build_executable(optimized, self._target, dump_dir)
+            entry = Lowered(graph, optimized, report, executable)
+            self._cache[key] = entry
+            return entry

@@ -1,0 +1,176 @@
+"""What a converter works with: tensors that are graph values or known constants, and the
+context of the ONNX node being converted.
+
+Conversion happens per input signature, so every shape is static here. A :class:`Tensor` is
+either a graph :class:`Value` or a constant array (an initializer, a Constant node, or the folded
+result of an op whose inputs are all constant). :meth:`Emitter.op` builds every node through
+:class:`GraphBuilder` (attributes validated, types inferred) and folds it with the op's NumPy
+reference instead when all its inputs are constant and the result is small, so shape
+computations (Shape, Gather, Concat, ... feeding a Reshape) end up as constants.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tilefuse.dtypes import DType, from_numpy
+from tilefuse.errors import SourceLoc, TilefuseError
+from tilefuse.graph.builder import GraphBuilder, infer_types, resolve_op
+from tilefuse.graph.ir import Literal, Value
+from tilefuse.graph.types import TensorType, format_shape
+from tilefuse.onnx.model import NodeSpec
+from tilefuse.onnx.tensors import OnnxError
+
+FOLD_LIMIT = 1 << 16   # fold an all-constant op only when its result has at most this many elements
+
+
+class Tensor:
+    """An ONNX value during conversion: a graph value, a constant, or both (a constant that a
+    node has used gets one ``constant`` node, shared by later uses)."""
+
+    __slots__ = ("const", "type", "value")
+
+    def __init__(self, type_: TensorType, value: Value | None = None,
+                 const: np.ndarray | None = None):
+        self.type = type_
+        self.value = value
+        self.const = const
+
+    @staticmethod
+    def constant(array: np.ndarray) -> Tensor:
+        arr = np.asarray(array)
+        return Tensor(TensorType(tuple(int(d) for d in arr.shape), from_numpy(arr.dtype)),
+                      const=arr)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.type.shape  # type: ignore[return-value]  # static during conversion
+
+    @property
+    def dtype(self) -> DType:
+        return self.type.dtype
+
+    @property
+    def rank(self) -> int:
+        return self.type.rank
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.type}{', const' if self.const is not None else ''})"
+
+
+class Emitter:
+    """Builds the graph of one conversion; ``loc`` names the ONNX node being converted."""
+
+    def __init__(self, builder: GraphBuilder):
+        self.builder = builder
+        self.loc: SourceLoc | None = None
+
+    def value(self, t: Tensor) -> Value:
+        if t.value is None:
+            assert t.const is not None
+            t.value = self.builder.add1("constant", [], {"value": Literal(t.const)}, self.loc)
+        return t.value
+
+    def ops(self, name: str, inputs: Sequence[Tensor], attrs: dict[str, Any]) -> list[Tensor]:
+        opdef = resolve_op(name)
+        checked = opdef.validate_attrs(attrs)
+        types = infer_types(opdef, [t.type for t in inputs], checked, self.loc)
+        small = all(math.prod(t.shape) <= FOLD_LIMIT for t in types)  # type: ignore[arg-type]
+        if small and all(t.const is not None for t in inputs):
+            result = opdef.reference(*(t.const for t in inputs), **dict(checked))
+            outs = result if isinstance(result, tuple) else (result,)
+            return [Tensor(ty, const=np.asarray(o).astype(ty.dtype.np, copy=False))
+                    for ty, o in zip(types, outs)]
+        values = self.builder.add(opdef, [self.value(t) for t in inputs], attrs, self.loc)
+        return [Tensor(v.type, value=v) for v in values]
+
+
+class NodeContext:
+    """One ONNX node being converted: its inputs (None where omitted), attributes and opset."""
+
+    def __init__(self, spec: NodeSpec, opset: int, inputs: list[Tensor | None], em: Emitter):
+        self.spec = spec
+        self.opset = opset
+        self.inputs = inputs
+        self.em = em
+
+    # ---- errors ---------------------------------------------------------------------------
+
+    @property
+    def label(self) -> str:
+        domain = self.spec.domain or "ai.onnx"
+        return f"ONNX {self.spec.op_type} node {self.spec.name!r} ({domain} opset {self.opset})"
+
+    def shapes(self) -> tuple[str, ...]:
+        return tuple("none" if t is None else str(t.type) for t in self.inputs)
+
+    def error(self, message: str) -> OnnxError:
+        return OnnxError(message, op=self.label, inputs=self.shapes())
+
+    # ---- inputs and attributes ------------------------------------------------------------
+
+    def input(self, i: int) -> Tensor:
+        t = self.inputs[i] if i < len(self.inputs) else None
+        if t is None:
+            raise self.error(f"input {i} is required")
+        return t
+
+    def optional(self, i: int) -> Tensor | None:
+        return self.inputs[i] if i < len(self.inputs) else None
+
+    def const_input(self, i: int, what: str) -> np.ndarray | None:
+        """The constant value of optional input ``i``; an error if it is computed at run time."""
+        t = self.optional(i)
+        if t is None:
+            return None
+        if t.const is None:
+            raise self.error(f"{what} (input {i}) must be a constant or computable from shapes "
+                             "at import time; tilefuse compiles static shapes")
+        return t.const
+
+    def ints_input(self, i: int, what: str) -> tuple[int, ...] | None:
+        arr = self.const_input(i, what)
+        if arr is None:
+            return None
+        if arr.dtype.kind not in "iu" or arr.ndim > 1:
+            raise self.error(f"{what} must be a 1-D integer tensor, got {arr.dtype}"
+                             f"{format_shape(arr.shape)}")
+        return tuple(int(v) for v in arr.reshape(-1))
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.spec.attrs.get(name, default)
+
+    def outputs_wanted(self) -> int:
+        return len(self.spec.outputs)
+
+    # ---- building -------------------------------------------------------------------------
+
+    def op(self, name: str, *inputs: Tensor, **attrs: Any) -> Tensor:
+        outs = self.em.ops(name, inputs, attrs)
+        if len(outs) != 1:
+            raise TilefuseError(f"has {len(outs)} outputs", op=name)
+        return outs[0]
+
+    def ops(self, name: str, *inputs: Tensor, **attrs: Any) -> list[Tensor]:
+        return self.em.ops(name, inputs, attrs)
+
+    def const(self, array: Any, dtype: DType | None = None) -> Tensor:
+        return Tensor.constant(np.asarray(array, dtype=None if dtype is None else dtype.np))
+
+    def scalar(self, value: float | int | bool, dtype: DType) -> Tensor:
+        return self.const(np.asarray(value).astype(dtype.np))
+
+    def const_zeros(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
+        return self.const(np.zeros(shape, dtype=dtype.np))
+
+    def cast(self, t: Tensor, dtype: DType) -> Tensor:
+        return t if t.dtype is dtype else self.op("cast", t, dtype=dtype)
+
+    def axis(self, axis: int, rank: int) -> int:
+        if not -rank <= axis < rank:
+            raise self.error(f"axis {axis} is out of range for rank {rank}")
+        return axis % rank

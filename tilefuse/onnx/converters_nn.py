@@ -1,0 +1,213 @@
+"""Converters for neural-network ops: Softmax, LogSoftmax, LayerNormalization,
+BatchNormalization (inference), Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool,
+Dropout (inference).
+
+Convolution and pooling map onto tilefuse's NCHW ``conv2d`` / ``max_pool2d`` / ``avg_pool2d``;
+1-D ones get a unit height axis. ONNX pads are ``[begin..., end...]``; tilefuse's are
+``(top, left, bottom, right)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from tilefuse.dtypes import DType
+from tilefuse.onnx.context import NodeContext, Tensor
+
+Converter = Callable[[NodeContext], list[Tensor]]
+
+# ---- softmax ---------------------------------------------------------------------------------
+
+
+def _softmax_1(name: str) -> Converter:
+    """Before opset 13: the input is coerced to 2-D at ``axis`` (default 1)."""
+    def convert(ctx: NodeContext) -> list[Tensor]:
+        x = ctx.input(0)
+        axis = ctx.axis(ctx.attr("axis", 1), x.rank) if x.rank else 0
+        flat = (math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+        y = ctx.op(name, ctx.op("reshape", x, shape=flat), axis=1)
+        return [ctx.op("reshape", y, shape=x.shape)]
+    return convert
+
+
+def _softmax_13(name: str) -> Converter:
+    def convert(ctx: NodeContext) -> list[Tensor]:
+        x = ctx.input(0)
+        return [ctx.op(name, x, axis=ctx.axis(ctx.attr("axis", -1), x.rank))]
+    return convert
+
+
+# ---- normalisations --------------------------------------------------------------------------
+
+
+def _layer_norm(ctx: NodeContext) -> list[Tensor]:
+    x, scale, bias = ctx.input(0), ctx.input(1), ctx.optional(2)
+    axis = ctx.axis(ctx.attr("axis", -1), x.rank)
+    eps = float(ctx.attr("epsilon", 1e-5))
+    norm = x.shape[axis:]
+    scale = _broadcast(ctx, scale, norm)
+    bias = ctx.const_zeros(norm, x.dtype) if bias is None else _broadcast(ctx, bias, norm)
+    outs = [ctx.op("layer_norm", x, scale, bias, eps=eps)]
+    if ctx.outputs_wanted() > 1:  # Mean and InvStdDev, in the stash type (f32)
+        axes = tuple(range(axis, x.rank))
+        wide = ctx.cast(x, DType.f32)
+        mean = ctx.op("mean", wide, axes=axes, keepdims=True)
+        var = ctx.op("var", wide, axes=axes, keepdims=True)
+        inv = ctx.op("rsqrt", ctx.op("add", var, ctx.scalar(eps, DType.f32)))
+        outs += [mean, inv]
+    return outs
+
+
+def _broadcast(ctx: NodeContext, t: Tensor, shape: tuple[int, ...]) -> Tensor:
+    return t if t.shape == shape else ctx.op("broadcast_to", t, shape=shape)
+
+
+def _batch_norm(ctx: NodeContext) -> list[Tensor]:
+    if ctx.attr("training_mode", 0) or not ctx.attr("spatial", 1):
+        raise ctx.error("only inference mode (training_mode=0, spatial=1) is supported")
+    if ctx.outputs_wanted() > 1 and any(ctx.spec.outputs[1:]):
+        raise ctx.error("running mean/var outputs exist only in training mode")
+    x, scale, bias, mean, var = (ctx.input(i) for i in range(5))
+    if x.rank < 2:
+        raise ctx.error("input must have a channel axis")
+    eps = ctx.scalar(float(ctx.attr("epsilon", 1e-5)), var.dtype)
+    factor = ctx.op("mul", scale, ctx.op("rsqrt", ctx.op("add", var, eps)))
+    shift = ctx.op("sub", bias, ctx.op("mul", mean, factor))
+    per_channel = (x.shape[1],) + (1,) * (x.rank - 2)
+    factor = ctx.cast(ctx.op("reshape", factor, shape=per_channel), x.dtype)
+    shift = ctx.cast(ctx.op("reshape", shift, shape=per_channel), x.dtype)
+    return [ctx.op("add", ctx.op("mul", x, factor), shift)]
+
+
+# ---- convolution and pooling -----------------------------------------------------------------
+
+
+def _ints(ctx: NodeContext, name: str, n: int, default: int) -> tuple[int, ...]:
+    value = ctx.attr(name)
+    if value is None:
+        return (default,) * n
+    if len(value) != n:
+        raise ctx.error(f"{name} {list(value)} needs {n} entries")
+    return tuple(int(v) for v in value)
+
+
+def _padding(ctx: NodeContext, spatial: tuple[int, ...], kernel: tuple[int, ...],
+             strides: tuple[int, ...], dilations: tuple[int, ...]) -> tuple[int, ...]:
+    """ONNX pads ``[begin..., end...]`` from ``pads`` or ``auto_pad``."""
+    auto = ctx.attr("auto_pad", "NOTSET")
+    n = len(spatial)
+    if auto == "NOTSET":
+        return _ints(ctx, "pads", 2 * n, 0)
+    if auto == "VALID":
+        return (0,) * (2 * n)
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        raise ctx.error(f"auto_pad {auto!r} is not NOTSET, VALID, SAME_UPPER or SAME_LOWER")
+    begins, ends = [], []
+    for size, k, s, d in zip(spatial, kernel, strides, dilations):
+        out = -(-size // s)
+        total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+        small = total // 2
+        begins.append(small if auto == "SAME_UPPER" else total - small)
+        ends.append(total - begins[-1])
+    return (*begins, *ends)
+
+
+def _to_2d(ctx: NodeContext, x: Tensor) -> tuple[Tensor, bool]:
+    """x as NCHW: rank-3 inputs (1-D convolution or pooling) get a unit height axis."""
+    if x.rank == 4:
+        return x, False
+    if x.rank == 3:
+        return ctx.op("expand_dims", x, axes=(2,)), True
+    raise ctx.error(f"only 1-D and 2-D windows are supported (input rank {x.rank})")
+
+
+def _geometry(ctx: NodeContext, x: Tensor, kernel: tuple[int, ...]
+              ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int]]:
+    """Strides, dilations and (top, left, bottom, right) padding for the 2-D op."""
+    n = x.rank - 2
+    strides = _ints(ctx, "strides", n, 1)
+    dilations = _ints(ctx, "dilations", n, 1)
+    pads = _padding(ctx, x.shape[2:], kernel, strides, dilations)
+    if n == 1:
+        return (1, strides[0]), (1, dilations[0]), (0, pads[0], 0, pads[1])
+    return ((strides[0], strides[1]), (dilations[0], dilations[1]),
+            (pads[0], pads[1], pads[2], pads[3]))
+
+
+def _kernel(ctx: NodeContext, x: Tensor, default: tuple[int, ...] | None) -> tuple[int, ...]:
+    value = ctx.attr("kernel_shape")
+    if value is None:
+        if default is None:
+            raise ctx.error("attribute 'kernel_shape' is required")
+        return default
+    if len(value) != x.rank - 2:
+        raise ctx.error(f"kernel_shape {list(value)} needs {x.rank - 2} entries")
+    return tuple(int(v) for v in value)
+
+
+def _conv(ctx: NodeContext) -> list[Tensor]:
+    x, w, b = ctx.input(0), ctx.input(1), ctx.optional(2)
+    if w.rank != x.rank:
+        raise ctx.error("X and W must have the same rank")
+    _kernel(ctx, x, w.shape[2:])
+    stride, dilation, padding = _geometry(ctx, x, w.shape[2:])
+    x2, squeezed = _to_2d(ctx, x)
+    w2, _ = _to_2d(ctx, w)
+    args = [x2, w2] if b is None else [x2, w2, b]
+    y = ctx.op("conv2d", *args, stride=stride, padding=padding, dilation=dilation,
+               groups=int(ctx.attr("group", 1)))
+    return [ctx.op("squeeze", y, axes=(2,)) if squeezed else y]
+
+
+def _pool(name: str) -> Converter:
+    def convert(ctx: NodeContext) -> list[Tensor]:
+        x = ctx.input(0)
+        if ctx.outputs_wanted() > 1 and ctx.spec.outputs[1]:
+            raise ctx.error("the Indices output is not supported")
+        kernel = _kernel(ctx, x, None)
+        stride, dilation, padding = _geometry(ctx, x, kernel)
+        x2, squeezed = _to_2d(ctx, x)
+        attrs = {"kernel": ((1,) if squeezed else ()) + kernel, "stride": stride,
+                 "padding": padding, "ceil_mode": bool(ctx.attr("ceil_mode", 0))}
+        if name == "max_pool2d":
+            attrs["dilation"] = dilation
+        elif dilation != (1, 1):
+            raise ctx.error("AveragePool with dilations is not supported")
+        else:
+            attrs["count_include_pad"] = bool(ctx.attr("count_include_pad", 0))
+        y = ctx.op(name, x2, **attrs)
+        return [ctx.op("squeeze", y, axes=(2,)) if squeezed else y]
+    return convert
+
+
+def _global_pool(name: str) -> Converter:
+    def convert(ctx: NodeContext) -> list[Tensor]:
+        x = ctx.input(0)
+        if x.rank < 3:
+            raise ctx.error("input needs spatial axes")
+        return [ctx.op(name, x, axes=tuple(range(2, x.rank)), keepdims=True)]
+    return convert
+
+
+def _dropout(ctx: NodeContext) -> list[Tensor]:
+    x = ctx.input(0)
+    training = ctx.const_input(2, "training_mode")
+    if ctx.attr("is_test", 1) == 0 or (training is not None and bool(training.reshape(-1)[0])):
+        raise ctx.error("training mode is not supported; export the model for inference")
+    outs = [x]
+    if ctx.outputs_wanted() > 1 and ctx.spec.outputs[1]:
+        outs.append(ctx.op("full", shape=x.shape, value=1.0, dtype=DType.bool))
+    return outs
+
+
+CONVERTERS: tuple[tuple[str, int, Converter], ...] = (
+    ("Softmax", 1, _softmax_1("softmax")), ("Softmax", 13, _softmax_13("softmax")),
+    ("LogSoftmax", 1, _softmax_1("log_softmax")),
+    ("LogSoftmax", 13, _softmax_13("log_softmax")),
+    ("LayerNormalization", 17, _layer_norm), ("BatchNormalization", 7, _batch_norm),
+    ("Conv", 1, _conv), ("MaxPool", 1, _pool("max_pool2d")),
+    ("AveragePool", 1, _pool("avg_pool2d")),
+    ("GlobalAveragePool", 1, _global_pool("mean")), ("GlobalMaxPool", 1, _global_pool("max")),
+    ("Dropout", 1, _dropout),
+)

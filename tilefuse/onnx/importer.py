@@ -1,0 +1,101 @@
+"""ONNX graph → tilefuse graph, for one signature of concrete input types.
+
+Each node goes to the converter its op type and the model's opset select
+(:mod:`tilefuse.onnx.converters`); initializers are constants; an op without a converter is an
+:class:`OnnxError` naming the op type, node, domain and opset. Every tilefuse node carries the
+ONNX node it came from as its source location (``onnx:<index> in <OpType> <name>``). The graph
+outputs are checked against the element types and static dims the model declares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tilefuse.errors import SourceLoc, TilefuseError
+from tilefuse.graph.builder import GraphBuilder
+from tilefuse.graph.ir import Graph
+from tilefuse.graph.types import TensorType
+from tilefuse.onnx.context import Emitter, NodeContext, Tensor
+from tilefuse.onnx.converters import CONVERTERS, Converter, find_converter
+from tilefuse.onnx.model import ModelInfo, NodeSpec, TensorSpec
+from tilefuse.onnx.tensors import OnnxError
+
+_RULE_ERRORS = (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError,
+                AttributeError)
+
+
+def unsupported(node: NodeSpec, info: ModelInfo) -> OnnxError:
+    domain = node.domain or "ai.onnx"
+    opset = info.domains.get(node.domain)
+    message = (f"unsupported ONNX op {node.op_type} (node {node.name!r}, domain {domain}, "
+               f"opset {opset if opset is not None else 'not imported'})")
+    versions = CONVERTERS.get(node.op_type) if not node.domain else None
+    if versions:
+        message += f"; tilefuse converts it from opset {versions[0][0]}"
+    return OnnxError(message)
+
+
+def check_supported(info: ModelInfo) -> None:
+    """OnnxError for the first node that no converter handles (checked once, at load)."""
+    for node in info.nodes:
+        if node.domain and node.domain not in info.domains:
+            raise OnnxError(f"node {node.label} uses domain {node.domain!r}, which the model "
+                            "does not import")
+        if find_converter(node.op_type, node.domain, info.opset) is None:
+            raise unsupported(node, info)
+
+
+def import_graph(info: ModelInfo, types: Sequence[TensorType]) -> Graph:
+    """The tilefuse graph of the model with inputs of ``types`` (concrete shapes)."""
+    builder = GraphBuilder(info.name)
+    env: dict[str, Tensor] = {name: Tensor.constant(arr)
+                              for name, arr in info.initializers.items()}
+    for spec, type_ in zip(info.inputs, types):
+        env[spec.name] = Tensor(type_, value=builder.input(type_, spec.name))
+    em = Emitter(builder)
+    for index, node in enumerate(info.nodes):
+        fn = find_converter(node.op_type, node.domain, info.opset)
+        if fn is None:
+            raise unsupported(node, info)
+        em.loc = SourceLoc("onnx", index, f"{node.op_type} {node.name}")
+        _convert_node(node, fn, info.opset, env, em)
+    outputs = []
+    for spec in info.outputs:
+        tensor = env[spec.name]
+        _check_output(spec, tensor.type)
+        outputs.append(em.value(tensor))
+    return builder.build(outputs)
+
+
+def _convert_node(node: NodeSpec, fn: Converter, opset: int, env: dict[str, Tensor],
+                  em: Emitter) -> None:
+    ctx = NodeContext(node, opset, [env[n] if n else None for n in node.inputs], em)
+    try:
+        outs = fn(ctx)
+    except OnnxError as err:
+        if err.op is not None:
+            raise
+        raise OnnxError(err.message, op=ctx.label, inputs=ctx.shapes()) from None
+    except TilefuseError as err:
+        raise OnnxError(str(err), op=ctx.label, inputs=ctx.shapes()) from None
+    except _RULE_ERRORS as err:
+        raise OnnxError(f"cannot convert ({type(err).__name__}: {err})", op=ctx.label,
+                        inputs=ctx.shapes()) from None
+    for i, name in enumerate(node.outputs):
+        if not name:
+            continue
+        if i >= len(outs):
+            raise OnnxError(f"output {i} ({name!r}) is not supported", op=ctx.label,
+                            inputs=ctx.shapes())
+        env[name] = outs[i]
+
+
+def _check_output(spec: TensorSpec, got: TensorType) -> None:
+    dims_ok = spec.dims is None or (len(spec.dims) == got.rank and all(
+        not isinstance(d, int) or d == g for d, g in zip(spec.dims, got.shape)))
+    if (spec.dtype is not None and spec.dtype is not got.dtype) or not dims_ok:
+        declared = "?" if spec.dtype is None else spec.dtype.value
+        shown = "?" if spec.dims is None else ",".join("?" if d is None else str(d)
+                                                       for d in spec.dims)
+        raise OnnxError(f"graph output {spec.name!r}: the model declares {declared}[{shown}] "
+                        f"but the import computes {got}")
