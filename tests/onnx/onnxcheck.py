@@ -7,6 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pytest
+
+pytest.importorskip("onnx")          # the "onnx" extra; without it these tests are skipped
+pytest.importorskip("onnxruntime")
+
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
