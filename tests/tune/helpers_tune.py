@@ -1,0 +1,43 @@
+"""Graphs for the tuning tests (not collected: no test_ prefix)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilefuse.dtypes import DType
+from tilefuse.graph.builder import GraphBuilder
+from tilefuse.graph.ir import Graph
+
+F32 = DType.f32
+
+
+def matmul_graph(m: int, k: int, n: int, *, constant_w: bool = True, gelu: bool = True,
+                 seed: int = 0) -> Graph:
+    """``[gelu](x @ w + b)``; ``w`` and ``b`` constants unless ``constant_w`` is off."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("mm")
+    x = b.input(((m, k), F32), "x")
+    if constant_w:
+        w = b.add1("constant", [], {"value": rng.standard_normal((k, n), np.float32)})
+    else:
+        w = b.input(((k, n), F32), "w")
+    bias = b.add1("constant", [], {"value": rng.standard_normal(n, np.float32)})
+    y = b.add1("add", [b.add1("matmul", [x, w]), bias])
+    return b.build([b.add1("gelu", [y]) if gelu else y])
+
+
+def elementwise_graph(shape: tuple[int, ...]) -> Graph:
+    b = GraphBuilder("ew")
+    x = b.input((shape, F32), "x")
+    y = b.input((shape, F32), "y")
+    return b.build([b.add1("tanh", [b.add1("mul", [b.add1("add", [x, y]), x])])])
+
+
+def rows_graph(shape: tuple[int, ...], op: str = "softmax") -> Graph:
+    b = GraphBuilder("rows")
+    x = b.input((shape, F32), "x")
+    if op == "softmax":
+        return b.build([b.add1(op, [x], {"axis": -1})])
+    weight = b.input(((shape[-1],), F32), "weight")
+    bias = b.input(((shape[-1],), F32), "bias")
+    return b.build([b.add1(op, [x, weight, bias])])

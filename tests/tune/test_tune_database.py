@@ -1,0 +1,98 @@
+"""The SQLite tuning database: concurrent writers, a writer killed mid-transaction."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import signal
+import sqlite3
+
+from tilefuse.kernel.fusion import KernelKind
+from tilefuse.kernel.schedule import Schedule
+from tilefuse.tune.database import MemoryDatabase, SQLiteDatabase, TuneKey
+from tilefuse.tune.roofline import MeasuredRoofline, NoRoofline, Peaks
+
+KEY = TuneKey("f" * 64, "x86_64/test/cores=2")
+ROWS = 40
+
+
+def schedule(width: int) -> Schedule:
+    return Schedule(KernelKind.ELEMENTWISE, order=("i",), vector_axis="i", vector_width=width)
+
+
+def write_rows(path: str, worker: int) -> None:
+    db = SQLiteDatabase(path)
+    for i in range(ROWS):
+        db.record(KEY, schedule(4 << (i % 3)), 1.0 + worker + i / 1000)
+    db.close()
+
+
+def die_mid_transaction(path: str) -> None:
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    conn.execute("BEGIN IMMEDIATE")
+    for i in range(500):
+        conn.execute("INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?)",
+                     (KEY.fingerprint, KEY.target, KEY.version, schedule(8).to_json(),
+                      0.001 + i, "killed"))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_four_processes_write_at_once(tmp_path):
+    path = str(tmp_path / "tune.db")
+    SQLiteDatabase(path).close()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=write_rows, args=(path, w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    db = SQLiteDatabase(path)
+    assert len(db.records(KEY)) == 4 * ROWS
+    assert db.best(KEY)[1] == 1.0
+    assert db.integrity() == "ok"
+    assert db.connection().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_writer_killed_mid_transaction_leaves_the_file_sound(tmp_path):
+    path = str(tmp_path / "tune.db")
+    db = SQLiteDatabase(path)
+    db.record(KEY, schedule(4), 2.0)
+    child = mp.get_context("spawn").Process(target=die_mid_transaction, args=(path,))
+    child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL
+    again = SQLiteDatabase(path)
+    assert again.integrity() == "ok"
+    assert [r.seconds for r in again.records(KEY)] == [2.0]  # the killed rows never landed
+    again.record(KEY, schedule(16), 1.5)  # the lock was released
+    assert again.best(KEY) == (schedule(16), 1.5)
+
+
+def test_failures_are_kept_but_never_best(tmp_path):
+    for db in (MemoryDatabase(), SQLiteDatabase(tmp_path / "t.db")):
+        db.record(KEY, schedule(4), math.inf)
+        assert db.best(KEY) is None
+        db.record(KEY, schedule(8), 3.0)
+        assert db.best(KEY) == (schedule(8), 3.0)
+        assert db.records(KEY)[-1].seconds == math.inf
+        assert db.best(TuneKey(KEY.fingerprint, KEY.target, "0.0.0")) is None
+
+
+def test_roofline_peaks_are_measured_once_and_stored(tmp_path):
+    calls = []
+
+    def fake() -> Peaks:
+        calls.append(1)
+        return Peaks(100e9, 20e9)
+
+    db = SQLiteDatabase(tmp_path / "t.db")
+    first = MeasuredRoofline(db, "t", fake)
+    second = MeasuredRoofline(SQLiteDatabase(tmp_path / "t.db"), "t", fake)
+    assert len(calls) == 1 and second.peaks == first.peaks
+    # compute bound: 1 GFLOP over 1 MB; memory bound: 1 MFLOP over 1 GB
+    assert first.bound_seconds(1e9, 1e6) == 1e9 / 100e9
+    assert first.bound_seconds(1e6, 1e9) == 1e9 / 20e9
+    assert first.attainable_flops(1e6, 1e9) == 20e9 * 1e-3
+    assert NoRoofline().bound_seconds(1e9, 1e9) == 0.0

@@ -1,0 +1,94 @@
+"""The local runner: crashing, hanging and wrong candidates score inf; the tuner goes on."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from helpers_tune import matmul_graph
+
+from tilefuse.tune.cost_model import RandomModel
+from tilefuse.tune.database import MemoryDatabase
+from tilefuse.tune.runner import (
+    CRASH,
+    INVALID,
+    OK,
+    TIMEOUT,
+    WRONG,
+    LocalRunner,
+    MeasureOptions,
+    PlantedFault,
+)
+from tilefuse.tune.search import RandomSearch
+from tilefuse.tune.space import FixedSpace, space_for
+from tilefuse.tune.task import tasks_from_graph
+from tilefuse.tune.tuner import Budget, tune_task
+
+FAST = MeasureOptions(warmup=0, repeats=2, min_repeat_seconds=0.0, timeout=20.0)
+
+
+def candidates(count: int):
+    [task] = tasks_from_graph(matmul_graph(24, 16, 40))
+    space = space_for(task.group)
+    rng = np.random.default_rng(3)
+    found = [space.default()]
+    while len(found) < count:
+        s = space.sample(rng)
+        if s not in found:
+            found.append(s)
+    return task, found
+
+
+def test_planted_failures_score_inf_and_workers_are_replaced():
+    task, (good, aborts, hangs, good2) = candidates(4)
+    faults = {"abort": aborts, "hang": hangs}
+    results = {}
+    for kind, victim in faults.items():
+        fault = PlantedFault(kind, frozenset({victim.to_json()}), hang_seconds=60)
+        options = MeasureOptions(warmup=0, repeats=2, min_repeat_seconds=0.0, timeout=4.0)
+        with LocalRunner(options, fault) as runner:
+            out = runner.measure(task, [good, victim, good2])
+            results[kind] = (out, runner.workers_started)
+    for kind, status in (("abort", CRASH), ("hang", TIMEOUT)):
+        (first, bad, after), started = results[kind]
+        assert first.status == OK and math.isfinite(first.seconds)
+        assert bad.status == status and bad.seconds == math.inf, bad
+        assert after.status == OK and math.isfinite(after.seconds)  # on a fresh worker
+        assert started == 2
+
+
+def test_corrupt_output_is_wrong():
+    task, (good, victim) = candidates(2)
+    with LocalRunner(FAST, PlantedFault("corrupt", frozenset({victim.to_json()}))) as runner:
+        ok, bad = runner.measure(task, [good, victim])
+        assert ok.status == OK
+        assert bad.status == WRONG and bad.seconds == math.inf
+        assert runner.workers_started == 1  # a wrong answer does not cost the worker
+
+
+def test_invalid_schedule_is_rejected_before_building():
+    task, (good,) = candidates(1)
+    import dataclasses
+
+    bad = dataclasses.replace(good, micro_tile=(good.micro_tile[0], 7))  # NR not x width
+    with LocalRunner(FAST) as runner:
+        [result] = runner.measure(task, [bad])
+        assert result.status == INVALID
+        assert runner.workers_started == 0
+
+
+def test_tuner_goes_on_past_failures():
+    task, found = candidates(5)
+    aborts = found[1]
+    fault_abort = PlantedFault("abort", frozenset({aborts.to_json()}))
+    db = MemoryDatabase()
+    with LocalRunner(FAST, fault_abort) as runner:
+        result = tune_task(task, Budget(trials=5, seconds=120), db, runner, RandomModel(),
+                           RandomSearch(), space=FixedSpace(found))
+    seconds = dict(zip((s.to_json() for s in result.history.schedules),
+                       result.history.seconds))
+    assert len(seconds) == 5
+    assert seconds[aborts.to_json()] == math.inf
+    assert math.isfinite(result.seconds)
+    assert result.schedule != aborts
+    assert db.best(result.key)[0] == result.schedule

@@ -1,0 +1,68 @@
+"""End to end: a short tuning run of a tiny matmul returns a schedule that computes the
+reference."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from helpers_tune import matmul_graph
+
+from tilefuse.graph.interpreter import interpret
+from tilefuse.kernel.fusion import form_kernels
+from tilefuse.kernel.schedule import iteration_axes, validate
+from tilefuse.testing import assert_close, random_array
+from tilefuse.tune.cost_model import best_model
+from tilefuse.tune.database import SQLiteDatabase
+from tilefuse.tune.roofline import MeasuredRoofline, Peaks
+from tilefuse.tune.runner import LocalRunner, MeasureOptions
+from tilefuse.tune.search import EvolutionarySearch
+from tilefuse.tune.task import TuneTask, tasks_from_graph
+from tilefuse.tune.tuner import Budget, target_string, tune_group, tune_task
+
+OPTIONS = MeasureOptions(warmup=1, repeats=3, min_repeat_seconds=1e-4, timeout=30.0)
+
+
+def test_short_tuning_run_matches_the_reference(tmp_path):
+    graph = matmul_graph(48, 40, 72)
+    [task] = tasks_from_graph(graph)
+    db = SQLiteDatabase(tmp_path / "tune.db")
+    roofline = MeasuredRoofline(db, target_string(), lambda: Peaks(1e15, 1e15))  # unreachable
+    with LocalRunner(OPTIONS) as runner:
+        result = tune_task(task, Budget(trials=8, seconds=60, per_round=4), db, runner,
+                           best_model(), EvolutionarySearch(pool=24), roofline=roofline)
+    assert len(result.history.seconds) == 8
+    assert math.isfinite(result.seconds) and result.seconds <= result.default_seconds
+    assert db.best(result.key) == (result.schedule, result.seconds)
+    # the best schedule, built again on fresh inputs, computes the whole graph's answer
+    rng = np.random.default_rng(11)
+    x = random_array(rng, tuple(graph.inputs[0].shape), graph.inputs[0].dtype)
+    [value] = task.random_inputs(rng)  # the one non-constant input
+    built = task.build(result.schedule, {value: x})
+    built.run()
+    [expected] = interpret(graph, x)
+    assert_close(built.outputs[0], expected, reduction=True)
+
+
+def test_roofline_stops_a_kernel_at_its_bound(tmp_path):
+    [task] = tasks_from_graph(matmul_graph(16, 16, 16))
+    db = SQLiteDatabase(tmp_path / "tune.db")
+    roofline = MeasuredRoofline(db, "t", lambda: Peaks(1.0, 1.0))  # everything is "at bound"
+    slow = MeasuredRoofline(db, "t", lambda: Peaks(1.0, 1.0))
+    assert slow.peaks == roofline.peaks
+    with LocalRunner(OPTIONS) as runner:
+        result = tune_task(task, Budget(trials=50, seconds=60, margin=1e9), db, runner,
+                           best_model(), EvolutionarySearch(), roofline=roofline)
+    assert result.stopped == "roofline" and len(result.history.seconds) == 1
+
+
+def test_tune_group_on_a_bare_group(tmp_path):
+    graph = matmul_graph(20, 12, 36, constant_w=False, gelu=False)
+    [group] = form_kernels(graph).groups
+    db = SQLiteDatabase(tmp_path / "tune.db")
+    with LocalRunner(OPTIONS) as runner:
+        schedule, seconds = tune_group(group, Budget(trials=3, seconds=60, per_round=2), db,
+                                       runner, best_model(), EvolutionarySearch(pool=12))
+    assert math.isfinite(seconds)
+    validate(schedule, iteration_axes(group))
+    assert TuneTask.of_group(group).fingerprint() == TuneTask.of_group(group).fingerprint()

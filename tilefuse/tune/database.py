@@ -1,0 +1,188 @@
+"""Tuning databases: measured schedules per kernel, and the machine's measured peaks.
+
+A key is (kernel fingerprint, target string, tilefuse version): a schedule measured on one
+machine, or by another compiler version, is not reused elsewhere. A row is (schedule JSON,
+median seconds, date). :meth:`TuningDatabase.best` gives the fastest finite row of a key.
+
+- :class:`MemoryDatabase` (trivial): a dict in this process.
+- :class:`SQLiteDatabase`: one SQLite file in WAL mode, shared by the processes of one host.
+  Every write is one ``BEGIN IMMEDIATE`` transaction (writers queue on the lock for up to
+  ``timeout`` seconds rather than fail), so concurrent writers are safe and a writer killed
+  mid-transaction leaves the file consistent (SQLite rolls the partial transaction back). Each
+  process opens its own connection (a connection is never shared across a fork).
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime
+import math
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from tilefuse import __version__
+from tilefuse.kernel.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class TuneKey:
+    """Which kernel, on which machine, by which compiler version."""
+
+    fingerprint: str
+    target: str
+    version: str = __version__
+
+
+@dataclass(frozen=True)
+class Record:
+    schedule: Schedule
+    seconds: float
+    date: str
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+class TuningDatabase(abc.ABC):
+    """Where measurements and peaks are kept."""
+
+    @abc.abstractmethod
+    def record(self, key: TuneKey, schedule: Schedule, seconds: float) -> None:
+        """Stores one measurement (inf for a failed candidate)."""
+
+    @abc.abstractmethod
+    def records(self, key: TuneKey) -> list[Record]:
+        """Every measurement of ``key``, fastest first."""
+
+    def best(self, key: TuneKey) -> tuple[Schedule, float] | None:
+        """The fastest finite measurement of ``key``, or None."""
+        for r in self.records(key):
+            if math.isfinite(r.seconds):
+                return r.schedule, r.seconds
+        return None
+
+    @abc.abstractmethod
+    def peak(self, target: str, name: str) -> float | None:
+        """A measured peak of the machine (``flops``, ``bytes``), or None."""
+
+    @abc.abstractmethod
+    def set_peak(self, target: str, name: str, value: float) -> None:
+        """Stores a measured peak."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Releases the connection, if any."""
+
+
+class MemoryDatabase(TuningDatabase):
+    """The trivial database: a dict, gone with the process."""
+
+    def __init__(self) -> None:
+        self._rows: dict[TuneKey, list[Record]] = {}
+        self._peaks: dict[tuple[str, str], float] = {}
+
+    def record(self, key: TuneKey, schedule: Schedule, seconds: float) -> None:
+        self._rows.setdefault(key, []).append(Record(schedule, float(seconds), _now()))
+
+    def records(self, key: TuneKey) -> list[Record]:
+        return sorted(self._rows.get(key, []), key=lambda r: r.seconds)
+
+    def peak(self, target: str, name: str) -> float | None:
+        return self._peaks.get((target, name))
+
+    def set_peak(self, target: str, name: str, value: float) -> None:
+        self._peaks[(target, name)] = float(value)
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS measurements (
+    fingerprint TEXT NOT NULL, target TEXT NOT NULL, version TEXT NOT NULL,
+    schedule TEXT NOT NULL, seconds REAL NOT NULL, date TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS measurements_key
+    ON measurements (fingerprint, target, version, seconds);
+CREATE TABLE IF NOT EXISTS peaks (
+    target TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL, date TEXT NOT NULL,
+    PRIMARY KEY (target, name));
+"""
+
+INF_SECONDS = 1e300
+"""How inf is stored (SQLite REAL holds inf, but a plain large number sorts and reads back
+the same everywhere)."""
+
+
+class SQLiteDatabase(TuningDatabase):
+    """Measurements in one SQLite file in WAL mode (see the module docstring)."""
+
+    def __init__(self, path: Path | str, timeout: float = 60.0):
+        self.path = Path(path)
+        self.timeout = timeout
+        self._conn: sqlite3.Connection | None = None
+        self._pid = -1
+        self.connection().executescript(_SCHEMA)
+
+    def connection(self) -> sqlite3.Connection:
+        """This process's connection (opened on first use, again after a fork)."""
+        if self._conn is None or self._pid != os.getpid():
+            conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+            self._conn, self._pid = conn, os.getpid()
+        return self._conn
+
+    def _write(self) -> _Transaction:
+        return _Transaction(self.connection())
+
+    def record(self, key: TuneKey, schedule: Schedule, seconds: float) -> None:
+        value = float(seconds) if math.isfinite(seconds) else INF_SECONDS
+        with self._write() as conn:
+            conn.execute("INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?)",
+                         (key.fingerprint, key.target, key.version, schedule.to_json(), value,
+                          _now()))
+
+    def records(self, key: TuneKey) -> list[Record]:
+        rows = self.connection().execute(
+            "SELECT schedule, seconds, date FROM measurements WHERE fingerprint = ? AND "
+            "target = ? AND version = ? ORDER BY seconds", (key.fingerprint, key.target,
+                                                            key.version)).fetchall()
+        return [Record(Schedule.from_json(s), math.inf if t >= INF_SECONDS else t, d)
+                for s, t, d in rows]
+
+    def peak(self, target: str, name: str) -> float | None:
+        row = self.connection().execute("SELECT value FROM peaks WHERE target = ? AND name = ?",
+                                        (target, name)).fetchone()
+        return None if row is None else float(row[0])
+
+    def set_peak(self, target: str, name: str, value: float) -> None:
+        with self._write() as conn:
+            conn.execute("INSERT OR REPLACE INTO peaks VALUES (?, ?, ?, ?)",
+                         (target, name, float(value), _now()))
+
+    def integrity(self) -> str:
+        """``PRAGMA integrity_check``: "ok" for a sound file."""
+        return str(self.connection().execute("PRAGMA integrity_check").fetchone()[0])
+
+    def close(self) -> None:
+        if self._conn is not None and self._pid == os.getpid():
+            self._conn.close()
+        self._conn = None
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an exception)."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, kind: object, *rest: object) -> None:
+        self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+__all__ = ["INF_SECONDS", "MemoryDatabase", "Record", "SQLiteDatabase", "TuneKey",
+           "TuningDatabase"]

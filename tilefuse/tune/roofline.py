@@ -1,0 +1,91 @@
+"""Roofline bounds: how fast a kernel could possibly run on this machine.
+
+A kernel doing ``flops`` over ``bytes`` of compulsory traffic (every input read, every output
+written once) cannot beat ``min(peak_flops, bandwidth × intensity)`` FLOP/s, i.e. it needs at
+least ``max(flops / peak_flops, bytes / bandwidth)`` seconds. The tuner stops a kernel within a
+margin of that time, and a user can see whether a kernel is slow by design.
+
+- :class:`NoRoofline` (trivial): a bound of 0 s, so the tuner never stops early.
+- :class:`MeasuredRoofline`: peaks measured once per target (NumPy's sgemm for FLOP/s, a large
+  copy into a reused buffer for bytes/s, best of a few) and kept in the tuning database.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from tilefuse.tune.database import TuningDatabase
+
+
+@dataclass(frozen=True)
+class Peaks:
+    flops: float
+    bytes: float
+
+
+class Roofline(abc.ABC):
+    """Gives the least time a kernel of given work can take."""
+
+    @abc.abstractmethod
+    def bound_seconds(self, flops: float, nbytes: float) -> float:
+        """A lower bound on the seconds of a kernel doing ``flops`` over ``nbytes``."""
+
+
+class NoRoofline(Roofline):
+    """The trivial roofline: no bound."""
+
+    def bound_seconds(self, flops: float, nbytes: float) -> float:
+        return 0.0
+
+
+def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_peaks(size: int = 1024, copy_bytes: int = 256 << 20, repeats: int = 5) -> Peaks:
+    """FLOP/s of a ``size``³ f32 matmul (NumPy's BLAS), bytes/s (read + write) of copying
+    ``copy_bytes`` into a buffer already touched."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size), dtype=np.float32)
+    b = rng.standard_normal((size, size), dtype=np.float32)
+    c = np.empty((size, size), np.float32)
+    flops = 2.0 * size ** 3 / _best_seconds(lambda: np.matmul(a, b, out=c), repeats)
+    src = np.ones(copy_bytes // 4, np.float32)
+    dst = np.zeros_like(src)
+    bandwidth = 2.0 * src.nbytes / _best_seconds(lambda: np.copyto(dst, src), repeats)
+    return Peaks(flops, bandwidth)
+
+
+class MeasuredRoofline(Roofline):
+    """Peaks from ``db`` for ``target``, measured (and stored) when missing."""
+
+    def __init__(self, db: TuningDatabase, target: str,
+                 measure: Callable[[], Peaks] = measure_peaks):
+        flops, nbytes = db.peak(target, "flops"), db.peak(target, "bytes")
+        if flops is None or nbytes is None:
+            peaks = measure()
+            flops, nbytes = peaks.flops, peaks.bytes
+            db.set_peak(target, "flops", flops)
+            db.set_peak(target, "bytes", nbytes)
+        self.peaks = Peaks(flops, nbytes)
+
+    def attainable_flops(self, flops: float, nbytes: float) -> float:
+        """``min(peak_flops, bandwidth × arithmetic intensity)``."""
+        return min(self.peaks.flops, self.peaks.bytes * flops / max(nbytes, 1.0))
+
+    def bound_seconds(self, flops: float, nbytes: float) -> float:
+        return max(flops / self.peaks.flops, nbytes / self.peaks.bytes)
+
+
+__all__ = ["MeasuredRoofline", "NoRoofline", "Peaks", "Roofline", "measure_peaks"]

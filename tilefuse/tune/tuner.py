@@ -1,0 +1,223 @@
+"""The tuner: search one kernel's schedules, measure, learn, remember the best.
+
+:func:`tune_task` measures the default schedule first (so the result is never worse than no
+tuning), then rounds of: the strategy proposes ``per_round`` unmeasured schedules (ranked by the
+cost model on loop-IR features), the runner measures them (a failed candidate scores inf and
+the search goes on), every measurement goes to the database and the model. It stops when the
+best time is within ``margin`` of the roofline bound, or the budget (trials, seconds) is spent,
+or the strategy has nothing new. :func:`tune_group` is the same for a bare kernel group.
+
+``python -m tilefuse.tune.tuner --demo`` tunes the W1 matmul (512×768×3072 + bias + gelu, the
+weight and bias constant) for about a minute and prints the default and the best time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tilefuse.codegen.target import CpuTarget, host_target
+from tilefuse.errors import TilefuseError
+from tilefuse.graph.ir import Value
+from tilefuse.kernel.fusion import KernelGroup
+from tilefuse.kernel.schedule import Schedule
+from tilefuse.log import get_logger
+from tilefuse.tune.cost_model import CostModel, LightGBMModel, best_model, loop_features
+from tilefuse.tune.cost_model import top_k_recall as recall
+from tilefuse.tune.database import SQLiteDatabase, TuneKey, TuningDatabase
+from tilefuse.tune.roofline import MeasuredRoofline, NoRoofline, Roofline
+from tilefuse.tune.runner import LocalRunner, MeasureOptions, Runner
+from tilefuse.tune.search import EvolutionarySearch, History, SearchStrategy
+from tilefuse.tune.space import SearchSpace, space_for
+from tilefuse.tune.task import TuneTask, tasks_from_graph
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Stop after ``trials`` measurements or ``seconds`` of tuning, or within ``margin`` (0.1:
+    10%) of the roofline bound; ``per_round`` candidates are measured per round."""
+
+    trials: int = 64
+    seconds: float = 60.0
+    per_round: int = 8
+    margin: float = 0.1
+
+
+@dataclass
+class TuneResult:
+    schedule: Schedule
+    seconds: float
+    default_seconds: float
+    bound_seconds: float
+    stopped: str
+    key: TuneKey
+    history: History
+    features: list[np.ndarray] = field(default_factory=list)
+
+
+def target_string(target: CpuTarget | None = None) -> str:
+    """What a measurement is valid for: triple, CPU, a digest of its features, core count."""
+    t = target or host_target()
+    digest = hashlib.sha256(t.features.encode()).hexdigest()[:12]
+    return f"{t.triple}/{t.cpu}/{digest}/cores={os.cpu_count() or 1}"
+
+
+class _Features:
+    """Feature rows of schedules (lowered once each; a lowering that fails gives NaNs)."""
+
+    def __init__(self, task: TuneTask):
+        self.task, self.work = task, task.work()
+        self.cache: dict[str, np.ndarray] = {}
+        self.cores = os.cpu_count() or 1
+
+    def row(self, schedule: Schedule) -> np.ndarray:
+        key = schedule.to_json()
+        if key not in self.cache:
+            try:
+                fns = self.task.lower(schedule).functions
+                self.cache[key] = loop_features(fns, self.work, self.cores)
+            except TilefuseError:
+                self.cache[key] = np.full_like(loop_features((), self.work, 1), np.nan)
+        return self.cache[key]
+
+    def __call__(self, schedules: Sequence[Schedule]) -> np.ndarray:
+        return np.vstack([self.row(s) for s in schedules])
+
+
+def tune_task(task: TuneTask, budget: Budget, db: TuningDatabase, runner: Runner,
+              model: CostModel, strategy: SearchStrategy, *, space: SearchSpace | None = None,
+              roofline: Roofline | None = None, target: CpuTarget | None = None,
+              seed: int = 0) -> TuneResult:
+    """Tunes ``task`` (see the module docstring)."""
+    log = get_logger("tune")
+    target = target or host_target()
+    space = space or space_for(task.group, target)
+    key = TuneKey(task.fingerprint(), target_string(target))
+    bound = (roofline or NoRoofline()).bound_seconds(*task.work())
+    featurize, history = _Features(task), History()
+    rng = np.random.default_rng(seed)
+    start = time.perf_counter()
+
+    def measure(schedules: Sequence[Schedule]) -> None:
+        results = runner.measure(task, schedules)
+        for r in results:
+            history.add(r.schedule, r.seconds)
+            db.record(key, r.schedule, r.seconds)
+            log.debug("%s %s: %.3g s (%s) %s", task.group.name, r.schedule, r.seconds, r.status,
+                      r.message[:200])
+        model.update(featurize(schedules), np.array([r.seconds for r in results]))
+
+    measure([space.default()])
+    default_seconds = history.seconds[0]
+    stopped = "budget"
+    while True:
+        best = min(history.seconds)
+        if math.isfinite(best) and best <= bound * (1 + budget.margin):
+            stopped = "roofline"
+            break
+        left = budget.trials - len(history.seconds)
+        if left <= 0 or time.perf_counter() - start >= budget.seconds:
+            break
+        proposals = strategy.propose(space, model, featurize, history,
+                                     min(budget.per_round, left), rng)
+        if not proposals:
+            stopped = "space exhausted"
+            break
+        measure(proposals)
+    i = int(np.argmin(history.seconds))
+    log.info("%s: default %.3g s, best %.3g s after %d trials (%s)", task.group.name,
+             default_seconds, history.seconds[i], len(history.seconds), stopped)
+    return TuneResult(history.schedules[i], history.seconds[i], default_seconds, bound, stopped,
+                      key, history, [featurize.row(s) for s in history.schedules])
+
+
+def tune_group(group: KernelGroup, budget: Budget, db: TuningDatabase, runner: Runner,
+               model: CostModel, strategy: SearchStrategy, *,
+               constants: Mapping[Value, np.ndarray] | None = None, seed: int = 0
+               ) -> tuple[Schedule, float]:
+    """The best schedule found for ``group`` and its median seconds (inf when nothing
+    worked). ``constants``: arrays of the group's inputs known at build time."""
+    result = tune_task(TuneTask.of_group(group, constants), budget, db, runner, model, strategy,
+                       seed=seed)
+    return result.schedule, result.seconds
+
+
+# ---- the demo --------------------------------------------------------------------------------
+
+
+def w1_graph(m: int = 512, k: int = 768, n: int = 3072):
+    """``gelu(x @ w + b)`` with ``w`` and ``b`` constants."""
+    from tilefuse.dtypes import DType
+    from tilefuse.graph.builder import GraphBuilder
+
+    rng = np.random.default_rng(0)
+    builder = GraphBuilder("w1")
+    x = builder.input(((m, k), DType.f32), "x")
+    w = builder.add1("constant", [], {"value": rng.standard_normal((k, n), np.float32)})
+    b = builder.add1("constant", [], {"value": rng.standard_normal(n, np.float32)})
+    y = builder.add1("add", [builder.add1("matmul", [x, w]), b])
+    return builder.build([builder.add1("gelu", [y])])
+
+
+def held_out_recall(result: TuneResult, k: int = 5, train_share: float = 0.7) -> float | None:
+    """Top-k recall of a LightGBM model trained on the first measurements of a run and asked
+    to rank the rest (None without lightgbm or with too few measurements)."""
+    rows = [(f, t) for f, t in zip(result.features, result.history.seconds) if math.isfinite(t)]
+    cut = int(len(rows) * train_share)
+    if len(rows) - cut < k or cut < 8:
+        return None
+    try:
+        model = LightGBMModel(min_samples=8)
+    except TilefuseError:
+        return None
+    model.update(np.vstack([f for f, _ in rows[:cut]]), np.array([t for _, t in rows[:cut]]))
+    test = rows[cut:]
+    return recall(model.predict(np.vstack([f for f, _ in test])), [t for _, t in test], k)
+
+
+def demo(seconds: float, db_path: Path | None) -> None:
+    [task] = tasks_from_graph(w1_graph())
+    path = db_path or Path(tempfile.mkdtemp(prefix="tilefuse-tune-")) / "tune.db"
+    db = SQLiteDatabase(path)
+    roofline = MeasuredRoofline(db, target_string())
+    # margin 0: stop early only at the bound itself (the default is already near NumPy's sgemm)
+    budget = Budget(trials=10_000, seconds=seconds, per_round=8, margin=0.0)
+    with LocalRunner(MeasureOptions(repeats=5, timeout=60)) as runner:
+        result = tune_task(task, budget, db, runner, best_model(), EvolutionarySearch(),
+                           roofline=roofline)
+    failed = sum(not math.isfinite(t) for t in result.history.seconds)
+    print(f"W1 512x768x3072 + bias + gelu (database {path})")
+    print(f"  peaks: {roofline.peaks.flops / 1e9:.0f} GFLOP/s, "
+          f"{roofline.peaks.bytes / 1e9:.1f} GB/s; bound {result.bound_seconds * 1e3:.3f} ms")
+    print(f"  default: {result.default_seconds * 1e3:.3f} ms  {result.history.schedules[0]}")
+    print(f"  best:    {result.seconds * 1e3:.3f} ms  {result.schedule}")
+    print(f"  {len(result.history.seconds)} candidates measured ({failed} failed), "
+          f"stopped: {result.stopped}; speed-up {result.default_seconds / result.seconds:.2f}x")
+    for k in (3, 5):
+        r = held_out_recall(result, k)
+        print(f"  LightGBM top-{k} recall on held-out measurements: "
+              f"{'n/a' if r is None else f'{r:.2f}'}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tilefuse.tune.tuner")
+    parser.add_argument("--demo", action="store_true", help="tune the W1 matmul and report")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--db", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not args.demo:
+        parser.error("only --demo is available")
+    demo(args.seconds, args.db)
+
+
+if __name__ == "__main__":
+    main()
