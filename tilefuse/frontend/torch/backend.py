@@ -1,0 +1,237 @@
+"""The torch entry points: the Dynamo backend :func:`tilefuse_backend` and :func:`compile_exported`.
+
+**Capture.** Dynamo hands the backend a torch-level FX graph (with parameters and buffers lifted
+to inputs and marked static) and example inputs. The graph is re-traced with
+``make_fx(functionalize(gm), decomposition_table=core_aten_decompositions())`` under
+``torch.no_grad()`` and a fresh, static ``FakeTensorMode``, once per runtime input signature
+(shapes, dtypes and the values of integer inputs). Why ``make_fx`` rather than ``aot_autograd``:
+tilefuse compiles for concrete shapes, and tracing with a fake mode of our own specialises even
+a graph that Dynamo made dynamic (automatic dynamic shapes after a recompile) without touching
+Dynamo's shape environment; the traced graph's placeholders are exactly Dynamo's inputs in
+order, so the parameter/buffer positions Dynamo marked apply as they are; and inference needs
+none of aot_autograd's joint-graph machinery. ``functionalize`` turns in-place ops (``relu_``
+of ``ReLU(inplace=True)``) into their functional forms.
+
+**Parameters and buffers are constants.** Their values when a signature is first compiled are
+copied into the tilefuse graphs (so weights are packed once, at compile time). Changing them in
+place later (``load_state_dict``, an optimiser step) does not change already compiled code:
+call ``torch._dynamo.reset()`` or compile again.
+
+**Training.** tilefuse compiles inference only. When Dynamo compiles a graph with grad mode on
+and an input (usually a parameter) that requires grad, the backend returns the graph unchanged,
+so torch runs it eagerly and autograd works; that is logged on the ``fallback`` topic at WARNING.
+Dynamo guards on grad mode, so the same model called under ``torch.no_grad()`` (or
+``torch.inference_mode()``) compiles with tilefuse.
+
+**Options** (``torch.compile(m, backend="tilefuse", options={...})`` or keywords of
+:func:`compile_exported`): ``dump`` (directory; default ``$TILEFUSE_DUMP``), ``target``
+(``"cpu"`` or ``"reference"``), ``debug`` (verify after every pass).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+from torch._decomp import core_aten_decompositions
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from tilefuse.dump import resolve_dump_dir
+from tilefuse.errors import TilefuseError
+from tilefuse.frontend.torch.partition import PartitionReport, partition_and_compile, write_report
+from tilefuse.graph.ir import Graph
+from tilefuse.log import get_logger
+from tilefuse.passes.manager import run_pipeline
+from tilefuse.passes.pipeline import GRAPH_PIPELINE
+from tilefuse.runtime.executable import Executable, build_executable, check_target
+
+_DECOMPOSITIONS = core_aten_decompositions()
+KNOWN_OPTIONS = ("dump", "target", "debug")
+
+
+@dataclass(frozen=True)
+class Options:
+    """tilefuse options of one compiled torch graph."""
+
+    dump: Path | None = None
+    target: str = "cpu"
+    debug: bool = False
+
+    @staticmethod
+    def parse(given: Mapping[str, Any] | None) -> Options:
+        given = dict(given or {})
+        unknown = sorted(set(given) - set(KNOWN_OPTIONS))
+        if unknown:
+            raise TilefuseError(f"unknown tilefuse option(s) {', '.join(unknown)} "
+                                f"(known: {', '.join(KNOWN_OPTIONS)})")
+        target = str(given.get("target", "cpu"))
+        check_target(target)
+        return Options(resolve_dump_dir(given.get("dump")), target, bool(given.get("debug")))
+
+
+Key = tuple[Any, ...]
+
+
+class SpecializedGraph:
+    """An FX graph compiled per runtime input signature: a call with a new signature traces the
+    graph to core ATen, partitions it and compiles each supported region with tilefuse.
+
+    ``constants`` maps input positions to the tensors frozen into the compiled code; the values
+    passed at those positions later are ignored. ``reports`` holds one partition report per
+    compiled signature (in order)."""
+
+    def __init__(self, gm: fx.GraphModule, constants: Mapping[int, torch.Tensor],
+                 options: Options):
+        self._gm = gm
+        self._constants = dict(constants)
+        self._options = options
+        self._cache: dict[Key, fx.GraphModule] = {}
+        self._lock = threading.Lock()
+        self._name = "graph-" + hashlib.sha1(gm.code.encode()).hexdigest()[:10]
+        self.reports: list[PartitionReport] = []
+
+    def __call__(self, *args: Any) -> Any:
+        key = self._key(args)
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self._compile(key, args)
+        return compiled(*args)
+
+    def _key(self, args: Sequence[Any]) -> Key:
+        return tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor)
+                     else (type(a).__name__, a)
+                     for i, a in enumerate(args) if i not in self._constants)
+
+    def _compile(self, key: Key, args: Sequence[Any]) -> fx.GraphModule:
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+            traced = trace_to_core_aten(self._gm, args)
+            placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+            constants = {placeholders[i]: t.detach() for i, t in self._constants.items()}
+            dump = None if self._options.dump is None else \
+                self._options.dump / self._name / f"s{len(self._cache)}"
+            report = partition_and_compile(traced, constants, self._compiler(dump))
+            if dump is not None:
+                write_report(dump, traced, report)
+            self.reports.append(report)
+            self._cache[key] = traced
+            return traced
+
+    def _compiler(self, dump: Path | None) -> Callable[[Graph, str], Executable]:
+        options = self._options
+
+        def compile_graph(graph: Graph, name: str) -> Executable:
+            where = None if dump is None else dump / name
+            optimized, _ = run_pipeline(graph, GRAPH_PIPELINE, dump_dir=where,
+                                        debug=options.debug)
+            return build_executable(optimized, options.target, where)
+        return compile_graph
+
+
+def trace_to_core_aten(gm: fx.GraphModule, args: Sequence[Any]) -> fx.GraphModule:
+    """``gm`` traced on ``args`` (specialised to their shapes) into a functional core-ATen FX
+    graph whose placeholders are ``args`` in order; dead nodes removed."""
+    mode = FakeTensorMode()
+    fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+    functional = torch.func.functionalize(gm, remove="mutations")
+    with torch.no_grad(), mode:
+        traced = make_fx(functional, decomposition_table=_DECOMPOSITIONS,
+                         tracing_mode="real")(*fakes)
+    traced.graph.eliminate_dead_code()
+    traced.recompile()
+    return traced
+
+
+def _is_parameter_or_buffer(node: fx.Node, value: Any) -> bool:
+    """Dynamo marks lifted parameters and buffers as static inputs."""
+    if isinstance(value, torch.nn.Parameter):
+        return True
+    static = node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")
+    return static is not None
+
+
+def tilefuse_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
+                     **kwargs: Any) -> Callable[..., Any]:
+    """The Dynamo backend: ``torch.compile(model, backend="tilefuse", options={...})``.
+
+    Returns a callable taking and returning torch tensors. See the module docstring for what is
+    compiled, what runs in torch and which options exist."""
+    options = Options.parse(kwargs.get("options"))
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        get_logger("fallback").warning(
+            "torch fallback: the whole graph runs in torch because gradients are required "
+            "(tilefuse compiles inference only; call the model under torch.no_grad())")
+        return gm.forward
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    constants = {i: v for i, (n, v) in enumerate(zip(placeholders, example_inputs))
+                 if isinstance(v, torch.Tensor) and _is_parameter_or_buffer(n, v)}
+    return SpecializedGraph(gm, constants, options)
+
+
+class CompiledExported:
+    """:func:`compile_exported`'s result: call it with the exported program's user inputs
+    (positional and keyword, as the original module took them)."""
+
+    def __init__(self, ep: torch.export.ExportedProgram, options: Options):
+        from torch.export.graph_signature import InputKind, OutputKind
+        ep = ep.run_decompositions(_DECOMPOSITIONS)
+        signature = ep.graph_signature
+        constants: dict[int, torch.Tensor] = {}
+        self._user_positions: list[int] = []
+        for i, spec in enumerate(signature.input_specs):
+            if spec.kind == InputKind.USER_INPUT:
+                self._user_positions.append(i)
+            elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER,
+                               InputKind.CONSTANT_TENSOR):
+                source = ep.state_dict if spec.target in ep.state_dict else ep.constants
+                constants[i] = source[spec.target]
+            else:
+                raise TilefuseError(f"exported input {spec.arg.name} of kind {spec.kind.name} "
+                                    f"is not supported")
+        self._n_inputs = len(signature.input_specs)
+        self._constants = constants
+        self._user_outputs = [i for i, spec in enumerate(signature.output_specs)
+                              if spec.kind == OutputKind.USER_OUTPUT]
+        self._out_spec = ep.call_spec.out_spec
+        self.graph = SpecializedGraph(ep.graph_module, constants, options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat, _ = pytree.tree_flatten((args, kwargs))
+        if len(flat) != len(self._user_positions):
+            raise TilefuseError(f"the exported program takes {len(self._user_positions)} "
+                                f"inputs, got {len(flat)}")
+        full: list[Any] = [None] * self._n_inputs
+        for i, t in self._constants.items():
+            full[i] = t
+        for i, a in zip(self._user_positions, flat):
+            full[i] = a
+        with torch.no_grad():
+            outs = self.graph(*full)
+        user = [outs[i] for i in self._user_outputs]
+        return pytree.tree_unflatten(user, self._out_spec) if self._out_spec else user
+
+
+def compile_exported(ep: torch.export.ExportedProgram, *, dump: str | Path | None = None,
+                     target: str = "cpu", debug: bool = False) -> CompiledExported:
+    """Compiles an exported program (``torch.export.export(model, args)``) for inference:
+    decomposed to core ATen, parameters, buffers and constants frozen, unsupported ops run in
+    torch. The result takes and returns torch tensors."""
+    if not isinstance(ep, torch.export.ExportedProgram):
+        raise TilefuseError(f"compile_exported needs a torch.export.ExportedProgram, got "
+                            f"{type(ep).__name__}")
+    return CompiledExported(ep, Options.parse({"dump": dump, "target": target,
+                                               "debug": debug}))
+
+
+__all__ = ["CompiledExported", "Options", "SpecializedGraph", "compile_exported",
+           "tilefuse_backend", "trace_to_core_aten"]
