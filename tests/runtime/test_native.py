@@ -244,3 +244,28 @@ def test_outputs_reuse_released_buffers_only():
     assert not np.shares_memory(fresh, view)       # a view keeps the memory alive
     assert_close(view, np.exp(again_in)[5:])
     assert_close(fresh, np.exp(last_in))
+
+
+def test_all_native_sequences_run_through_one_entry_and_host_steps_do_not():
+    b = GraphBuilder("mlp")
+    x = b.input(((1, 33), DType.f32), "x")
+    g = np.random.default_rng(21)
+    w1 = b.add1("constant", [], {"value": random_array(g, (33, 65), DType.f32)})
+    w2 = b.add1("constant", [], {"value": random_array(g, (65, 7), DType.f32)})
+    h = b.add1("relu", [b.add1("matmul", [x, w1])])
+    y = b.add1("matmul", [h, w2])
+    graph = b.build([y, h])
+    exe = build_native(graph)
+    assert exe.single_entry and len(exe.steps) >= 2
+    for _ in range(3):  # repeated calls reuse the launcher's tables and pooled outputs
+        xv = random_array(g, (1, 33), DType.f32)
+        for got, want in zip(exe(xv), interpret(graph, xv), strict=True):
+            assert_close(got, want, reduction=True)
+
+    c = GraphBuilder("cat")
+    a = c.input(((3, 4), DType.f32), "a")
+    cat = c.add1("concat", [c.add1("exp", [a]), a], {"axis": 0})
+    mixed = build_native(c.build([c.add1("neg", [cat])]))
+    assert not mixed.single_entry
+    av = random_array(g, (3, 4), DType.f32)
+    assert_close(mixed(av)[0], -np.concatenate([np.exp(av), av]))

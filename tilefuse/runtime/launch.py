@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilefuse.codegen.jit import CompiledKernel, aligned_empty
+from tilefuse.codegen.launcher import KernelCall
 from tilefuse.errors import CompileError, GuardError
 from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Node, Value
@@ -59,6 +60,13 @@ class KernelLaunch:
         self._scalars = scalar_table()
         buffers_at, scalars_at = ctypes.addressof(self._buffers), ctypes.addressof(self._scalars)
         self._call = functools.partial(entry, buffers_at, scalars_at, 0)
+
+    def call_spec(self) -> KernelCall:
+        """This launch as one call of a whole-sequence launcher (fixed addresses baked in)."""
+        dynamic = dict(self._dynamic)
+        buffers = tuple(("io", dynamic[pos]) if pos in dynamic else ("fixed", address)
+                        for pos, address in enumerate(self._pointers))
+        return KernelCall(self.kernel, buffers)
 
     def run(self, table: Sequence[np.ndarray]) -> None:
         self.run_addresses([a.ctypes.data for a in table])

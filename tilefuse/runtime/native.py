@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from tilefuse.codegen.jit import CompiledKernel, aligned_empty
+from tilefuse.codegen.launcher import CompiledLauncher
 from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.dump import DumpWriter
 from tilefuse.errors import CompileError, GuardError
@@ -354,6 +355,9 @@ class NativeExecutable:
         # fallbacks take the arrays.
         self._runners = tuple((step.run_addresses, True) if isinstance(step, NativeStep)
                               else (step.run, False) for step in self._steps)
+        # With no host step, the whole sequence is one native entry (one Python→native call).
+        self._launcher = _launcher(self._steps, len(self._inputs) + len(self._outputs),
+                                   graph.name)
         self._lock = threading.Lock()
         if dump_dir is not None:
             build.dump(dump_dir, self.memory_plan)
@@ -363,6 +367,11 @@ class NativeExecutable:
         return (f"NativeExecutable(@{self.graph.name}: {native} native steps, "
                 f"{len(self._steps) - native} host steps, arena {self.memory_plan.arena_bytes} "
                 "bytes)")
+
+    @property
+    def single_entry(self) -> bool:
+        """True when a call runs the whole launch sequence through one native entry."""
+        return self._launcher is not None
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -399,8 +408,11 @@ class NativeExecutable:
             outputs = [self._output(j) for j in range(len(self._outputs))]
             table = [*arrays, *outputs]
             addresses = [a.ctypes.data for a in arrays] + self._returned_at
-            for run, native in self._runners:
-                run(addresses if native else table)
+            if self._launcher is not None:
+                self._launcher(addresses)
+            else:
+                for run, native in self._runners:
+                    run(addresses if native else table)
             for j, slot in self._copies:
                 outputs[j][...] = table[slot] if isinstance(slot, int) else slot
             self._returned[:] = outputs
@@ -436,6 +448,19 @@ class NativeExecutable:
             align = self._align.get(i)
             if align and array.ctypes.data % align:
                 raise GuardError(f"input {name} must be {align}-byte aligned")
+
+
+def _launcher(steps: Sequence[Step], io_count: int, name: str) -> CompiledLauncher | None:
+    """The whole-sequence entry when every step is native (else None: host steps need Python
+    between kernels)."""
+    if not steps or not all(isinstance(step, NativeStep) for step in steps):
+        return None
+    calls = [launch.call_spec() for step in steps for launch in step.launches]
+    return CompiledLauncher(calls, io_count, name=f"launch_{_identifier(name)}")
+
+
+def _identifier(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name) or "graph"
 
 
 def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
