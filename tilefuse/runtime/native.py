@@ -49,13 +49,14 @@ from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan, form_ker
 from tilefuse.kernel.lower_elementwise import lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.plan_printer import print_plan, value_names
-from tilefuse.kernel.schedule import Schedule, default_schedule
+from tilefuse.kernel.schedule import Schedule
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import LoopFunction
 from tilefuse.passes.decompose import decompose_composites
 from tilefuse.runtime.kernel_cache import KernelArtifact, KernelCache, KernelCacheStats
 from tilefuse.runtime.launch import HostStep, KernelLaunch, NativeStep, Slot, Step
 from tilefuse.runtime.memory import BufferRequest, MemoryPlan, plan_memory
+from tilefuse.runtime.schedules import ScheduleSource
 
 NATIVE_KINDS = frozenset({KernelKind.CONTRACTION, KernelKind.ELEMENTWISE,
                           KernelKind.ROW_REDUCTION})
@@ -111,6 +112,7 @@ class _Builder:
                 raise CompileError(f"the native executable needs static shapes, got {v.type}")
         self.target = target
         self.cache = cache
+        self.schedules = ScheduleSource(target)
         self.graph, _ = decompose_composites(graph)
         self.plan: KernelPlan = form_kernels(self.graph)
         self.names = value_names(self.graph)
@@ -142,7 +144,7 @@ class _Builder:
             return self.fall_back(pending, f"no native lowering for {group.kind.value} "
                                   "kernels yet")
         try:
-            pending.schedule = default_schedule(group, self.target)
+            pending.schedule = self.schedules.schedule(group, self.constants)
             if group.kind is KernelKind.CONTRACTION:
                 made = self.lower_contraction(group, pending.schedule)
             else:
@@ -284,7 +286,10 @@ class _Builder:
             else:
                 names = ", ".join(k.fn.name + (" (from the disk cache)" if k.artifact.entry
                                                else "") for k in pending.kernels)
-                lines.append(f"  {step}: {group.name} native: {names}  [{pending.schedule}]")
+                tuned = self.schedules.tuned.get(group.name)
+                origin = f" tuned, {tuned * 1e3:.3f} ms measured" if tuned is not None else ""
+                lines.append(f"  {step}: {group.name} native: {names}  [{pending.schedule}]"
+                             + origin)
         lines += ["", f"constants: {len(self.constants)} arrays evaluated at build time", "",
                   "memory plan: " + memory.report()]
         writer.write("kernels.plan", "\n".join(lines))
