@@ -25,7 +25,7 @@ from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.schedule import Schedule
-from tilefuse.runtime import native
+from tilefuse.runtime import schedules
 from tilefuse.runtime.disk_cache import CacheDir, CacheError, CacheKey
 from tilefuse.runtime.kernel_cache import KernelCache
 from tilefuse.runtime.native import NativeExecutable
@@ -271,14 +271,14 @@ def test_a_changed_shape_is_a_miss_naming_the_loop_ir(caplog):
 
 def test_a_changed_schedule_is_a_miss_naming_the_schedule(monkeypatch, caplog):
     check(NativeExecutable(chain()))
-    default = native.default_schedule
+    default = schedules.default_schedule
 
     def narrower(group: KernelGroup, target: object) -> Schedule:
         schedule = default(group, target)
         assert schedule.kind is KernelKind.ELEMENTWISE and schedule.vector_width > 4
         return dataclasses.replace(schedule, vector_width=4)
 
-    monkeypatch.setattr(native, "default_schedule", narrower)
+    monkeypatch.setattr(schedules, "default_schedule", narrower)
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="tilefuse.cache"):
         exe = check(NativeExecutable(chain()))
