@@ -8,8 +8,8 @@ from tilefuse.kernel.fusion import (
     KernelPlan,
     Role,
     form_kernels,
-    verify_plan,
 )
+from tilefuse.kernel.plan_check import verify_plan
 from tilefuse.kernel.plan_printer import print_plan
 from tilefuse.kernel.schedule import (
     CpuTarget,

@@ -79,8 +79,7 @@ from tilefuse.log import get_logger
 from tilefuse.ops.registry import OpKind, Trait
 
 __all__ = ["MAX_RECOMPUTE_OPS", "KernelGroup", "KernelKind", "KernelPlan", "Role", "anchor_kind",
-           "form_kernels", "is_pointwise", "op_cost", "print_plan", "reduced_axes", "row_width",
-           "verify_plan"]
+           "form_kernels", "is_pointwise", "op_cost", "print_plan", "reduced_axes", "row_width"]
 
 MAX_RECOMPUTE_OPS = 8
 """The most scalar ops per element a value's cone may cost for it to be recomputed in each
@@ -394,7 +393,7 @@ class _Former:
         self.graph = graph
         self.log = get_logger("fusion")
         self.index = {n: i for i, n in enumerate(graph.nodes)}
-        self.live = _live_nodes(graph)
+        self.live = live_nodes(graph)
         live = set(self.live)
         self.producer = graph.producers()
         self.users = {v: [u for u in us if u in live] for v, us in value_users(graph).items()}
@@ -691,6 +690,7 @@ class _Former:
             self.log.debug("g%d -> %s: %s over %s, %d nodes, %d in, %d out", g.gid, k.name,
                            k.kind.value, list(k.domain), len(k.nodes), len(k.inputs),
                            len(k.outputs))
+        from tilefuse.kernel.plan_check import verify_plan  # it imports this module's records
         verify_plan(plan)
         return plan
 
@@ -770,7 +770,7 @@ def _constant_only(live: list[Node], producer: dict[Value, Node]) -> set[Node]:
     return out
 
 
-def _live_nodes(graph: Graph) -> list[Node]:
+def live_nodes(graph: Graph) -> list[Node]:
     """The nodes some graph output depends on, in graph order."""
     producer = graph.producers()
     live: set[Node] = set()
@@ -781,49 +781,3 @@ def _live_nodes(graph: Graph) -> list[Node]:
             live.add(node)
             stack.extend(producer[v] for v in node.inputs if v in producer)
     return [n for n in graph.nodes if n in live]
-
-
-# ---- checking a plan -------------------------------------------------------------------------
-
-
-def verify_plan(plan: KernelPlan) -> None:
-    """Raises VerifyError unless ``plan`` is a valid partition of its graph: every live
-    non-constant node is in some kernel (in more than one only if pointwise), constants in none;
-    each kernel's inputs are graph inputs, constants or outputs of earlier kernels; each value is
-    written by at most one kernel, by one that computes it; every returned node value is
-    written."""
-    graph = plan.graph
-    producer = graph.producers()
-    names = value_names(graph)
-    held: dict[Node, int] = {}
-    available = set(graph.inputs) | {v for n in graph.nodes if is_constant(n) for v in n.outputs}
-    written: set[Value] = set()
-    for k in plan.groups:
-        inside = set(k.nodes)
-        if len(k.roles) != len(k.nodes) or len(inside) != len(k.nodes):
-            raise VerifyError(f"kernel {k.name} lists its nodes or roles inconsistently")
-        for n in k.nodes:
-            if is_constant(n):
-                raise VerifyError(f"kernel {k.name} holds a constant")
-            held[n] = held.get(n, 0) + 1
-        reads = {v for n in k.nodes for v in n.inputs if producer.get(v) not in inside}
-        if reads != set(k.inputs):
-            raise VerifyError(f"kernel {k.name} declares inputs other than those it reads")
-        missing = [names.get(v, '%?') for v in k.inputs if v not in available]
-        if missing:
-            raise VerifyError(f"kernel {k.name} reads {', '.join(missing)} before any earlier "
-                              "kernel writes it")
-        for v in k.outputs:
-            if producer.get(v) not in inside or v in written:
-                raise VerifyError(f"kernel {k.name} writes {names.get(v, '%?')}, which it does not "
-                                  "compute or another kernel writes too")
-            written.add(v)
-        available |= set(k.outputs)
-    for n in _live_nodes(graph):
-        count = held.get(n, 0)
-        if not is_constant(n) and (count == 0 or (count > 1 and not is_pointwise(n))):
-            raise VerifyError(f"{node_label(n, names)} is in {count} kernels")
-    for v in graph.outputs:
-        p = producer.get(v)
-        if p is not None and not is_constant(p) and v not in written:
-            raise VerifyError(f"graph output {names.get(v, '%?')} is written by no kernel")
