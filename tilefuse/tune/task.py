@@ -272,10 +272,16 @@ class BuiltKernel:
 
 def tasks_from_graph(graph: Graph) -> list[TuneTask]:
     """One task per tunable kernel of ``graph`` that is not computed from constants alone."""
+    return [task for _, task in named_tasks(graph)]
+
+
+def named_tasks(graph: Graph) -> list[tuple[str, TuneTask]]:
+    """:func:`tasks_from_graph` with each kernel's name in ``graph``'s plan (``k3``: the name
+    ``kernels.plan`` shows; a task's own group is re-formed alone and always named ``k0``)."""
     decomposed, _ = decompose_composites(graph)
     plan = form_kernels(decomposed)
     constants = _evaluate_constants(decomposed, plan.groups)
-    return [TuneTask.of_group(g, {v: constants[v] for v in g.inputs if v in constants})
+    return [(g.name, TuneTask.of_group(g, {v: constants[v] for v in g.inputs if v in constants}))
             for g in plan.groups
             if g.kind in TUNABLE_KINDS and not all(v in constants for v in g.inputs)]
 
@@ -286,4 +292,4 @@ def node_ops(group: KernelGroup) -> tuple[str, ...]:
 
 
 __all__ = ["BuiltKernel", "Lowered", "TuneError", "TuneTask", "graph_from_wire",
-           "graph_to_wire", "kernel_graph", "node_ops", "tasks_from_graph"]
+           "graph_to_wire", "kernel_graph", "named_tasks", "node_ops", "tasks_from_graph"]

@@ -19,7 +19,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +64,32 @@ class TuneResult:
     features: list[np.ndarray] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Round:
+    """Where a tuning run stands after one round (the default's measurement is round 0)."""
+
+    task: TuneTask
+    round: int
+    trials: int
+    trial_budget: int
+    best_seconds: float
+    default_seconds: float
+    bound_seconds: float
+
+    @property
+    def percent_of_bound(self) -> float:
+        """The bound's time over the best time, in percent (100: at the roofline; 0: no
+        bound or nothing worked)."""
+        return percent_of_bound(self.bound_seconds, self.best_seconds)
+
+
+def percent_of_bound(bound_seconds: float, seconds: float) -> float:
+    """``bound / seconds`` in percent; 0 when either is missing or infinite."""
+    if not (math.isfinite(seconds) and seconds > 0 and bound_seconds > 0):
+        return 0.0
+    return 100.0 * bound_seconds / seconds
+
+
 def target_string(target: CpuTarget | None = None) -> str:
     """What a measurement is valid for: triple, CPU, a digest of its features, core count."""
     t = target or host_target()
@@ -96,8 +122,8 @@ class _Features:
 def tune_task(task: TuneTask, budget: Budget, db: TuningDatabase, runner: Runner,
               model: CostModel, strategy: SearchStrategy, *, space: SearchSpace | None = None,
               roofline: Roofline | None = None, target: CpuTarget | None = None,
-              seed: int = 0) -> TuneResult:
-    """Tunes ``task`` (see the module docstring)."""
+              seed: int = 0, on_round: Callable[[Round], None] | None = None) -> TuneResult:
+    """Tunes ``task`` (see the module docstring); ``on_round`` is called after each round."""
     log = get_logger("tune")
     target = target or host_target()
     space = space or space_for(task.group, target)
@@ -115,11 +141,16 @@ def tune_task(task: TuneTask, budget: Budget, db: TuningDatabase, runner: Runner
             log.debug("%s %s: %.3g s (%s) %s", task.group.name, r.schedule, r.seconds, r.status,
                       r.message[:200])
         model.update(featurize(schedules), np.array([r.seconds for r in results]))
+        if on_round is not None:
+            on_round(Round(task, rounds, len(history.seconds), budget.trials, min(history.seconds),
+                           history.seconds[0], bound))
 
+    rounds = 0
     measure([space.default()])
     default_seconds = history.seconds[0]
     stopped = "budget"
     while True:
+        rounds += 1
         best = min(history.seconds)
         if math.isfinite(best) and best <= bound * (1 + budget.margin):
             stopped = "roofline"

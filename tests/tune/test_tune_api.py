@@ -1,0 +1,115 @@
+"""``tilefuse.tune.tune``: a function's kernels tuned into a database that later builds use."""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+
+import numpy as np
+import pytest
+
+import tilefuse
+from tilefuse.testing import assert_close
+from tilefuse.tune import InProcessRunner, MeasureOptions, MemoryDatabase, TuneError, tune
+from tilefuse.tune.api import default_db_path, graph_of, open_database
+from tilefuse.tune.roofline import MeasuredRoofline, Peaks
+from tilefuse.tune.task import named_tasks
+
+OPTIONS = MeasureOptions(warmup=1, repeats=3, min_repeat_seconds=1e-4, timeout=30.0)
+WEIGHT = np.random.default_rng(3).standard_normal((48, 96)).astype(np.float32)
+
+
+def two_kernels(x):
+    """A matmul+relu kernel, then a softmax kernel."""
+    h = np.maximum(x @ WEIGHT, 0)
+    e = np.exp(h - h.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _far_roofline() -> MeasuredRoofline:
+    return MeasuredRoofline(MemoryDatabase(), "t", lambda: Peaks(1e15, 1e15))  # never reached
+
+
+def _x() -> np.ndarray:
+    return np.random.default_rng(4).standard_normal((40, 48)).astype(np.float32)
+
+
+def test_tune_reports_both_kernels_and_builds_use_the_tuned_schedules(tmp_path, monkeypatch):
+    db = tmp_path / "tune.sqlite"
+    report = tune(two_kernels, _x(), trials=8, time_budget=120, db=db,
+                  runner=InProcessRunner(OPTIONS), roofline=_far_roofline(), min_share=0.0,
+                  per_round=2, progress=False)
+    kinds = sorted(k.label.split()[1] for k in report.kernels)
+    assert kinds == ["contraction", "row_reduction"]
+    for k in report.kernels:
+        assert k.tuned and k.trials >= 3
+        assert math.isfinite(k.default_seconds) and math.isfinite(k.best_seconds)
+        assert k.best_seconds > 0 and k.bound_seconds > 0
+    assert report.trials == sum(k.trials for k in report.kernels) <= 8
+    assert abs(sum(k.share for k in report.kernels) - 1.0) < 1e-9
+    text = str(report)
+    assert "contraction" in text and "row_reduction" in text and str(db) in text
+
+    monkeypatch.setenv("TILEFUSE_TUNE_DB", str(db))
+    dump = tmp_path / "dump"
+    fresh = tilefuse.jit(two_kernels, dump=dump)
+    got = fresh(_x())
+    plan = (dump / "kernels.plan").read_text()
+    assert plan.count("tuned,") == 2, plan
+    assert_close(got, two_kernels(_x()), reduction=True)
+
+
+def test_kernels_under_the_minimum_share_keep_their_default(tmp_path):
+    def with_tiny(x, v):
+        return two_kernels(x), np.tanh(v) * 2
+
+    v = np.ones(4, np.float32)
+    report = tune(with_tiny, _x(), v, trials=9, time_budget=120, db=tmp_path / "t.sqlite",
+                  runner=InProcessRunner(OPTIONS), roofline=_far_roofline(), min_share=0.2,
+                  per_round=2, progress=False)
+    assert len(report.kernels) == 3
+    shares = [k.share for k in report.kernels]
+    assert shares == sorted(shares, reverse=True)  # hottest first; one has >= 1/3
+    assert report.kernels[0].tuned
+    for k in report.kernels:
+        assert k.tuned == (k.share >= 0.2)
+        if not k.tuned:
+            assert k.best_seconds == k.default_seconds and "default kept" in k.note
+
+
+def test_graph_of_accepts_jitted_and_plain_functions_and_graphs():
+    plain = graph_of(two_kernels, (_x(),))
+    jitted = graph_of(tilefuse.jit(two_kernels), (_x(),))
+    assert graph_of(plain, ()) is plain
+    assert [n.op.name for n in plain.nodes] == [n.op.name for n in jitted.nodes]
+    assert len(named_tasks(plain)) == 2
+    with pytest.raises(TuneError, match="cannot tune"):
+        graph_of(42, ())
+
+
+def test_default_db_path_follows_the_environment(tmp_path):
+    env = {"HOME": str(tmp_path)}
+    assert default_db_path(env) == tmp_path / ".cache" / "tilefuse" / "tune.sqlite"
+    env["TILEFUSE_TUNE_DB"] = str(tmp_path / "elsewhere.db")
+    assert default_db_path(env) == tmp_path / "elsewhere.db"
+
+
+def test_open_database_creates_a_private_directory_and_file(tmp_path):
+    path = tmp_path / "new" / "dir" / "tune.sqlite"
+    db = open_database(path)
+    assert db.integrity() == "ok"
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(path).st_mode) & 0o077 == 0
+    db.close()
+
+
+def test_the_default_database_directory_must_be_private(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("TILEFUSE_TUNE_DB", raising=False)
+    open_database().close()
+    directory = tmp_path / ".cache" / "tilefuse"
+    assert (directory / "tune.sqlite").exists()
+    directory.chmod(0o777)
+    with pytest.raises(TuneError, match="TILEFUSE_TUNE_DB"):
+        open_database()

@@ -1,0 +1,261 @@
+"""The user-facing tuner: ``tilefuse.tune.tune(fn, *example_args, trials=..., time_budget=...)``.
+
+It traces the function on the example arguments (``jit(fn).lower(*args)``: the optimised graph
+a build compiles), forms its kernels, measures each tunable one with its default schedule,
+splits the budget where the time is (:mod:`tilefuse.tune.budget`), tunes the hot kernels into a
+SQLite database and returns a :class:`TuneReport`. A later build with ``TILEFUSE_TUNE_DB``
+naming that database uses the tuned schedules (:mod:`tilefuse.runtime.schedules`).
+
+The database is ``db``, else ``$TILEFUSE_TUNE_DB``, else ``~/.cache/tilefuse/tune.sqlite``;
+a missing directory is created with mode 0700, and the default directory must pass the kernel
+cache's checks (a real directory this user owns, not writable by others).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tilefuse.codegen.target import host_target
+from tilefuse.errors import TilefuseError
+from tilefuse.graph.ir import Graph
+from tilefuse.runtime.disk_cache import check_cache_directory
+from tilefuse.tune.budget import MIN_SHARE, Allocation, BudgetPlan, profile_kernels
+from tilefuse.tune.cost_model import CostModel, best_model
+from tilefuse.tune.database import SQLiteDatabase
+from tilefuse.tune.progress import Progress
+from tilefuse.tune.roofline import MeasuredRoofline, Roofline
+from tilefuse.tune.runner import LocalRunner, Runner
+from tilefuse.tune.search import EvolutionarySearch, SearchStrategy
+from tilefuse.tune.task import TuneError, named_tasks
+from tilefuse.tune.tuner import Budget, TuneResult, percent_of_bound, target_string, tune_task
+
+DB_ENV_VAR = "TILEFUSE_TUNE_DB"
+
+
+# ---- the database ----------------------------------------------------------------------------
+
+
+def default_db_path(env: Mapping[str, str] | None = None) -> Path:
+    """``$TILEFUSE_TUNE_DB`` if set and non-empty, else ``~/.cache/tilefuse/tune.sqlite``."""
+    env = os.environ if env is None else env
+    if env.get(DB_ENV_VAR):
+        return Path(os.path.abspath(os.path.expanduser(env[DB_ENV_VAR])))
+    home = env.get("HOME") or str(Path.home())
+    return Path(home, ".cache", "tilefuse", "tune.sqlite")
+
+
+def _make_directory(path: Path) -> None:
+    try:
+        os.makedirs(path, mode=0o700)
+        os.chmod(path, 0o700)  # makedirs' mode passes through the umask
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise TuneError(f"cannot create the tuning database directory {path}: {err.strerror}; "
+                        f"pass db= or set {DB_ENV_VAR}") from None
+
+
+def open_database(path: str | os.PathLike[str] | None = None) -> SQLiteDatabase:
+    """The tuning database at ``path`` (default: :func:`default_db_path`), created if missing
+    (directory 0700, file 0600)."""
+    chosen = Path(path) if path is not None else default_db_path()
+    _make_directory(chosen.parent)
+    if path is None and not os.environ.get(DB_ENV_VAR):
+        try:
+            check_cache_directory(chosen.parent)
+        except TilefuseError as err:
+            raise TuneError(f"{err} (or set {DB_ENV_VAR} to a database elsewhere)") from None
+    try:
+        os.close(os.open(chosen, os.O_CREAT | os.O_WRONLY, 0o600))
+        return SQLiteDatabase(chosen)
+    except (OSError, sqlite3.Error) as err:
+        raise TuneError(f"cannot open the tuning database {chosen}: {err}") from None
+
+
+# ---- the report ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    """One tunable kernel of the graph: its share of the default time, default and best
+    median seconds, trials spent tuning it (0: kept its default, ``note`` says why), roofline
+    bound and why its search stopped. ``default_seconds`` is the faster of the profile's and
+    the search's measurements of the default schedule."""
+
+    name: str
+    label: str
+    share: float
+    default_seconds: float
+    best_seconds: float
+    trials: int
+    bound_seconds: float
+    note: str
+    result: TuneResult | None = None
+
+    @property
+    def tuned(self) -> bool:
+        return self.trials > 0
+
+    @property
+    def percent_of_bound(self) -> float:
+        return percent_of_bound(self.bound_seconds, self.best_seconds)
+
+    @property
+    def speedup(self) -> float:
+        return self.default_seconds / self.best_seconds if self.best_seconds > 0 else 0.0
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:10.4f}" if seconds < float("inf") else f"{'failed':>10}"
+
+
+@dataclass
+class TuneReport:
+    """What :func:`tune` did; ``str(report)`` is a table, hottest kernel first."""
+
+    kernels: list[KernelReport]
+    db: Path
+    wall_seconds: float
+    trials: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def kernel(self, name: str) -> KernelReport:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise TuneError(f"no kernel {name!r} in this report")
+
+    @property
+    def default_seconds(self) -> float:
+        return sum(k.default_seconds for k in self.kernels)
+
+    @property
+    def best_seconds(self) -> float:
+        return sum(k.best_seconds for k in self.kernels)
+
+    def __str__(self) -> str:
+        head = (f"{'kernel':<40} {'share':>6} {'default ms':>10} {'best ms':>10} {'speedup':>7} "
+                f"{'trials':>6} {'% bound':>7}  stopped")
+        lines = [head, "-" * len(head)]
+        for k in self.kernels:
+            lines.append(f"{k.label[:40]:<40} {100 * k.share:5.1f}% {_ms(k.default_seconds)} "
+                         f"{_ms(k.best_seconds)} {k.speedup:6.2f}x {k.trials:>6} "
+                         f"{k.percent_of_bound:6.1f}%  {k.note}")
+        lines.append(f"{'all kernels':<40} {'':>6} {_ms(self.default_seconds)} "
+                     f"{_ms(self.best_seconds)}")
+        lines.append(f"{self.trials} trials in {self.wall_seconds:.1f} s; database {self.db}")
+        return "\n".join(lines + self.notes)
+
+
+# ---- tracing ---------------------------------------------------------------------------------
+
+
+def graph_of(source: Any, args: tuple[Any, ...]) -> Graph:
+    """The optimised graph a build of ``source`` would compile for ``args``: ``source`` is a
+    graph, a ``tilefuse.jit`` function, a plain function (jitted here), an
+    ``tilefuse.onnx.OnnxModel`` or the path of an ``.onnx`` file."""
+    if isinstance(source, Graph):
+        return source
+    if isinstance(source, str | os.PathLike):
+        from tilefuse import onnx
+
+        source = onnx.load(source)
+    lower = getattr(source, "lower", None)
+    if callable(lower):
+        return lower(*args).optimized
+    if callable(source):
+        from tilefuse.frontend.jit import jit
+
+        return jit(source).lower(*args).optimized
+    raise TuneError(f"cannot tune a {type(source).__name__}: pass a function, a tilefuse.jit "
+                    f"function, an ONNX model or its path, or a graph")
+
+
+# ---- tuning ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """The pieces of one :func:`tune` call."""
+
+    db: SQLiteDatabase
+    runner: Runner
+    roofline: Roofline
+    model: Callable[[int], CostModel]
+    strategy: SearchStrategy
+    progress: Progress
+    seed: int
+
+    def tune(self, allocation: Allocation, budget: Budget) -> TuneResult:
+        self.progress.start(allocation.kernel.label)
+        return tune_task(allocation.kernel.task, budget, self.db, self.runner,
+                         self.model(self.seed), self.strategy, roofline=self.roofline,
+                         seed=self.seed, on_round=self.progress)
+
+
+def tune(source: Any, *example_args: Any, trials: int = 200, time_budget: float = 600.0,
+         db: str | os.PathLike[str] | None = None, runner: Runner | None = None,
+         min_share: float = MIN_SHARE, per_round: int = 8, roofline: Roofline | None = None,
+         model: Callable[[int], CostModel] = best_model,
+         strategy: SearchStrategy | None = None, progress: bool | None = None,
+         seed: int = 0) -> TuneReport:
+    """Tunes the kernels of ``source`` traced on ``example_args`` into the database ``db``
+    (module docstring). ``trials`` and ``time_budget`` (seconds of wall clock, measuring
+    included) are split by :mod:`tilefuse.tune.budget`; ``runner`` defaults to an isolated
+    :class:`LocalRunner`; ``model(seed)`` makes each kernel's cost model; ``progress`` is
+    :class:`~tilefuse.tune.progress.Progress`'s ``show``."""
+    start = time.perf_counter()
+    named = named_tasks(graph_of(source, example_args))
+    database = open_database(db)
+    roofline = roofline or MeasuredRoofline(database, target_string(host_target()))
+    own_runner = runner is None
+    run = _Run(database, runner or LocalRunner(), roofline, model,
+               strategy or EvolutionarySearch(), Progress(progress), seed)
+    try:
+        kernels = profile_kernels(named, run.runner)
+        plan = BudgetPlan.make(kernels, Budget(trials, time_budget, per_round), min_share)
+        for a in plan.allocations:
+            why = f" ({a.reason})" if a.reason else ""
+            run.progress.note(f"{a.kernel.label}: {100 * a.kernel.share:.1f}% of the default "
+                              f"time, {a.trials} trials planned{why}")
+        rows = _tune_plan(run, plan, trials, start + time_budget)
+    finally:
+        run.progress.finish()
+        if own_runner:
+            run.runner.close()
+    spent = sum(r.trials for r in rows)
+    return TuneReport(rows, Path(database.path), time.perf_counter() - start, spent)
+
+
+def _tune_plan(run: _Run, plan: BudgetPlan, trials: int, deadline: float
+               ) -> list[KernelReport]:
+    """Tunes the plan's kernels hottest first; a report row per kernel, tuned or not."""
+    results: dict[str, TuneResult] = {}
+    left = trials
+    for i, a in enumerate(plan.tuned()):
+        budget = plan.budget_at(i, left, deadline - time.perf_counter())
+        results[a.kernel.name] = result = run.tune(a, budget)
+        left = max(0, left - len(result.history.seconds))
+    rows = []
+    for a in plan.allocations:
+        k = a.kernel
+        bound = run.roofline.bound_seconds(*k.task.work())
+        r = results.get(k.name)
+        if r is None:
+            rows.append(KernelReport(k.name, k.label, k.share, k.default_seconds,
+                                     k.default_seconds, 0, bound, f"default kept: {a.reason}"))
+        else:
+            default = min(r.default_seconds, k.default_seconds)  # two measurements of it
+            rows.append(KernelReport(k.name, k.label, k.share, default, r.seconds,
+                                     len(r.history.seconds), bound, r.stopped, r))
+    return rows
+
+
+__all__ = ["DB_ENV_VAR", "KernelReport", "TuneReport", "default_db_path", "graph_of",
+           "open_database", "tune"]

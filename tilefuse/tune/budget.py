@@ -1,0 +1,159 @@
+"""Budget where the time is: split a graph's tuning budget by each kernel's share of the time.
+
+The rule (:func:`profile_kernels`, :func:`split_budget`, :class:`BudgetPlan`):
+
+1. **Measure.** Every tunable kernel of the graph is measured with its default schedule (the
+   schedule a build uses without tuning), through the same runner as the search, in
+   ``passes`` interleaved passes (2) keeping each kernel's fastest median: one pass on a busy
+   machine can catch a kernel in a stall of a few milliseconds and misplace the time.
+2. **Share.** A kernel's share is its default time over the sum of all of them. A kernel whose
+   default fails to measure (inf) counts as the largest finite time, so it is not skipped.
+3. **Skip the negligible.** Kernels under ``min_share`` (5%) of the time keep their default
+   schedule and get no trials: even an infinitely fast schedule would save under 5%.
+4. **Split.** The trials go to the other kernels in proportion to their shares (largest
+   remainder rounding, so they add up to the budget), each getting at least ``min_trials``
+   (the default plus one round). When the budget cannot give every kernel its minimum, the
+   coldest kernels are skipped too (the reason says so). Seconds are split like the trials.
+5. **Hot first, unused budget moves on.** Kernels are tuned hottest first. A kernel that stops
+   early (at its roofline bound, or with its space exhausted) leaves trials and seconds unused;
+   each kernel's budget at its turn is what is left times its planned part of what is left to
+   plan (:meth:`BudgetPlan.budget_at`), so the unused part flows to the kernels after it in
+   proportion. The time budget is a wall-clock deadline for the whole run, measuring included.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from tilefuse.codegen.target import CpuTarget, host_target
+from tilefuse.tune.runner import Runner
+from tilefuse.tune.space import space_for
+from tilefuse.tune.task import TuneTask, node_ops
+from tilefuse.tune.tuner import Budget
+
+MIN_SHARE = 0.05
+"""Kernels under this share of the graph's default time are not tuned."""
+
+
+@dataclass(frozen=True)
+class KernelShare:
+    """One tunable kernel: its name in the plan, task, default seconds and share of the time."""
+
+    name: str
+    task: TuneTask
+    default_seconds: float
+    share: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.task.kind.value} {'+'.join(node_ops(self.task.group))}"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A kernel's planned trials and seconds (0 trials: keeps its default, ``reason`` says
+    why)."""
+
+    kernel: KernelShare
+    trials: int
+    seconds: float
+    reason: str = ""
+
+    @property
+    def tuned(self) -> bool:
+        return self.trials > 0
+
+
+def profile_kernels(named: Sequence[tuple[str, TuneTask]], runner: Runner,
+                    target: CpuTarget | None = None, passes: int = 2) -> list[KernelShare]:
+    """Measures each task's default schedule (fastest of ``passes``); the kernels hottest
+    first, with shares."""
+    target = target or host_target()
+    seconds = [math.inf] * len(named)
+    for _ in range(max(1, passes)):
+        for i, (_, task) in enumerate(named):
+            [result] = runner.measure(task, [space_for(task.group, target).default()])
+            seconds[i] = min(seconds[i], result.seconds)
+    return shares_of([name for name, _ in named], [task for _, task in named], seconds)
+
+
+def shares_of(names: Sequence[str], tasks: Sequence[TuneTask], seconds: Sequence[float]
+              ) -> list[KernelShare]:
+    """Kernels with their shares of the total (an inf time counts as the largest finite one,
+    or 1 s when none is finite), hottest first."""
+    finite = [t for t in seconds if math.isfinite(t)]
+    stand_in = max(finite, default=1.0)
+    counted = [t if math.isfinite(t) else stand_in for t in seconds]
+    total = sum(counted) or 1.0
+    kernels = [KernelShare(n, task, t, c / total)
+               for n, task, t, c in zip(names, tasks, seconds, counted)]
+    return sorted(kernels, key=lambda k: -k.share)
+
+
+def split_budget(kernels: Sequence[KernelShare], trials: int, seconds: float, *,
+                 min_share: float = MIN_SHARE, min_trials: int = 2) -> list[Allocation]:
+    """Trials and seconds per kernel by the rule in the module docstring, hottest first."""
+    ranked = sorted(kernels, key=lambda k: -k.share)
+    hot = [k for k in ranked if k.share >= min_share]
+    reasons = {k.name: f"under {100 * min_share:.0f}% of the time"
+               for k in ranked if k.share < min_share}
+    while hot and len(hot) * min_trials > trials:
+        cold = hot.pop()
+        reasons[cold.name] = f"{trials} trials too few for every hotter kernel"
+    counts = _largest_remainder([k.share for k in hot], trials - len(hot) * min_trials)
+    planned = {k.name: min_trials + c for k, c in zip(hot, counts)}
+    out = []
+    for k in ranked:
+        n = planned.get(k.name, 0)
+        out.append(Allocation(k, n, seconds * n / max(trials, 1), reasons.get(k.name, "")))
+    return out
+
+
+def _largest_remainder(weights: Sequence[float], total: int) -> list[int]:
+    """Non-negative integers proportional to ``weights`` that add up to ``total``."""
+    if not weights or total <= 0:
+        return [0] * len(weights)
+    scale = total / (sum(weights) or 1.0)
+    exact = [w * scale for w in weights]
+    counts = [math.floor(e) for e in exact]
+    order = sorted(range(len(weights)), key=lambda i: counts[i] - exact[i])
+    for i in order[:total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """The allocations of one run and how much each kernel may spend at its turn."""
+
+    allocations: list[Allocation]
+    budget: Budget
+
+    @staticmethod
+    def make(kernels: Sequence[KernelShare], budget: Budget,
+             min_share: float = MIN_SHARE) -> BudgetPlan:
+        min_trials = min(budget.per_round + 1, max(budget.trials, 1))
+        allocations = split_budget(kernels, budget.trials, budget.seconds, min_share=min_share,
+                                   min_trials=min_trials)
+        return BudgetPlan(allocations, budget)
+
+    def tuned(self) -> list[Allocation]:
+        return [a for a in self.allocations if a.tuned]
+
+    def budget_at(self, index: int, trials_left: int, seconds_left: float) -> Budget:
+        """The budget of the ``index``-th tuned kernel given what earlier ones left."""
+        tuned = self.tuned()
+        planned = tuned[index].trials
+        rest = sum(a.trials for a in tuned[index:]) or 1
+        if index == len(tuned) - 1:
+            trials, seconds = trials_left, seconds_left
+        else:
+            trials = max(1, round(trials_left * planned / rest))
+            seconds = seconds_left * planned / rest
+        return replace(self.budget, trials=max(0, trials), seconds=max(0.0, seconds))
+
+
+__all__ = ["MIN_SHARE", "Allocation", "BudgetPlan", "KernelShare", "profile_kernels",
+           "shares_of", "split_budget"]
