@@ -20,15 +20,18 @@ import numpy as np
 from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import GuardError
 from tilefuse.frontend.jit import Lowered
+from tilefuse.graph.ir import Graph
 from tilefuse.graph.types import TensorType
 from tilefuse.log import get_logger
+from tilefuse.onnx.context import InputValueNeeded
 from tilefuse.onnx.importer import import_graph
 from tilefuse.onnx.model import ModelInfo, TensorSpec
 from tilefuse.passes.manager import run_pipeline
 from tilefuse.passes.pipeline import GRAPH_PIPELINE
 from tilefuse.runtime.executable import build_executable, check_target
 
-Key = tuple[tuple[int, ...], ...]
+# input shapes, then the bytes of the inputs compiled per value (see InputValueNeeded)
+Key = tuple[tuple[tuple[int, ...], ...], tuple[bytes, ...]]
 
 
 def _check_input(spec: TensorSpec, array: Any, sizes: dict[str, int]) -> np.ndarray:
@@ -73,6 +76,7 @@ class OnnxModel:
         self._target = target
         self._dump = dump
         self._cache: dict[Key, Lowered] = {}
+        self._by_value: list[int] = []   # indices of inputs compiled per value, in order
         self._lock = threading.Lock()
         self._log = get_logger("recompiles")
 
@@ -123,12 +127,12 @@ class OnnxModel:
     def lower(self, *arrays: Any) -> Lowered:
         """The imported and optimised graphs (and executable) for these inputs, compiling them
         if needed; ``str(model.lower(x).captured)`` is the imported graph as text."""
-        key, _ = self._guard(arrays)
-        return self._entry(key)
+        key, checked = self._guard(arrays)
+        return self._entry(key, checked)
 
     def _run(self, arrays: tuple[Any, ...]) -> list[np.ndarray]:
         key, checked = self._guard(arrays)
-        entry = self._cache.get(key) or self._entry(key)
+        entry = self._cache.get(key) or self._entry(key, checked)
         assert entry.executable is not None
         return entry.executable.run_trusted(checked)  # the guard checked dtypes and shapes
 
@@ -139,26 +143,51 @@ class OnnxModel:
                              f"({', '.join(self.input_names) or 'none'}), got {len(arrays)}")
         sizes: dict[str, int] = {}
         checked = [_check_input(s, a, sizes) for s, a in zip(specs, arrays)]
-        return tuple(a.shape for a in checked), checked
+        return self._key(checked), checked
+
+    def _key(self, arrays: Sequence[np.ndarray]) -> Key:
+        return (tuple(a.shape for a in arrays),
+                tuple(arrays[i].tobytes() for i in self._by_value))
 
     # ---- compiling -------------------------------------------------------------------------
 
     def compile_static(self) -> None:
-        """Compiles the one signature of a model whose input shapes are all fixed."""
-        self._entry(tuple(tuple(s.dims or ()) for s in self.info.inputs))  # type: ignore[misc]
+        """Compiles the one signature of a model whose input shapes are all fixed, unless a
+        converter needs an input's value (a shape or axes fed as an input): then the first
+        call compiles, per value of that input."""
+        shapes = tuple(tuple(s.dims or ()) for s in self.info.inputs)
+        try:
+            self._entry((shapes, ()), None)  # type: ignore[arg-type]
+        except InputValueNeeded as err:
+            self._by_value.append(self.input_names.index(err.input))
 
-    def _entry(self, key: Key) -> Lowered:
+    def _import(self, key: Key, arrays: Sequence[np.ndarray] | None) -> Graph:
+        """The imported graph; an input whose value a converter needs joins ``_by_value``
+        (and the import retries) when the call's ``arrays`` are at hand."""
+        types = [TensorType(shape, spec.dtype)  # type: ignore[arg-type]
+                 for shape, spec in zip(key[0], self.info.inputs)]
+        while True:
+            values = {} if arrays is None else {self.input_names[i]: arrays[i]
+                                                for i in self._by_value}
+            try:
+                return import_graph(self.info, types, values)
+            except InputValueNeeded as err:
+                index = self.input_names.index(err.input)
+                if arrays is None or index in self._by_value:
+                    raise
+                self._by_value.append(index)
+
+    def _entry(self, key: Key, arrays: Sequence[np.ndarray] | None) -> Lowered:
         with self._lock:
             entry = self._cache.get(key)
             if entry is not None:
                 return entry
             if self._cache:
                 self._log.debug("onnx model %s: compiling for input shapes %s",
-                                self.info.name, [list(s) for s in key])
-            types = [TensorType(shape, spec.dtype)  # type: ignore[arg-type]
-                     for shape, spec in zip(key, self.info.inputs)]
+                                self.info.name, [list(s) for s in key[0]])
+            graph = self._import(key, arrays)
+            key = self._key(arrays) if arrays is not None else key
             dump_dir = resolve_dump_dir(self._dump)
-            graph = import_graph(self.info, types)
             optimized, report = run_pipeline(graph, GRAPH_PIPELINE, dump_dir=dump_dir)
             executable = build_executable(optimized, self._target, dump_dir)
             entry = Lowered(graph, optimized, report, executable)

@@ -26,19 +26,31 @@ from tilefuse.onnx.model import NodeSpec
 from tilefuse.onnx.tensors import OnnxError
 
 FOLD_LIMIT = 1 << 16   # fold an all-constant op only when its result has at most this many elements
+VALUE_LIMIT = 1 << 12  # a graph input needed as a constant is specialised on up to this size
+
+
+class InputValueNeeded(OnnxError):
+    """A converter needs the value of graph input ``input`` (a shape, axes, pads, ...) at
+    import time; :class:`~tilefuse.onnx.compiled.OnnxModel` then compiles per value of it."""
+
+    def __init__(self, message: str, *, input: str, op: str | None = None,
+                 inputs: tuple[str, ...] | None = None):
+        super().__init__(message, op=op, inputs=inputs)
+        self.input = input
 
 
 class Tensor:
     """An ONNX value during conversion: a graph value, a constant, or both (a constant that a
     node has used gets one ``constant`` node, shared by later uses)."""
 
-    __slots__ = ("const", "type", "value")
+    __slots__ = ("const", "input_name", "type", "value")
 
     def __init__(self, type_: TensorType, value: Value | None = None,
-                 const: np.ndarray | None = None):
+                 const: np.ndarray | None = None, input_name: str | None = None):
         self.type = type_
         self.value = value
         self.const = const
+        self.input_name = input_name  # the graph input this tensor is, if it is one
 
     @staticmethod
     def constant(array: np.ndarray) -> Tensor:
@@ -128,8 +140,12 @@ class NodeContext:
         if t is None:
             return None
         if t.const is None:
-            raise self.error(f"{what} (input {i}) must be a constant or computable from shapes "
-                             "at import time; tilefuse compiles static shapes")
+            message = (f"{what} (input {i}) must be a constant or computable from shapes at "
+                       "import time; tilefuse compiles static shapes")
+            if t.input_name is not None and math.prod(t.shape) <= VALUE_LIMIT:
+                raise InputValueNeeded(message, input=t.input_name, op=self.label,
+                                       inputs=self.shapes())
+            raise self.error(message)
         return t.const
 
     def ints_input(self, i: int, what: str) -> tuple[int, ...] | None:

@@ -9,11 +9,14 @@ outputs are checked against the element types and static dims the model declares
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from tilefuse.errors import SourceLoc, TilefuseError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph
+from tilefuse.graph.printer import is_identifier
 from tilefuse.graph.types import TensorType
 from tilefuse.onnx.context import Emitter, NodeContext, Tensor
 from tilefuse.onnx.converters import CONVERTERS, Converter, find_converter
@@ -45,13 +48,20 @@ def check_supported(info: ModelInfo) -> None:
             raise unsupported(node, info)
 
 
-def import_graph(info: ModelInfo, types: Sequence[TensorType]) -> Graph:
-    """The tilefuse graph of the model with inputs of ``types`` (concrete shapes)."""
+def import_graph(info: ModelInfo, types: Sequence[TensorType],
+                 values: Mapping[str, np.ndarray] | None = None) -> Graph:
+    """The tilefuse graph of the model with inputs of ``types`` (concrete shapes), specialised
+    on the ``values`` of the graph inputs they name (inputs a converter needs as constants).
+    :class:`InputValueNeeded` names an input that a converter needs the value of."""
     builder = GraphBuilder(info.name)
     env: dict[str, Tensor] = {name: Tensor.constant(arr)
                               for name, arr in info.initializers.items()}
+    values = values or {}
     for spec, type_ in zip(info.inputs, types):
-        env[spec.name] = Tensor(type_, value=builder.input(type_, spec.name))
+        # ONNX names such as "0" or "input:0" are not graph identifiers; those go unnamed
+        name = spec.name if is_identifier(spec.name) else None
+        env[spec.name] = Tensor(type_, value=builder.input(type_, name),
+                                const=values.get(spec.name), input_name=spec.name)
     em = Emitter(builder)
     for index, node in enumerate(info.nodes):
         fn = find_converter(node.op_type, node.domain, info.opset)

@@ -148,7 +148,9 @@ def _opsets(model: ModelProto) -> dict[str, int]:
         domain = "" if domain in DEFAULT_DOMAINS else domain
         domains[domain] = int(entry.version)
     if "" not in domains:
-        raise OnnxError("the model imports no opset of the default ONNX domain")
+        others = ", ".join(sorted(domains)) or "none"
+        raise OnnxError("the model imports no opset of the default ONNX domain (it imports "
+                        f"{others}; tilefuse does not support other domains alone)")
     newest = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= domains[""] <= newest:
         raise OnnxError(f"the model's opset {domains['']} is outside what tilefuse imports "

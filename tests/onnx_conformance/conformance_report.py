@@ -1,0 +1,97 @@
+"""The bucket counts of a conformance run, as the text of docs/CONFORMANCE.md.
+
+The pytest hooks in this folder's conftest.py collect one (directory, test, bucket, detail) row
+per test and call :func:`render` when ``TILEFUSE_CONFORMANCE_REPORT`` names the file to write.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from collections.abc import Sequence
+
+COLUMNS = ("pass", "not_implemented", "excluded", "load_error", "run_error", "mismatch")
+HEADERS = ("pass", "not implemented", "excluded", "load error", "run error", "result differs")
+
+Row = tuple[str, str, str, str]   # directory, test name, bucket, detail
+
+COMMAND = ("TILEFUSE_CONFORMANCE_REPORT=docs/CONFORMANCE.md "
+           "python -m pytest tests/onnx_conformance -q")
+
+INTRO = """\
+# ONNX backend conformance
+
+The ONNX backend test data that the installed `onnx` package ships (`onnx {version}`), run
+through `tilefuse.onnx.load` by `tests/onnx_conformance/test_onnx_backend.py`. Every data set of
+every test runs; each output is compared with rtol 1e-3, atol 1e-5 (floats; NaN in the same
+places), exactly for ints and bools, and dtype and shape always exactly.
+
+Sources: `simple`, `pytorch-converted` and `pytorch-operator` are shipped as files
+(`model.onnx` + `test_data_set_*/*.pb`). `light` ships each model with its expected output only;
+the input is onnx's dummy input (`arange(n) / n`), as onnx's own runner makes it. `real` holds
+only download stubs (`data.json` with a URL) and is not run. `node` is **not** shipped in the
+wheel: its cases are generated in memory from `onnx.backend.test.case.node` (about 5 s).
+
+Buckets, one per test:
+
+- **pass**: every output of every data set matches.
+- **not implemented**: `load` (or the first run, for models with symbolic dims) raised an
+  `OnnxError` saying tilefuse does not support an op, element type, domain, opset, attribute value
+  or non-tensor value. The test is *skipped with that reason* and counted here: visible, never a
+  pass.
+- **excluded**: listed in `tests/onnx_conformance/exclusions.txt` with a one-line reason; skipped
+  with the reason. An excluded test that passes fails as a stale entry.
+- **load error / run error / result differs**: fail the suite unless excluded.
+
+Regenerate this file with (all of it is written by the suite's hooks):
+
+    {command}
+"""
+
+
+def _table(rows: Sequence[Row]) -> list[str]:
+    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for directory, _, bucket, _ in rows:
+        counts[directory][bucket] += 1
+        counts["total"][bucket] += 1
+    lines = ["| directory | tests | " + " | ".join(HEADERS) + " |",
+             "|---|---:|" + "---:|" * len(COLUMNS)]
+    for directory in [d for d in counts if d != "total"] + ["total"]:
+        c = counts[directory]
+        cells = [str(c[b]) for b in COLUMNS]
+        name = f"**{directory}**" if directory == "total" else directory
+        lines.append(f"| {name} | {sum(c.values())} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _reason_key(detail: str) -> str:
+    match = re.search(r"unsupported ONNX op (\w+)", detail)
+    if match:
+        return f"op {match.group(1)}"
+    match = re.search(r"element type (\w+), which tilefuse does not support", detail)
+    if match:
+        return f"element type {match.group(1)}"
+    text = re.sub(r"\(inputs .*?\)", "", detail)
+    text = re.sub(r"'[^']*'", "…", text)
+    return re.sub(r"\s+", " ", text).strip()[:110]
+
+
+def _reasons(rows: Sequence[Row], bucket: str, title: str) -> list[str]:
+    reasons = collections.Counter(_reason_key(d) for _, _, b, d in rows if b == bucket)
+    if not reasons:
+        return []
+    lines = ["", f"## {title}", "", "| tests | reason |", "|---:|---|"]
+    lines += [f"| {n} | {r.replace('|', '/')} |" for r, n in reasons.most_common()]
+    return lines
+
+
+def render(rows: Sequence[Row], version: str) -> str:
+    lines = [INTRO.format(version=version, command=COMMAND), "## Counts", ""]
+    lines += _table(rows)
+    lines += _reasons(rows, "not_implemented", "Not implemented, by reason")
+    lines += _reasons(rows, "excluded", "Excluded, by reason (exclusions.txt)")
+    failed = [r for r in rows if r[2] in ("load_error", "run_error", "mismatch")]
+    if failed:
+        lines += ["", "## Failing", ""]
+        lines += [f"- `{d}/{n}` ({b}): {detail[:200]}" for d, n, b, detail in failed]
+    return "\n".join(lines) + "\n"
