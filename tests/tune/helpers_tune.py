@@ -41,3 +41,8 @@ def rows_graph(shape: tuple[int, ...], op: str = "softmax") -> Graph:
     weight = b.input(((shape[-1],), F32), "weight")
     bias = b.input(((shape[-1],), F32), "bias")
     return b.build([b.add1(op, [x, weight, bias])])
+
+
+def tiny_function(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """For the CLI test: one elementwise kernel."""
+    return np.tanh(x * y + x)

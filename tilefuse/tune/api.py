@@ -204,12 +204,14 @@ def tune(source: Any, *example_args: Any, trials: int = 200, time_budget: float 
          min_share: float = MIN_SHARE, per_round: int = 8, roofline: Roofline | None = None,
          model: Callable[[int], CostModel] = best_model,
          strategy: SearchStrategy | None = None, progress: bool | None = None,
-         seed: int = 0) -> TuneReport:
+         margin: float | None = 0.1, seed: int = 0) -> TuneReport:
     """Tunes the kernels of ``source`` traced on ``example_args`` into the database ``db``
     (module docstring). ``trials`` and ``time_budget`` (seconds of wall clock, measuring
     included) are split by :mod:`tilefuse.tune.budget`; ``runner`` defaults to an isolated
     :class:`LocalRunner`; ``model(seed)`` makes each kernel's cost model; ``progress`` is
-    :class:`~tilefuse.tune.progress.Progress`'s ``show``."""
+    :class:`~tilefuse.tune.progress.Progress`'s ``show``. A kernel stops within ``margin``
+    (0.1: 10%) of its roofline bound; ``None`` never stops early (the bound's FLOP/s peak is
+    NumPy's sgemm, which tilefuse's own kernels can beat)."""
     start = time.perf_counter()
     named = named_tasks(graph_of(source, example_args))
     database = open_database(db)
@@ -219,7 +221,8 @@ def tune(source: Any, *example_args: Any, trials: int = 200, time_budget: float 
                strategy or EvolutionarySearch(), Progress(progress), seed)
     try:
         kernels = profile_kernels(named, run.runner)
-        plan = BudgetPlan.make(kernels, Budget(trials, time_budget, per_round), min_share)
+        plan = BudgetPlan.make(kernels, Budget(trials, time_budget, per_round,
+                                      -1.0 if margin is None else margin), min_share)
         for a in plan.allocations:
             why = f" ({a.reason})" if a.reason else ""
             run.progress.note(f"{a.kernel.label}: {100 * a.kernel.share:.1f}% of the default "

@@ -1,0 +1,42 @@
+"""``python -m tilefuse.tune``: argument specs, loading a function, a short run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilefuse.tune.__main__ import load_function, main, parse_arg_spec
+from tilefuse.tune.task import TuneError
+
+
+def test_arg_specs_give_random_arrays_of_the_shape_and_dtype():
+    rng = np.random.default_rng(0)
+    a = parse_arg_spec("3x4", rng)
+    b = parse_arg_spec("5:f16", rng)
+    assert a.shape == (3, 4) and a.dtype == np.float32
+    assert b.shape == (5,) and b.dtype == np.float16
+    with pytest.raises(TuneError, match="AxBxC"):
+        parse_arg_spec("3xq", rng)
+
+
+def test_load_function_names_what_is_missing():
+    assert load_function("helpers_tune:tiny_function").__name__ == "tiny_function"
+    with pytest.raises(TuneError, match="module:function"):
+        load_function("helpers_tune")
+    with pytest.raises(TuneError, match="cannot load"):
+        load_function("helpers_tune:nothing_here")
+
+
+def test_cli_tunes_a_function_into_the_database(tmp_path, capsys):
+    db = tmp_path / "cli.sqlite"
+    assert main(["helpers_tune:tiny_function", "--arg", "64x64", "--arg", "64x64",
+                 "--trials", "3", "--db", str(db), "--in-process", "--margin", "0.1"]) == 0
+    out = capsys.readouterr()
+    assert "elementwise" in out.out and f"TILEFUSE_TUNE_DB={db}" in out.out
+    assert "round 0" in out.err  # plain progress lines when stderr is not a terminal
+    assert db.exists()
+
+
+def test_cli_needs_demo_or_a_function():
+    with pytest.raises(SystemExit):
+        main([])
