@@ -113,3 +113,20 @@ def test_the_default_database_directory_must_be_private(tmp_path, monkeypatch):
     directory.chmod(0o777)
     with pytest.raises(TuneError, match="TILEFUSE_TUNE_DB"):
         open_database()
+
+
+def test_an_onnx_model_path_is_tuned(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(WEIGHT, "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [40, 48])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [40, 96])], [w])
+    path = tmp_path / "tiny.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    report = tune(str(path), _x(), trials=3, time_budget=60, db=tmp_path / "t.sqlite",
+                  runner=InProcessRunner(OPTIONS), roofline=_far_roofline(), progress=False)
+    [kernel] = report.kernels
+    assert kernel.label.startswith("k0 contraction matmul") and kernel.trials == 3
