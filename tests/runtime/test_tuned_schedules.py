@@ -60,3 +60,13 @@ def test_an_unreadable_database_warns_and_uses_the_default(tmp_path, monkeypatch
     assert any("not used" in r.getMessage() for r in caplog.records)
     x = random_array(rng, (37, 64), DType.f32)
     assert_close(exe(x)[0], interpret(graph, x)[0], reduction=True)
+
+
+def test_the_default_database_in_the_cache_directory_is_used_when_present(tmp_path, monkeypatch):
+    from tilefuse.runtime.schedules import ScheduleSource
+
+    monkeypatch.delenv("TILEFUSE_TUNE_DB", raising=False)
+    env = {"TILEFUSE_CACHE_DIR": str(tmp_path)}
+    assert ScheduleSource(host_target(), env).path is None        # no file: nothing to read
+    SQLiteDatabase(tmp_path / "tune.sqlite").close()
+    assert ScheduleSource(host_target(), env).path == str(tmp_path / "tune.sqlite")

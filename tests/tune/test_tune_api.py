@@ -91,6 +91,8 @@ def test_graph_of_accepts_jitted_and_plain_functions_and_graphs():
 def test_default_db_path_follows_the_environment(tmp_path):
     env = {"HOME": str(tmp_path)}
     assert default_db_path(env) == tmp_path / ".cache" / "tilefuse" / "tune.sqlite"
+    env["TILEFUSE_CACHE_DIR"] = str(tmp_path / "cache")
+    assert default_db_path(env) == tmp_path / "cache" / "tune.sqlite"
     env["TILEFUSE_TUNE_DB"] = str(tmp_path / "elsewhere.db")
     assert default_db_path(env) == tmp_path / "elsewhere.db"
 
@@ -107,6 +109,7 @@ def test_open_database_creates_a_private_directory_and_file(tmp_path):
 def test_the_default_database_directory_must_be_private(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("TILEFUSE_TUNE_DB", raising=False)
+    monkeypatch.delenv("TILEFUSE_CACHE_DIR", raising=False)
     open_database().close()
     directory = tmp_path / ".cache" / "tilefuse"
     assert (directory / "tune.sqlite").exists()

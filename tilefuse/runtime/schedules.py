@@ -1,10 +1,12 @@
 """Where a kernel's schedule comes from when an executable is built: the tuning database when one
 is named and holds a measurement for this kernel on this machine, else the default rule.
 
-``TILEFUSE_TUNE_DB=path`` names a SQLite tuning database written by :mod:`tilefuse.tune`
-(``python -m tilefuse.tune.tuner``). The key is the kernel's fingerprint (its computation, shapes
-and dtypes, not its weights' values), the target and the tilefuse version, so a schedule tuned in
-one model serves the same kernel in another. A database that cannot be read is a warning on the
+The database is ``$TILEFUSE_TUNE_DB`` when set, else ``tune.sqlite`` in the kernel cache
+directory (``$TILEFUSE_CACHE_DIR``, default ``~/.cache/tilefuse``) when that file exists: what
+``tilefuse.tune.tune`` writes by default, so compiling uses tuning results with no setting.
+The key is the kernel's fingerprint (its computation, shapes and dtypes, not its weights'
+values), the target and the tilefuse version, so a schedule tuned in one model serves the same
+kernel in another. A database that cannot be read is a warning on the
 ``tune`` topic, never an error: the default rule always works.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
@@ -26,12 +29,24 @@ from tilefuse.log import get_logger
 _LOG = get_logger("tune")
 
 
+def tune_db_path(env: Mapping[str, str] | None = None) -> Path:
+    """``$TILEFUSE_TUNE_DB`` if set, else ``tune.sqlite`` in the kernel cache directory."""
+    env = os.environ if env is None else env
+    if env.get("TILEFUSE_TUNE_DB"):
+        return Path(os.path.abspath(os.path.expanduser(env["TILEFUSE_TUNE_DB"])))
+    cache = env.get("TILEFUSE_CACHE_DIR")
+    base = Path(cache) if cache else Path(env.get("HOME") or Path.home(), ".cache", "tilefuse")
+    return Path(os.path.abspath(os.path.expanduser(base))) / "tune.sqlite"
+
+
 class ScheduleSource:
     """Schedules for one build. ``origin(group)`` says where the last one came from."""
 
     def __init__(self, target: CpuTarget, env: Mapping[str, str] | None = None):
         self.target = target
-        self.path = (env if env is not None else os.environ).get("TILEFUSE_TUNE_DB") or None
+        env = os.environ if env is None else env
+        path = tune_db_path(env)
+        self.path = str(path) if env.get("TILEFUSE_TUNE_DB") or path.is_file() else None
         self._db: object | None = None
         self._failed = False
         self.tuned: dict[str, float] = {}   # kernel name -> measured seconds, for the dump

@@ -6,7 +6,8 @@ splits the budget where the time is (:mod:`tilefuse.tune.budget`), tunes the hot
 SQLite database and returns a :class:`TuneReport`. A later build with ``TILEFUSE_TUNE_DB``
 naming that database uses the tuned schedules (:mod:`tilefuse.runtime.schedules`).
 
-The database is ``db``, else ``$TILEFUSE_TUNE_DB``, else ``~/.cache/tilefuse/tune.sqlite``;
+The database is ``db``, else ``$TILEFUSE_TUNE_DB``, else ``tune.sqlite`` in the kernel cache
+directory (``$TILEFUSE_CACHE_DIR``, default ``~/.cache/tilefuse``), where builds find it;
 a missing directory is created with mode 0700, and the default directory must pass the kernel
 cache's checks (a real directory this user owns, not writable by others).
 """
@@ -25,6 +26,7 @@ from tilefuse.codegen.target import host_target
 from tilefuse.errors import TilefuseError
 from tilefuse.graph.ir import Graph
 from tilefuse.runtime.disk_cache import check_cache_directory
+from tilefuse.runtime.schedules import tune_db_path
 from tilefuse.tune.budget import MIN_SHARE, Allocation, BudgetPlan, profile_kernels
 from tilefuse.tune.cost_model import CostModel, best_model
 from tilefuse.tune.database import SQLiteDatabase
@@ -42,12 +44,9 @@ DB_ENV_VAR = "TILEFUSE_TUNE_DB"
 
 
 def default_db_path(env: Mapping[str, str] | None = None) -> Path:
-    """``$TILEFUSE_TUNE_DB`` if set and non-empty, else ``~/.cache/tilefuse/tune.sqlite``."""
-    env = os.environ if env is None else env
-    if env.get(DB_ENV_VAR):
-        return Path(os.path.abspath(os.path.expanduser(env[DB_ENV_VAR])))
-    home = env.get("HOME") or str(Path.home())
-    return Path(home, ".cache", "tilefuse", "tune.sqlite")
+    """``$TILEFUSE_TUNE_DB`` if set and non-empty, else ``tune.sqlite`` in the kernel cache
+    directory (where builds look for it: :func:`tilefuse.runtime.schedules.tune_db_path`)."""
+    return tune_db_path(env)
 
 
 def _make_directory(path: Path) -> None:
