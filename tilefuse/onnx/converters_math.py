@@ -177,7 +177,12 @@ def _pow(ctx: NodeContext) -> list[Tensor]:
     base, exponent = ctx.input(0), ctx.input(1)
     if base.dtype.is_float:
         return [ctx.op("pow", base, ctx.cast(exponent, base.dtype))]
-    wide = ctx.op("pow", ctx.cast(base, DType.f64), ctx.cast(exponent, DType.f64))
+    power = ctx.cast(exponent, DType.f64)
+    wide = ctx.op("pow", ctx.cast(base, DType.f64), power)
+    # an integral power of an int is an int that f64 pow may miss by an ulp (3**6 =
+    # 728.99...); round those, truncate the rest (as a cast does)
+    integral = ctx.op("eq", ctx.op("floor", power), power)
+    wide = ctx.op("where", integral, ctx.op("round", wide), wide)
     return [ctx.cast(wide, base.dtype)]
 
 
