@@ -48,6 +48,7 @@ from tilefuse.kernel.expr_printer import format_group_expr
 from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan, form_kernels
 from tilefuse.kernel.lower_elementwise import lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
+from tilefuse.kernel.lower_movement import lower_movement
 from tilefuse.kernel.plan_printer import print_plan, value_names
 from tilefuse.kernel.schedule import Schedule
 from tilefuse.log import get_logger
@@ -59,7 +60,7 @@ from tilefuse.runtime.memory import BufferRequest, MemoryPlan, plan_memory
 from tilefuse.runtime.schedules import ScheduleSource
 
 NATIVE_KINDS = frozenset({KernelKind.CONTRACTION, KernelKind.ELEMENTWISE,
-                          KernelKind.ROW_REDUCTION})
+                          KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT})
 
 
 @dataclass(frozen=True)
@@ -160,9 +161,12 @@ class _Builder:
     @staticmethod
     def lower_generic(group: KernelGroup, schedule: Schedule
                       ) -> tuple[LoopFunction, dict[str, Binding]]:
-        """An elementwise or row-reduction group: its buffers are named by
+        """An elementwise, row-reduction or movement group: its buffers are named by
         :func:`~tilefuse.kernel.access.kernel_buffers` (inputs, then outputs)."""
-        fn = lower_group(group, schedule)
+        if group.kind is KernelKind.MOVEMENT:
+            fn = lower_movement(group, schedule)
+        else:
+            fn = lower_group(group, schedule)
         buffers = kernel_buffers(group.inputs, group.outputs)
         bindings: dict[str, Binding] = {p.name: v for v, p in [*buffers.inputs.items(),
                                                                *buffers.outputs.items()]}
