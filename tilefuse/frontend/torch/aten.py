@@ -81,6 +81,10 @@ def _div(lw: Lowering, node: fx.Node) -> Result:
         return lw.add("div", [a, b])
     if mode == "floor":
         return lw.add("floordiv", [a, b])
+    if mode == "trunc" and out.is_float:
+        q = lw.add("div", [a, b])
+        negative = lw.add("lt", [q, lw.operand(0.0, out)])
+        return lw.add("where", [negative, lw.add("ceil", [q]), lw.add("floor", [q])])
     raise Unsupported(f"rounding_mode={mode!r} is not supported", op=lw.op)
 
 
@@ -141,6 +145,8 @@ def _clamp(lw: Lowering, node: fx.Node) -> Result:
 
 def _matmul(lw: Lowering, node: fx.Node) -> Result:
     out = lw.out_type.dtype
+    if any(0 in meta_type(x).shape for x in node.args[:2]):   # an empty contraction: zeros
+        return lw.add("full", [], shape=lw.out_type.shape, value=0.0, dtype=out)
     return lw.add("matmul", [lw.operand(node.args[0], out), lw.operand(node.args[1], out)])
 
 
@@ -184,9 +190,14 @@ def _convolution(lw: Lowering, node: fx.Node) -> Result:
 
 
 def _softmax(op: str) -> Converter:
+    """softmax / log_softmax; a 0-d tensor runs as a 1-element vector."""
     def convert(lw: Lowering, node: fx.Node) -> Result:
-        out = lw.out_type.dtype
-        return lw.add(op, [lw.cast(lw.tensor(node.args[0]), out)], axis=int(node.args[1]))
+        out = lw.out_type
+        x = lw.cast(lw.tensor(node.args[0]), out.dtype)
+        if len(x.shape) == 0:
+            y = lw.add(op, [lw.reshape(x, (1,))], axis=0)
+            return lw.reshape(y, out.shape)
+        return lw.add(op, [x], axis=int(node.args[1]) % len(x.shape))
     return convert
 
 
@@ -371,7 +382,11 @@ def _select(lw: Lowering, node: fx.Node) -> Result:
 
 
 def _index_select(lw: Lowering, node: fx.Node) -> Result:
+    """index_select; a 0-d source runs as a 1-element vector (its index is 0-d or [1])."""
     x, index = lw.tensor(node.args[0]), lw.tensor(node.args[2])
+    if len(x.shape) == 0:
+        picked = lw.add("take", [lw.reshape(x, (1,)), lw.reshape(index, (1,))], axis=0)
+        return lw.reshape(picked, lw.out_type.shape)
     return lw.add("take", [x, index], axis=int(node.args[1]) % len(x.shape))
 
 
@@ -382,12 +397,20 @@ def _embedding(lw: Lowering, node: fx.Node) -> Result:
 def _constant_pad(lw: Lowering, node: fx.Node) -> Result:
     """constant_pad_nd: pad pairs run from the last dim backwards; negative pads crop (no)."""
     x, pad = lw.tensor(node.args[0]), [int(p) for p in node.args[1]]
-    if min(pad, default=0) < 0:
-        raise Unsupported("negative padding is not supported", op=lw.op)
-    pads = [0] * (2 * len(x.shape))
+    rank = len(x.shape)
+    pads = [0] * (2 * rank)
     for i in range(len(pad) // 2):
-        axis = len(x.shape) - 1 - i
+        axis = rank - 1 - i
         pads[2 * axis], pads[2 * axis + 1] = pad[2 * i], pad[2 * i + 1]
+    if min(pads, default=0) < 0:   # crop first: the negative pads, as a slice
+        starts = tuple(max(-pads[2 * a], 0) for a in range(rank))
+        stops = tuple(int(x.shape[a]) - max(-pads[2 * a + 1], 0) for a in range(rank))
+        x = lw.add("slice", [x], starts=starts, stops=tuple(max(s, b) for s, b in
+                                                            zip(stops, starts, strict=True)),
+                   steps=(1,) * rank)
+        pads = [max(p, 0) for p in pads]
+    if not any(pads):
+        return x
     return lw.add("pad", [x], pads=tuple(pads), value=float(arg(node, 2, "value", 0.0)))
 
 
@@ -416,6 +439,9 @@ def _max_pool(lw: Lowering, node: fx.Node) -> Result:
     if 1 in used_outputs(node):
         raise Unsupported("max_pool2d's indices are read", op=lw.op)
     x = lw.tensor(node.args[0])
+    unbatched = len(x.shape) == 3
+    if unbatched:
+        x = lw.reshape(x, (1, *x.shape))
     kernel = _pair(node.args[1], ())
     stride = _pair(arg(node, 2, "stride", []), kernel)
     pad = _pair(arg(node, 3, "padding", 0), (0,))
@@ -423,7 +449,7 @@ def _max_pool(lw: Lowering, node: fx.Node) -> Result:
                padding=(pad[0], pad[1], pad[0], pad[1]),
                dilation=_pair(arg(node, 4, "dilation", 1), (1,)),
                ceil_mode=bool(arg(node, 5, "ceil_mode", False)))
-    return (y, None)
+    return (lw.reshape(y, y.shape[1:]) if unbatched else y, None)
 
 
 def _avg_pool(lw: Lowering, node: fx.Node) -> Result:
@@ -537,6 +563,7 @@ def _table() -> Mapping[Any, Converter]:
         aten.mean.dim: _reduce("mean"), aten.mean.default: _reduce("mean"),
         aten.amax.default: _reduce("max"), aten.amin.default: _reduce("min"),
         aten.var.correction: _var, aten.any.dim: _any, aten.any.dims: _any,
+        aten.any.default: _any,
         aten.argmax.default: _arg_reduce("argmax"), aten.argmin.default: _arg_reduce("argmin"),
         aten.permute.default: _permute, aten.t.default: _transpose,
         aten.transpose.int: _transpose, aten.expand.default: _expand, aten.cat.default: _cat,
