@@ -94,17 +94,8 @@ def _opinfos() -> dict[str, OpInfo]:
             names = (overload._schema.name.split("::")[1].lstrip("_"),)
         for name in names:
             for op in by_name.get(name, []):
-                if name == op.name and op.variant_test_name and "." not in name \
-                        and key not in OPINFO_OVERRIDES and not _is_variant_of(op, overload):
-                    continue
                 chosen.setdefault(_entry_name(op), op)
     return dict(sorted(chosen.items()))
-
-
-def _is_variant_of(op: OpInfo, overload: Any) -> bool:
-    """div's rounding variants and the like are kept; 'with_dtype' and Triton variants too
-    (they call the same ATen op)."""
-    return True
 
 
 @dataclass(frozen=True)
