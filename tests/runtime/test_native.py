@@ -271,3 +271,14 @@ def test_all_native_sequences_run_through_one_entry_and_host_steps_do_not():
     assert not mixed.single_entry
     av = random_array(g, (3, 4), DType.f32)
     assert_close(mixed(av)[0], -np.take(np.exp(av), [2, 0], axis=0))
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((0, 5), (5, 3)), ((4, 0), (0, 3)), ((4, 5), (5, 0))])
+def test_matmul_with_an_empty_dim_compiles_and_matches_numpy(a_shape, b_shape):
+    import tilefuse
+
+    g = np.random.default_rng(31)
+    a = random_array(g, a_shape, DType.f32)
+    b = random_array(g, b_shape, DType.f32)
+    got = tilefuse.jit(lambda x, w: np.maximum(x @ w, 0.0))(a, b)
+    assert_close(got, np.maximum(a @ b, 0.0), reduction=True)

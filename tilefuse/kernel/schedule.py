@@ -483,7 +483,7 @@ def _default_contraction(axes: Extents, sizes: dict[str, int], lanes: int,
     batch = sizes.get("b", 1)
     width = _width(lanes, axes["n"])
     nr = width * max(1, min(2, n // width))
-    mr = min(max(1, target.vector_registers * 3 // 4 // (nr // width)), 16, m)
+    mr = max(1, min(target.vector_registers * 3 // 4 // (nr // width), 16, m))  # m may be 0
     if mr * (nr // width) < MIN_ACCUMULATORS:
         # Few rows (a GEMV at batch 1): each accumulator is one FMA dependency chain, and with
         # 2 chains the FMA latency idles the units 3/4 of the time; widen the tile along N.
