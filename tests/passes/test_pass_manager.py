@@ -23,6 +23,7 @@ from tilefuse.passes import (
     shape_infer,
     simplify_algebra,
 )
+from tilefuse.passes.conv_lowering import conv_to_matmul
 from tilefuse.testing import assert_close, random_array
 
 BEFORE = textwrap.dedent("""
@@ -47,10 +48,10 @@ AFTER = textwrap.dedent("""
 
 
 def test_graph_pipeline_is_the_documented_list():
-    assert [p.name for p in GRAPH_PIPELINE] == ["shape_infer", "decompose", "algebra", "dce",
-                                                "cse", "dce"]
+    assert [p.name for p in GRAPH_PIPELINE] == ["shape_infer", "decompose", "algebra",
+                                                "conv_lowering", "dce", "cse", "dce"]
     assert [p.fn for p in GRAPH_PIPELINE] == [shape_infer, decompose_composites, simplify_algebra,
-                                              dce, cse, dce]
+                                              conv_to_matmul, dce, cse, dce]
     assert all(p.doc for p in GRAPH_PIPELINE)
 
 
@@ -67,26 +68,26 @@ def test_pipeline_result_and_numbers():
     rows = [(r.position, r.name, r.changed, r.nodes_before, r.nodes_after)
             for r in report.records]
     assert rows == [(1, "shape_infer", False, 5, 5), (2, "decompose", False, 5, 5),
-                    (3, "algebra", False, 5, 5), (4, "dce", True, 5, 4), (5, "cse", True, 4, 3),
-                    (6, "dce", False, 3, 3)]
+                    (3, "algebra", False, 5, 5), (4, "conv_lowering", False, 5, 5),
+                    (5, "dce", True, 5, 4), (6, "cse", True, 4, 3), (7, "dce", False, 3, 3)]
     assert all(r.seconds >= 0 for r in report.records)
     assert report.total_seconds == pytest.approx(sum(r.seconds for r in report.records))
     assert report.changed == ("dce", "cse")
     shown = str(report)
-    assert "04 dce" in shown and "changed" in shown and "total" in shown
+    assert "05 dce" in shown and "changed" in shown and "total" in shown
 
 
 def test_dumps_only_changed_passes(tmp_path):
     graph = parse_graph(BEFORE)
     run_pipeline(graph, GRAPH_PIPELINE, dump_dir=tmp_path / "dump")
     files = sorted(p.name for p in (tmp_path / "dump").iterdir())
-    assert files == ["00-captured.graph", "04-after-dce.graph", "05-after-cse.graph"]
+    assert files == ["00-captured.graph", "05-after-dce.graph", "06-after-cse.graph"]
     assert (tmp_path / "dump" / "00-captured.graph").read_text() == BEFORE
-    assert (tmp_path / "dump" / "04-after-dce.graph").read_text() == print_graph(dce(graph)[0])
-    assert (tmp_path / "dump" / "05-after-cse.graph").read_text() == AFTER
+    assert (tmp_path / "dump" / "05-after-dce.graph").read_text() == print_graph(dce(graph)[0])
+    assert (tmp_path / "dump" / "06-after-cse.graph").read_text() == AFTER
     # a dump is graph text: it parses back
     assert structurally_equal(parse_graph(AFTER),
-                              parse_graph((tmp_path / "dump" / "05-after-cse.graph").read_text()))
+                              parse_graph((tmp_path / "dump" / "06-after-cse.graph").read_text()))
 
 
 def test_dumps_accept_a_writer_and_number_by_position(tmp_path):
@@ -144,5 +145,6 @@ def test_each_pass_is_logged_on_the_passes_topic(caplog):
         run_pipeline(parse_graph(BEFORE), GRAPH_PIPELINE)
     records = [r for r in caplog.records if r.name == "tilefuse.passes"]
     assert [r.getMessage().split(":")[0] for r in records] == [
-        "01 shape_infer", "02 decompose", "03 algebra", "04 dce", "05 cse", "06 dce"]
-    assert "changed, 5 -> 4 nodes" in records[3].getMessage()
+        "01 shape_infer", "02 decompose", "03 algebra", "04 conv_lowering", "05 dce", "06 cse",
+        "07 dce"]
+    assert "changed, 5 -> 4 nodes" in records[4].getMessage()

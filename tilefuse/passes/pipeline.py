@@ -7,6 +7,7 @@ each entry says why it is where it is.
 from __future__ import annotations
 
 from tilefuse.passes.algebra import simplify_algebra
+from tilefuse.passes.conv_lowering import conv_to_matmul
 from tilefuse.passes.cse import cse
 from tilefuse.passes.dce import dce
 from tilefuse.passes.decompose import decompose_composites
@@ -22,6 +23,11 @@ GRAPH_PIPELINE: tuple[PassSpec, ...] = (
              "expand softmax, log_softmax, layer_norm, rms_norm into simple ops"),
     # Exact peepholes (pow(x, 2) -> x*x); after decompose so composites' pieces are seen too.
     PassSpec("algebra", simplify_algebra, "exact algebraic peepholes such as pow(x, 2) -> x*x"),
+    # After decompose/algebra, before DCE/CSE: a conv2d with a constant weight becomes im2col
+    # movement ops + one 2-D matmul (the fast contraction kernel, bias and a following
+    # activation as its epilogue) instead of a host fallback; CSE then shares what repeats.
+    PassSpec("conv_lowering", conv_to_matmul,
+             "conv2d with a constant weight (groups=1, f32) -> im2col slices + matmul"),
     # Before CSE: no point hashing nodes whose results nobody reads.
     PassSpec("dce", dce, "drop nodes whose outputs reach no graph output"),
     # Merges repeated (op, inputs, attrs); drops the duplicates itself.

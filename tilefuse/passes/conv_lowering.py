@@ -1,0 +1,111 @@
+"""Convolution through the matmul kernel: ``conv2d`` rewritten as im2col + one 2-D matmul.
+
+A ``conv2d`` with ``groups == 1``, a constant weight, static shapes and f32 operands becomes ops
+the native backend runs (the conv itself would be a host fallback):
+
+1. ``transpose`` x to NHWC [N, H, W, C] (the small tensor; the im2col tensor is KH·KW/stride²
+   times larger, so its layout comes straight out of the slices, never from a transpose);
+2. ``pad`` H and W by the conv's (top, bottom, left, right), when any is non-zero;
+3. for each (kh, kw) of the window a strided ``slice`` [N, OH, OW, C] of the padded input
+   (dilation in its start, stride in its step; one that covers everything is left out);
+4. ``stack`` them on a new last axis [N, OH, OW, C, KH·KW] and ``reshape`` to the im2col matrix
+   [N·OH·OW, C·KH·KW] (column order c, kh, kw: the order of an OIHW weight's flattened rows);
+5. ``matmul`` with the weight ``reshape`` d to [O, C·KH·KW] and ``transpose`` d to
+   [C·KH·KW, O]: computed from a constant alone, so the build folds it and packs it once;
+6. ``add`` the bias [O] (broadcast over rows: a contraction epilogue);
+7. ``reshape`` to [N, OH, OW, O] and ``transpose`` back to NCHW [N, O, OH, OW].
+
+Every new node keeps the conv's source location.
+
+A following elementwise op (relu, ...) is deliberately left after the final transpose: it then
+joins the reshape + transpose in one native elementwise kernel. Moved into the matmul epilogue
+instead, it would leave a reshape + transpose pair alone in a MOVEMENT group, which
+``lower_movement`` (one node per group) cannot lower, so it would run on the host. (A conv read
+by no elementwise op still leaves that pair alone: it runs on the host until such groups are
+lowered as elementwise ones.)
+
+Other convolutions (grouped, a weight computed at run time, symbolic dims, other dtypes) are left
+as they are.
+"""
+
+from __future__ import annotations
+
+from tilefuse.dtypes import DType
+from tilefuse.errors import SourceLoc
+from tilefuse.graph.builder import GraphBuilder
+from tilefuse.graph.ir import Graph, Node, Value
+
+
+def conv_to_matmul(graph: Graph) -> tuple[Graph, bool]:
+    """``graph`` with each eligible conv2d lowered to im2col + matmul; changed when any was."""
+    producers = graph.producers()
+    builder = GraphBuilder(graph.name)
+    mapping: dict[Value, Value] = {v: builder.input(v.type, v.name) for v in graph.inputs}
+    changed = False
+    for node in graph.nodes:
+        inputs = [mapping[v] for v in node.inputs]
+        if not _eligible(node, producers):
+            outs = builder.add(node.op, inputs, dict(node.attrs), node.loc)
+            mapping.update(zip(node.outputs, outs))
+            continue
+        mapping[node.outputs[0]] = _lower(builder, node, inputs)
+        changed = True
+    if not changed:
+        return graph, False
+    return builder.build([mapping[v] for v in graph.outputs]), True
+
+
+def _static(shape: tuple) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def _eligible(node: Node, producers: dict[Value, Node]) -> bool:
+    if node.op.name != "conv2d" or node.attrs["groups"] != 1:
+        return False
+    weight = producers.get(node.inputs[1])
+    if weight is None or weight.op.name != "constant":
+        return False
+    values = (*node.inputs, *node.outputs)
+    return all(v.dtype is DType.f32 and _static(v.shape) for v in values)
+
+
+def _lower(b: GraphBuilder, node: Node, inputs: list[Value]) -> Value:
+    loc: SourceLoc | None = node.loc
+    x, w = inputs[0], inputs[1]
+    n, c = x.shape[0], x.shape[1]
+    o, _, kh, kw = w.shape
+    _, _, oh, ow = node.outputs[0].shape
+    sh, sw = node.attrs["stride"]
+    dh, dw = node.attrs["dilation"]
+    top, left, bottom, right = node.attrs["padding"]
+
+    nhwc = b.add1("transpose", [x], {"perm": (0, 2, 3, 1)}, loc)
+    if top or left or bottom or right:
+        nhwc = b.add1("pad", [nhwc], {"pads": (0, 0, top, bottom, left, right, 0, 0)}, loc)
+    hp, wp = nhwc.shape[1], nhwc.shape[2]
+    columns = []
+    for i in range(kh):
+        for j in range(kw):
+            r0, c0 = i * dh, j * dw
+            r1, c1 = r0 + (oh - 1) * sh + 1, c0 + (ow - 1) * sw + 1
+            whole = (r0, c0) == (0, 0) and (r1, c1) == (hp, wp) and (sh, sw) == (1, 1)
+            if whole:
+                columns.append(nhwc)
+                continue
+            columns.append(b.add1("slice", [nhwc], {"starts": (0, r0, c0, 0),
+                                                    "stops": (n, r1, c1, c),
+                                                    "steps": (1, sh, sw, 1)}, loc))
+    patches = (b.add1("stack", columns, {"axis": 4}, loc) if len(columns) > 1
+               else columns[0])
+    depth = c * kh * kw
+    cols = b.add1("reshape", [patches], {"shape": (n * oh * ow, depth)}, loc)
+    w2 = b.add1("reshape", [w], {"shape": (o, depth)}, loc)
+    wt = b.add1("transpose", [w2], {"perm": (1, 0)}, loc)
+    y = b.add1("matmul", [cols, wt], {}, loc)
+    if len(inputs) == 3:
+        y = b.add1("add", [y, inputs[2]], {}, loc)
+    y = b.add1("reshape", [y], {"shape": (n, oh, ow, o)}, loc)
+    return b.add1("transpose", [y], {"perm": (0, 3, 1, 2)}, loc)
+
+
+__all__ = ["conv_to_matmul"]
