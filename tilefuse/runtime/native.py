@@ -25,6 +25,7 @@ or each other. Calls are serialised by a lock (the arena is shared).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import threading
@@ -45,12 +46,18 @@ from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.graph.types import is_static
 from tilefuse.kernel.access import kernel_buffers
 from tilefuse.kernel.expr_printer import format_group_expr
-from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan, form_kernels
-from tilefuse.kernel.lower_elementwise import lower_group
+from tilefuse.kernel.fusion import (
+    KernelGroup,
+    KernelKind,
+    KernelPlan,
+    form_kernels,
+    is_pointwise,
+)
+from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.lower_movement import lower_movement
 from tilefuse.kernel.plan_printer import print_plan, value_names
-from tilefuse.kernel.schedule import Schedule
+from tilefuse.kernel.schedule import Schedule, default_schedule
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import LoopFunction
 from tilefuse.passes.decompose import decompose_composites
@@ -163,7 +170,13 @@ class _Builder:
                       ) -> tuple[LoopFunction, dict[str, Binding]]:
         """An elementwise, row-reduction or movement group: its buffers are named by
         :func:`~tilefuse.kernel.access.kernel_buffers` (inputs, then outputs)."""
-        if group.kind is KernelKind.MOVEMENT:
+        if group.kind is KernelKind.MOVEMENT and len(group.nodes) > 1 \
+                and all(is_pointwise(n) for n in group.nodes):
+            # A chain of index remaps (reshape + transpose after an im2col matmul): one copy
+            # loop, which the elementwise lowering emits with the remaps as index arithmetic.
+            fn = lower_elementwise(group, default_schedule(
+                dataclasses.replace(group, kind=KernelKind.ELEMENTWISE), host_target()))
+        elif group.kind is KernelKind.MOVEMENT:
             fn = lower_movement(group, schedule)
         else:
             fn = lower_group(group, schedule)
