@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Literal, Node, Value
+from tilefuse.passes.rewrite import rewrite_nodes
 
 
 def _scalar_constant(value: Value, producers: dict[Value, Node]) -> float | None:
@@ -29,26 +30,19 @@ def _scalar_constant(value: Value, producers: dict[Value, Node]) -> float | None
 def simplify_algebra(graph: Graph) -> tuple[Graph, bool]:
     """``graph`` with the peepholes above applied; changed when any fired."""
     producers = graph.producers()
-    builder = GraphBuilder(graph.name)
-    mapping: dict[Value, Value] = {v: builder.input(v.type, v.name) for v in graph.inputs}
-    changed = False
-    for node in graph.nodes:
-        inputs = [mapping[v] for v in node.inputs]
-        exponent = (_scalar_constant(node.inputs[1], producers)
-                    if node.op.name == "pow" else None)
-        same_type = node.op.name == "pow" and node.outputs[0].type == node.inputs[0].type
-        if same_type and exponent == 2.0 and node.inputs[0].dtype.is_float:
-            mapping[node.outputs[0]] = builder.add1("mul", [inputs[0], inputs[0]], {}, node.loc)
-            changed = True
-        elif same_type and exponent == 1.0:
-            mapping[node.outputs[0]] = inputs[0]
-            changed = True
-        else:
-            outs = builder.add(node.op, inputs, dict(node.attrs), node.loc)
-            mapping.update(zip(node.outputs, outs))
-    if not changed:
-        return graph, False
-    return builder.build([mapping[v] for v in graph.outputs]), True
+
+    def peephole(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]
+                 ) -> list[Value] | None:
+        if node.op.name != "pow" or node.outputs[0].type != node.inputs[0].type:
+            return None
+        exponent = _scalar_constant(node.inputs[1], producers)
+        if exponent == 2.0 and node.inputs[0].dtype.is_float:
+            return [builder.add1("mul", [inputs[0], inputs[0]], {}, node.loc)]
+        if exponent == 1.0:
+            return [inputs[0]]
+        return None
+
+    return rewrite_nodes(graph, peephole)
 
 
 __all__ = ["simplify_algebra"]

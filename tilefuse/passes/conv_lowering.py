@@ -34,25 +34,17 @@ from tilefuse.dtypes import DType
 from tilefuse.errors import SourceLoc
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Node, Value
+from tilefuse.passes.rewrite import rewrite_nodes
 
 
 def conv_to_matmul(graph: Graph) -> tuple[Graph, bool]:
     """``graph`` with each eligible conv2d lowered to im2col + matmul; changed when any was."""
     producers = graph.producers()
-    builder = GraphBuilder(graph.name)
-    mapping: dict[Value, Value] = {v: builder.input(v.type, v.name) for v in graph.inputs}
-    changed = False
-    for node in graph.nodes:
-        inputs = [mapping[v] for v in node.inputs]
-        if not _eligible(node, producers):
-            outs = builder.add(node.op, inputs, dict(node.attrs), node.loc)
-            mapping.update(zip(node.outputs, outs))
-            continue
-        mapping[node.outputs[0]] = _lower(builder, node, inputs)
-        changed = True
-    if not changed:
-        return graph, False
-    return builder.build([mapping[v] for v in graph.outputs]), True
+
+    def lower(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]) -> list[Value] | None:
+        return [_lower(builder, node, list(inputs))] if _eligible(node, producers) else None
+
+    return rewrite_nodes(graph, lower)
 
 
 def _static(shape: tuple) -> bool:

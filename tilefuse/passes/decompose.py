@@ -13,6 +13,7 @@ from tilefuse.errors import TilefuseError, VerifyError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.ops.registry import Trait
+from tilefuse.passes.rewrite import rewrite_nodes
 
 MAX_DEPTH = 8
 """How many times a decomposition may produce composite ops again before the pass gives up."""
@@ -25,7 +26,8 @@ def decompose_composites(graph: Graph) -> tuple[Graph, bool]:
     for _ in range(MAX_DEPTH):
         if not any(_is_composite(n) for n in graph.nodes):
             return graph, changed
-        graph, changed = _expand_once(graph), True
+        graph, _ = rewrite_nodes(graph, _expand)
+        changed = True
     names = sorted({n.op.name for n in graph.nodes if _is_composite(n)})
     raise VerifyError(f"decompositions of {', '.join(names)} still produce composite ops after "
                       f"{MAX_DEPTH} rounds")
@@ -35,21 +37,10 @@ def _is_composite(node: Node) -> bool:
     return node.op.has(Trait.COMPOSITE)
 
 
-def _expand_once(graph: Graph) -> Graph:
-    """One round: each composite node replaced by what its decomposition emits."""
-    builder = GraphBuilder(graph.name)
-    mapping: dict[Value, Value] = {v: builder.input(v.type, v.name) for v in graph.inputs}
-    for node in graph.nodes:
-        inputs = tuple(mapping.get(v, v) for v in node.inputs)
-        if _is_composite(node):
-            outs = _decompose(node, builder, inputs)
-        else:
-            if inputs != node.inputs:
-                node = Node(node.op, inputs, node.attrs, node.outputs, node.loc)
-            builder.append(node)
-            outs = node.outputs
-        mapping.update(zip(node.outputs, outs))
-    return builder.build([mapping.get(v, v) for v in graph.outputs])
+def _expand(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]
+            ) -> tuple[Value, ...] | None:
+    """A composite node replaced by what its decomposition emits; other nodes kept."""
+    return _decompose(node, builder, inputs) if _is_composite(node) else None
 
 
 def _decompose(node: Node, builder: GraphBuilder, inputs: tuple[Value, ...]) -> tuple[Value, ...]:

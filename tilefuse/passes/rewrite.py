@@ -1,8 +1,9 @@
-"""The one way passes copy a graph with some nodes dropped and some values replaced."""
+"""The two ways passes copy a graph: with some nodes dropped and some values replaced
+(:func:`rebuild`), and with some nodes rewritten into others (:func:`rewrite_nodes`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Node, Value
@@ -34,3 +35,31 @@ def _resolve(v: Value, mapping: Mapping[Value, Value]) -> Value:
         v = nxt
         seen += 1
     return v
+
+
+Rule = Callable[[GraphBuilder, Node, tuple[Value, ...]], Sequence[Value] | None]
+"""``rule(builder, node, inputs)``: emits a replacement of ``node`` (reading ``inputs``, the
+rewritten graph's values for its inputs) into ``builder`` and returns the values that stand for
+its outputs, or returns None to keep the node as it is."""
+
+
+def rewrite_nodes(graph: Graph, rule: Rule) -> tuple[Graph, bool]:
+    """``graph`` with each node passed through ``rule``, in order; changed when the rule
+    replaced any node (an unchanged graph is returned as it is)."""
+    builder = GraphBuilder(graph.name)
+    mapping: dict[Value, Value] = {v: builder.input(v.type, v.name) for v in graph.inputs}
+    changed = False
+    for node in graph.nodes:
+        inputs = tuple(mapping.get(v, v) for v in node.inputs)
+        outs = rule(builder, node, inputs)
+        if outs is None:
+            kept = node if inputs == node.inputs else Node(node.op, inputs, node.attrs,
+                                                           node.outputs, node.loc)
+            builder.append(kept)
+            outs = node.outputs
+        else:
+            changed = True
+        mapping.update(zip(node.outputs, outs, strict=True))
+    if not changed:
+        return graph, False
+    return builder.build([mapping.get(v, v) for v in graph.outputs]), True
