@@ -359,7 +359,7 @@ class CacheDir:
         try:
             os.lstat(target)
         except FileNotFoundError:
-            _create_directory(target)
+            create_private_directory(target)
         except OSError:
             pass  # check_cache_directory reports it
         return cls(target)
@@ -512,7 +512,7 @@ class CacheDir:
             os.close(fd)
 
 
-def _create_directory(path: Path) -> None:
+def create_private_directory(path: Path) -> None:
     """Creates ``path`` (and missing parents) with mode 0700; a racing creator is fine."""
     try:
         os.makedirs(path, mode=0o700)

@@ -25,7 +25,11 @@ from typing import Any
 from tilefuse.codegen.target import host_target
 from tilefuse.errors import TilefuseError
 from tilefuse.graph.ir import Graph
-from tilefuse.runtime.disk_cache import check_cache_directory
+from tilefuse.runtime.disk_cache import (
+    CacheError,
+    check_cache_directory,
+    create_private_directory,
+)
 from tilefuse.runtime.schedules import tune_db_path
 from tilefuse.tune.budget import MIN_SHARE, Allocation, BudgetPlan, profile_kernels
 from tilefuse.tune.cost_model import CostModel, best_model
@@ -50,13 +54,11 @@ def default_db_path(env: Mapping[str, str] | None = None) -> Path:
 
 
 def _make_directory(path: Path) -> None:
+    """The database's directory, created 0700 like the kernel cache's (one implementation)."""
     try:
-        os.makedirs(path, mode=0o700)
-        os.chmod(path, 0o700)  # makedirs' mode passes through the umask
-    except FileExistsError:
-        pass
-    except OSError as err:
-        raise TuneError(f"cannot create the tuning database directory {path}: {err.strerror}; "
+        create_private_directory(path)
+    except CacheError as err:
+        raise TuneError(f"cannot create the tuning database directory {path} ({err.message}); "
                         f"pass db= or set {DB_ENV_VAR}") from None
 
 
