@@ -1,0 +1,134 @@
+"""Reference models shared by the benchmarks, the tests and the command line: a BERT-base encoder
+layer (and a stack of them) written as a plain PyTorch module, and the tilefuse graph it becomes
+through the torch frontend. Imports torch lazily: ``import tilefuse`` never needs it.
+
+The layer follows BERT-base as Hugging Face writes it (hidden 768, 12 heads of 64, intermediate
+3072, GELU with erf, post-norm LayerNorm with eps 1e-12, an additive attention mask), so that
+the attention arrives in the spelling most exported models use: ``softmax(q @ k^T / sqrt(d) +
+mask) @ v`` over ``[batch, heads, seq, head_dim]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tilefuse.graph.ir import Graph
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    hidden: int = 768
+    heads: int = 12
+    intermediate: int = 3072
+    eps: float = 1e-12
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def bert_layer(config: BertConfig = BertConfig(), seed: int = 0) -> Any:
+    """One BERT encoder layer as a ``torch.nn.Module`` taking ``(x [B,S,H], mask [B,1,1,S])``,
+    in eval mode, with weights drawn from ``seed``."""
+    import torch
+    from torch import nn
+
+    class BertLayer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            h, i = config.hidden, config.intermediate
+            self.query, self.key, self.value = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
+            self.attn_out = nn.Linear(h, h)
+            self.attn_norm = nn.LayerNorm(h, eps=config.eps)
+            self.ffn_in, self.ffn_out = nn.Linear(h, i), nn.Linear(i, h)
+            self.ffn_norm = nn.LayerNorm(h, eps=config.eps)
+
+        def _heads(self, t: torch.Tensor) -> torch.Tensor:
+            b, s, _ = t.shape
+            return t.view(b, s, config.heads, config.head_dim).permute(0, 2, 1, 3)
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), \
+                self._heads(self.value(x))
+            scores = q @ k.transpose(-1, -2) / math.sqrt(config.head_dim) + mask
+            context = torch.softmax(scores, dim=-1) @ v
+            b, _, s, _ = context.shape
+            context = context.permute(0, 2, 1, 3).reshape(b, s, config.hidden)
+            x = self.attn_norm(x + self.attn_out(context))
+            ffn = self.ffn_out(nn.functional.gelu(self.ffn_in(x)))
+            return self.ffn_norm(x + ffn)
+
+    torch.manual_seed(seed)
+    return BertLayer().eval()
+
+
+def bert_encoder(layers: int = 12, config: BertConfig = BertConfig(), seed: int = 0) -> Any:
+    """``layers`` BERT layers in sequence, one module taking ``(x, mask)``."""
+    from torch import nn
+
+    class BertEncoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(bert_layer(config, seed + i) for i in range(layers))
+
+        def forward(self, x: Any, mask: Any) -> Any:
+            for layer in self.layers:
+                x = layer(x, mask)
+            return x
+
+    return BertEncoder().eval()
+
+
+def bert_inputs(batch: int = 1, seq: int = 128, config: BertConfig = BertConfig(),
+                seed: int = 0) -> list[np.ndarray]:
+    """Random hidden states and an additive mask (0 for kept positions, -10000 for the last
+    quarter of each sequence after the first, as padding)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, seq, config.hidden), dtype=np.float32)
+    mask = np.zeros((batch, 1, 1, seq), np.float32)
+    for b in range(1, batch):
+        mask[b, ..., seq - seq // 4:] = -10000.0
+    return [x, mask]
+
+
+def torch_graph(module: Any, inputs: list[np.ndarray], name: str = "model") -> Graph:
+    """The tilefuse graph of ``module`` on ``inputs`` as the torch frontend builds it (core ATen,
+    parameters and buffers as constants), before any graph pass. Every op must convert."""
+    import torch
+
+    from tilefuse.frontend.torch.aten import ATEN_CONVERTERS
+    from tilefuse.frontend.torch.backend import trace_to_core_aten
+    from tilefuse.frontend.torch.convert import Placeholder, lower_graph
+
+    params = dict(module.named_parameters()) | dict(module.named_buffers())
+    names = list(params)
+
+    def flat(*args: Any) -> Any:
+        weights, user = args[:len(names)], args[len(names):]
+        state = dict(zip(names, weights))
+        return torch.func.functional_call(module, state, tuple(user))
+
+    args = [p.detach() for p in params.values()] + [torch.from_numpy(a) for a in inputs]
+    with torch.no_grad():
+        traced = trace_to_core_aten(_as_graph_module(flat, len(args)), args)
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    specs = [Placeholder(node, args[i] if i < len(names) else None)
+             for i, node in enumerate(placeholders)]
+    return lower_graph(traced, specs, name, ATEN_CONVERTERS)
+
+
+def _as_graph_module(fn: Any, n_args: int) -> Any:
+    """``fn`` wrapped as an FX GraphModule of ``n_args`` placeholders calling it (make_fx traces
+    through the call)."""
+    import torch
+    from torch import fx
+
+    graph = fx.Graph()
+    args = [graph.placeholder(f"a{i}") for i in range(n_args)]
+    out = graph.call_function(fn, tuple(args))
+    graph.output(out)
+    return fx.GraphModule(torch.nn.Module(), graph)
