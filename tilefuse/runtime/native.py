@@ -114,13 +114,14 @@ def _nbytes(value: Value) -> int:
 class _Builder:
     """Everything :class:`NativeExecutable` does once: plan, lower, compile, place buffers."""
 
-    def __init__(self, graph: Graph, target: CpuTarget, cache: KernelCache):
+    def __init__(self, graph: Graph, target: CpuTarget, cache: KernelCache,
+                 schedules: ScheduleSource | None = None):
         for v in [*graph.inputs, *(o for n in graph.nodes for o in n.outputs)]:
             if not is_static(v.shape):
                 raise CompileError(f"the native executable needs static shapes, got {v.type}")
         self.target = target
         self.cache = cache
-        self.schedules = ScheduleSource(target)
+        self.schedules = schedules or ScheduleSource(target)
         self.graph, _ = decompose_composites(graph)
         self.plan: KernelPlan = form_kernels(self.graph)
         self.names = value_names(self.graph)
@@ -351,13 +352,15 @@ class NativeExecutable:
 
     ``cache`` compiles the kernels (default: :meth:`KernelCache.from_env`, the disk cache the
     environment asks for); ``cache_stats`` says how many were loaded from disk (hits), compiled
-    (misses) and stored."""
+    (misses) and stored. ``schedules`` picks each kernel's schedule (default: the tuning
+    database, else the default rule; the fuzzer passes one that samples the search space)."""
 
     def __init__(self, graph: Graph, dump_dir: Path | str | None = None, *,
-                 target: CpuTarget | None = None, cache: KernelCache | None = None):
+                 target: CpuTarget | None = None, cache: KernelCache | None = None,
+                 schedules: ScheduleSource | None = None):
         self.graph = graph
         target = target or host_target()
-        build = _Builder(graph, target, cache or KernelCache.from_env(target))
+        build = _Builder(graph, target, cache or KernelCache.from_env(target), schedules)
         self.cache_stats: KernelCacheStats = build.cache.stats
         """How many kernels were loaded from the disk cache, compiled, stored."""
         self.memory_plan, slots, self._arena = build.place()
