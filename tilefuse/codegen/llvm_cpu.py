@@ -73,7 +73,7 @@ def lower_to_llvm(fn: LoopFunction) -> ir.Module:
     verify(fn)
     module = ir.Module(name=fn.name)
     try:
-        _Lowering(fn, module).lower()
+        LoopLowering(fn, module).lower()
     except TilefuseError:
         raise
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, AssertionError) as exc:
@@ -87,7 +87,7 @@ def uses_openmp(fn: LoopFunction) -> bool:
 
 
 @dataclass
-class _FnState:
+class FnState:
     """Where code is being emitted: one LLVM function and what is in scope there."""
 
     fn: ir.Function
@@ -101,7 +101,11 @@ class _FnState:
     thread_id: Value = field(default_factory=lambda: ir.Constant(I64, 0))
 
 
-class _Lowering:
+class LoopLowering:
+    """Loop IR -> one LLVM module: statements and expressions are target-independent; the
+    entry point and parallel loops are the CPU's (a subclass retargets them, see
+    :mod:`tilefuse.codegen.llvm_nvptx`)."""
+
     def __init__(self, fn: LoopFunction, module: ir.Module):
         self.fn = fn
         self.module = module
@@ -132,7 +136,7 @@ class _Lowering:
         b.ret_void()
 
     def define(self, name: str, buffers: list[BufferParam], values: list[tuple[str, ir.Type]],
-               *, with_threads: bool = False) -> tuple[ir.Function, _FnState]:
+               *, with_threads: bool = False) -> tuple[ir.Function, FnState]:
         """An internal function taking ``buffers`` (noalias pointers) and named values."""
         params = [PTR] * len(buffers) + [t for _, t in values] + ([I32] if with_threads else [])
         fn = ir.Function(self.module, ir.FunctionType(VOID, params), name)
@@ -144,7 +148,7 @@ class _Lowering:
         allocas = ir.IRBuilder(entry)
         allocas.position_before(allocas.branch(body))
         b = ir.IRBuilder(body)
-        state = _FnState(fn, b, allocas, LLVMOps(b, self.math), {})
+        state = FnState(fn, b, allocas, LLVMOps(b, self.math), {})
         for arg, buf in zip(fn.args, buffers):
             arg.name = buf.name
             arg.add_attribute("noalias")
@@ -159,7 +163,7 @@ class _Lowering:
         return fn, state
 
     # ------------------------------------------------------------------ statements
-    def stmt(self, st: _FnState, s: Stmt) -> None:
+    def stmt(self, st: FnState, s: Stmt) -> None:
         if isinstance(s, Block):
             for child in s.stmts:
                 self.stmt(st, child)
@@ -179,7 +183,7 @@ class _Lowering:
         else:
             raise CompileError(f"cannot lower statement {type(s).__name__}")
 
-    def store(self, st: _FnState, s: Store) -> None:
+    def store(self, st: FnState, s: Store) -> None:
         value = self.expr(st, s.value, {})
         ptr, buf = st.buffers[s.buffer]
         if buf.dtype is DType.bool:
@@ -187,7 +191,7 @@ class _Lowering:
         address = self.element_ptr(st, ptr, buf, self.expr(st, s.index, {}))
         st.b.store(value, address, align=buf.dtype.itemsize)
 
-    def loop(self, st: _FnState, s: For) -> None:
+    def loop(self, st: FnState, s: For) -> None:
         start, stop = self.expr(st, s.start, {}), self.expr(st, s.stop, {})
         if s.kind is LoopKind.UNROLLED:
             for i in range(s.start.arg, s.stop.arg, s.step):  # type: ignore[call-overload]
@@ -198,7 +202,7 @@ class _Lowering:
         else:
             self.serial(st, s.var, start, stop, s.step, s.body)
 
-    def serial(self, st: _FnState, var: str, start: Value, stop: Value, step: int,
+    def serial(self, st: FnState, var: str, start: Value, stop: Value, step: int,
                body: Stmt) -> None:
         b = st.b
         before = b.block
@@ -217,7 +221,7 @@ class _Lowering:
         b.branch(head)
         b.position_at_end(done)
 
-    def branch(self, st: _FnState, s: If) -> None:
+    def branch(self, st: FnState, s: If) -> None:
         b = st.b
         cond = self.expr(st, s.cond, {})
         then_bb = st.fn.append_basic_block("then")
@@ -233,12 +237,12 @@ class _Lowering:
         b.position_at_end(merge)
 
     # ------------------------------------------------------------------ parallel loops
-    def parallel(self, st: _FnState, s: For, start: Value, stop: Value) -> None:
+    def parallel(self, st: FnState, s: For, start: Value, stop: Value) -> None:
         """Outlines ``s`` and runs it on OpenMP threads with GOMP_parallel."""
         inner = defined_names(s.body) | {s.var}
-        free = sorted(_free_names(s.body) - inner)
+        free = sorted(free_names(s.body) - inner)
         captured = [(n, st.env[n]) for n in free]
-        buffers = [st.buffers[n] for n in sorted(_buffer_names(s.body))]
+        buffers = [st.buffers[n] for n in sorted(buffer_names(s.body))]
         fields = [PTR] * len(buffers) + [v.type for _, v in captured] + [I64, I64]
         ctx_type = ir.LiteralStructType(fields)
         name = f"{self.fn.name}.par{self.outlined}"
@@ -295,7 +299,7 @@ class _Lowering:
         return fn
 
     # ------------------------------------------------------------------ expressions
-    def expr(self, st: _FnState, e: Expr, memo: dict[int, Value]) -> Value:
+    def expr(self, st: FnState, e: Expr, memo: dict[int, Value]) -> Value:
         """The value of ``e``; ``memo`` shares repeated sub-trees within one statement."""
         found = memo.get(id(e))
         if found is not None:
@@ -315,7 +319,7 @@ class _Lowering:
         memo[id(e)] = value
         return value
 
-    def load(self, st: _FnState, e: Expr, index: Value) -> Value:
+    def load(self, st: FnState, e: Expr, index: Value) -> Value:
         ptr, buf = st.buffers[e.arg]  # type: ignore[index]
         address = self.element_ptr(st, ptr, buf, index)
         value = st.b.load(address, typ=llvm_type(e.type, memory=True), align=buf.dtype.itemsize)
@@ -323,11 +327,11 @@ class _Lowering:
             value = st.b.icmp_unsigned("!=", value, _zero_bytes(e.lanes))
         return value
 
-    def element_ptr(self, st: _FnState, ptr: Value, buf: BufferParam, index: Value) -> Value:
+    def element_ptr(self, st: FnState, ptr: Value, buf: BufferParam, index: Value) -> Value:
         return st.b.gep(ptr, [index], inbounds=True,
                         source_etype=scalar_type(buf.dtype, memory=True))
 
-    def local_ptr(self, st: _FnState, name: str, index: Expr,
+    def local_ptr(self, st: FnState, name: str, index: Expr,
                   memo: dict[int, Value] | None = None) -> Value:
         alloca = st.locals[name]
         i = self.expr(st, index, memo if memo is not None else {})
@@ -339,7 +343,7 @@ def _zero_bytes(lanes: int) -> ir.Constant:
     return zero if lanes == 1 else ir.Constant(ir.VectorType(I8, lanes), [zero] * lanes)
 
 
-def _free_names(s: Stmt) -> set[str]:
+def free_names(s: Stmt) -> set[str]:
     names: set[str] = set()
     for node in walk_stmts(s):
         for e in expr_children(node):
@@ -347,7 +351,7 @@ def _free_names(s: Stmt) -> set[str]:
     return names
 
 
-def _buffer_names(s: Stmt) -> set[str]:
+def buffer_names(s: Stmt) -> set[str]:
     names: set[str] = set()
     for node in walk_stmts(s):
         if isinstance(node, Store):
