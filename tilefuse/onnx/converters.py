@@ -8,7 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from tilefuse.onnx import converters_math, converters_nn, converters_shape
+from tilefuse.onnx import (
+    converters_legacy,
+    converters_math,
+    converters_nn,
+    converters_shape,
+)
 from tilefuse.onnx.context import NodeContext, Tensor
 
 Converter = Callable[[NodeContext], list[Tensor]]
@@ -16,7 +21,7 @@ Converter = Callable[[NodeContext], list[Tensor]]
 
 def _build() -> Mapping[str, tuple[tuple[int, Converter], ...]]:
     table: dict[str, list[tuple[int, Converter]]] = {}
-    for module in (converters_math, converters_shape, converters_nn):
+    for module in (converters_legacy, converters_math, converters_shape, converters_nn):
         for op_type, since, fn in module.CONVERTERS:
             versions = table.setdefault(op_type, [])
             if any(v == since for v, _ in versions):

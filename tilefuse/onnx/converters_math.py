@@ -300,7 +300,7 @@ def _table() -> tuple[tuple[str, int, Converter], ...]:
         ("LeakyRelu", 1, _leaky_relu), ("Elu", 1, _elu), ("Selu", 1, _selu),
         ("HardSigmoid", 1, _hard_sigmoid), ("HardSwish", 14, _hard_swish),
         ("Softsign", 1, _softsign), ("PRelu", 7, _prelu), ("Gelu", 20, _gelu),
-        ("Cast", 1, _cast), ("CastLike", 15, _cast_like), ("Clip", 1, _clip_6),
+        ("Cast", 6, _cast), ("CastLike", 15, _cast_like), ("Clip", 1, _clip_6),
         ("Clip", 11, _clip_11), ("Div", 7, _div), ("Mod", 10, _mod), ("Pow", 7, _pow),
         ("Where", 9, _where), ("Sum", 1, _variadic("add")), ("Mean", 1, _variadic("add", True)),
         ("Max", 1, _variadic("maximum")), ("Min", 1, _variadic("minimum")),
@@ -311,3 +311,4 @@ def _table() -> tuple[tuple[str, int, Converter], ...]:
 
 
 CONVERTERS: tuple[tuple[str, int, Converter], ...] = _table()
+CONVERTER_GEMM: Converter = _gemm  # shared with the pre-opset-7 Gemm

@@ -80,6 +80,46 @@ def _batch_norm(ctx: NodeContext) -> list[Tensor]:
     return [ctx.op("add", ctx.op("mul", x, factor), shift)]
 
 
+def _instance_norm(ctx: NodeContext) -> list[Tensor]:
+    x, scale, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    if x.rank < 3 or scale.shape != (x.shape[1],) or bias.shape != (x.shape[1],):
+        raise ctx.error("needs input [N, C, spatial...] with scale and B of shape [C]")
+    axes = tuple(range(2, x.rank))
+    wide = ctx.cast(x, DType.f32) if x.dtype in (DType.f16, DType.bf16) else x
+    mean = ctx.op("mean", wide, axes=axes, keepdims=True)
+    var = ctx.op("var", wide, axes=axes, keepdims=True)
+    eps = ctx.scalar(float(ctx.attr("epsilon", 1e-5)), wide.dtype)
+    norm = ctx.op("mul", ctx.op("sub", wide, mean), ctx.op("rsqrt", ctx.op("add", var, eps)))
+    per_channel = (x.shape[1],) + (1,) * (x.rank - 2)
+    scale = ctx.cast(ctx.op("reshape", scale, shape=per_channel), wide.dtype)
+    bias = ctx.cast(ctx.op("reshape", bias, shape=per_channel), wide.dtype)
+    return [ctx.cast(ctx.op("add", ctx.op("mul", norm, scale), bias), x.dtype)]
+
+
+def _lrn(ctx: NodeContext) -> list[Tensor]:
+    """Local response normalisation across channels: ``x / (bias + alpha/size · Σ x²)^beta``,
+    the sum over ``size`` neighbouring channels. The windowed sum is an average pool over the
+    channel axis (x² viewed as [N, 1, C, rest]; zero padding counted), times ``size``."""
+    x = ctx.input(0)
+    size = ctx.attr("size")
+    if size is None or int(size) < 1:
+        raise ctx.error("attribute 'size' (a positive int) is required")
+    size = int(size)
+    if x.rank < 2 or not x.dtype.is_float:
+        raise ctx.error("needs a float input [N, C, ...]")
+    before, after = (size - 1) // 2, size // 2
+    n, c = x.shape[0], x.shape[1]
+    rest = math.prod(x.shape[2:])
+    square = ctx.op("reshape", ctx.op("mul", x, x), shape=(n, 1, c, rest))
+    mean = ctx.op("avg_pool2d", square, kernel=(size, 1), stride=(1, 1),
+                  padding=(before, 0, after, 0), count_include_pad=True, ceil_mode=False)
+    mean = ctx.op("reshape", mean, shape=x.shape)
+    alpha, beta = float(ctx.attr("alpha", 1e-4)), float(ctx.attr("beta", 0.75))
+    base = ctx.op("add", ctx.op("mul", mean, ctx.scalar(alpha, x.dtype)),
+                  ctx.scalar(float(ctx.attr("bias", 1.0)), x.dtype))
+    return [ctx.op("div", x, ctx.op("pow", base, ctx.scalar(beta, x.dtype)))]
+
+
 # ---- convolution and pooling -----------------------------------------------------------------
 
 
@@ -209,5 +249,7 @@ CONVERTERS: tuple[tuple[str, int, Converter], ...] = (
     ("Conv", 1, _conv), ("MaxPool", 1, _pool("max_pool2d")),
     ("AveragePool", 1, _pool("avg_pool2d")),
     ("GlobalAveragePool", 1, _global_pool("mean")), ("GlobalMaxPool", 1, _global_pool("max")),
-    ("Dropout", 1, _dropout),
+    ("Dropout", 7, _dropout), ("InstanceNormalization", 1, _instance_norm),
+    ("LRN", 1, _lrn),
 )
+CONVERTER_BATCH_NORM: Converter = _batch_norm  # shared with the pre-opset-7 form

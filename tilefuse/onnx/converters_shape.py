@@ -20,6 +20,10 @@ from tilefuse.onnx.tensors import tensor_to_array, to_dtype
 Converter = Callable[[NodeContext], list[Tensor]]
 
 _HUGE = 2**62
+FILL_CONSTANT_LIMIT = 1 << 24
+"""A ConstantOfShape of up to this many elements is a constant array, not a ``full`` node:
+models that make their weights with it (onnx's ``light`` models) then get the treatment of
+constant weights (a conv's weight folded and packed at build time)."""
 
 # ---- constants and shapes --------------------------------------------------------------------
 
@@ -49,7 +53,7 @@ def _constant_of_shape(ctx: NodeContext) -> list[Tensor]:
         fill = tensor_to_array(proto, f"{ctx.label}: value")
         if fill.size != 1:
             raise ctx.error(f"value must hold one element, got {fill.size}")
-    if math.prod(shape) <= FOLD_LIMIT:
+    if math.prod(shape) <= FILL_CONSTANT_LIMIT:
         return [ctx.const(np.full(shape, fill.reshape(()), dtype=fill.dtype))]
     dtype = to_dtype(_elem_type(fill), ctx.label)
     return [ctx.op("full", shape=shape, value=float(fill.reshape(()).item()), dtype=dtype)]
@@ -169,7 +173,7 @@ def _concat(ctx: NodeContext) -> list[Tensor]:
     return [args[0] if len(args) == 1 else ctx.op("concat", *args, axis=axis)]
 
 
-def _split_with(ctx: NodeContext, sizes: tuple[int, ...] | None) -> list[Tensor]:
+def split_with(ctx: NodeContext, sizes: tuple[int, ...] | None) -> list[Tensor]:
     x = ctx.input(0)
     axis = ctx.axis(ctx.attr("axis", 0), x.rank)
     n = x.shape[axis]
@@ -266,7 +270,7 @@ def _tile(ctx: NodeContext) -> list[Tensor]:
 # ---- Pad -------------------------------------------------------------------------------------
 
 
-def _pad_with(ctx: NodeContext, pads: tuple[int, ...], mode: str, value: float,
+def pad_with(ctx: NodeContext, pads: tuple[int, ...], mode: str, value: float,
               axes: tuple[int, ...] | None) -> list[Tensor]:
     x = ctx.input(0)
     if mode not in ("constant", "reflect", "edge"):
@@ -288,7 +292,7 @@ def _pad_with(ctx: NodeContext, pads: tuple[int, ...], mode: str, value: float,
 
 
 def _pad_2(ctx: NodeContext) -> list[Tensor]:
-    return _pad_with(ctx, tuple(ctx.attr("pads", ())), ctx.attr("mode", "constant"),
+    return pad_with(ctx, tuple(ctx.attr("pads", ())), ctx.attr("mode", "constant"),
                      float(ctx.attr("value", 0.0)), None)
 
 
@@ -298,7 +302,7 @@ def _pad_11(ctx: NodeContext) -> list[Tensor]:
     if fill is not None and fill.size != 1:
         raise ctx.error("constant_value must be a scalar")
     value = 0.0 if fill is None or fill.size == 0 else float(fill.reshape(()).item())
-    return _pad_with(ctx, pads or (), ctx.attr("mode", "constant"), value,
+    return pad_with(ctx, pads or (), ctx.attr("mode", "constant"), value,
                      ctx.ints_input(3, "axes"))
 
 
@@ -315,8 +319,8 @@ CONVERTERS: tuple[tuple[str, int, Converter], ...] = (
     ("Unsqueeze", 1, lambda ctx: _unsqueeze_with(ctx, _opt(ctx.attr("axes")))),
     ("Unsqueeze", 13, lambda ctx: _unsqueeze_with(ctx, ctx.ints_input(1, "axes"))),
     ("Concat", 4, _concat),
-    ("Split", 2, lambda ctx: _split_with(ctx, _opt(ctx.attr("split")))),
-    ("Split", 13, lambda ctx: _split_with(ctx, ctx.ints_input(1, "split"))),
+    ("Split", 2, lambda ctx: split_with(ctx, _opt(ctx.attr("split")))),
+    ("Split", 13, lambda ctx: split_with(ctx, ctx.ints_input(1, "split"))),
     ("Slice", 1, _slice_1), ("Slice", 10, _slice_10), ("Gather", 1, _gather),
     ("Expand", 8, _expand), ("Tile", 6, _tile), ("Pad", 2, _pad_2), ("Pad", 11, _pad_11),
     ("Identity", 1, _identity),

@@ -28,7 +28,7 @@ from tilefuse.dtypes import DType
 from tilefuse.onnx.external_data import load_external
 from tilefuse.onnx.tensors import MAX_DIM, OnnxError, attribute_values, tensor_to_array, to_dtype
 
-MIN_OPSET = 7
+MIN_OPSET = 1
 MAX_MODEL_BYTES = 2**31 - 1   # protobuf's own limit
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
