@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from tilefuse.errors import UnknownOpError
-from tilefuse.ops import composite, contraction, elementwise, movement, nn, reduction
+from tilefuse.ops import attention, composite, contraction, elementwise, movement, nn, reduction
 from tilefuse.ops.registry import AttrSpec, AttrType, OpDef, OpKind, Trait
 
-_MODULES = (elementwise, reduction, composite, contraction, movement, nn)
+_MODULES = (elementwise, reduction, composite, contraction, movement, nn, attention)
 
 
 def _gather() -> Mapping[str, OpDef]:

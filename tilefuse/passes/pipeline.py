@@ -7,6 +7,7 @@ each entry says why it is where it is.
 from __future__ import annotations
 
 from tilefuse.passes.algebra import simplify_algebra
+from tilefuse.passes.attention import fuse_attention
 from tilefuse.passes.conv_lowering import conv_to_matmul
 from tilefuse.passes.cse import cse
 from tilefuse.passes.dce import dce
@@ -32,6 +33,8 @@ GRAPH_PIPELINE: tuple[PassSpec, ...] = (
     PassSpec("dce", dce, "drop nodes whose outputs reach no graph output"),
     # Merges repeated (op, inputs, attrs); drops the duplicates itself.
     PassSpec("cse", cse, "merge repeated computations (commutative inputs in any order)"),
+    # After CSE (one value per score tensor), before the last DCE (which drops the replaced ops).
+    PassSpec("attention", fuse_attention, "softmax(q·kᵀ·s + mask)·v -> one attention node"),
     # Cleanup for whatever the passes above (and those later inserted before it) left unused.
     PassSpec("dce", dce, "drop nodes left dead by the rewrites above"),
 )
