@@ -3,7 +3,8 @@
 An executable holds its (optimised) graph and maps input arrays (C-contiguous, of the graph's
 input types) to freshly allocated output arrays that the caller owns. Target ``"cpu"`` builds the
 native executable (fused kernels compiled through LLVM, :mod:`tilefuse.runtime.native`);
-``"reference"`` runs the reference interpreter.
+``"reference"`` runs the reference interpreter; ``"cuda"`` runs the kernels as PTX on an NVIDIA
+GPU (:mod:`tilefuse.runtime.gpu`; needs cuda-python and a device).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tilefuse.errors import CompileError
 from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph
 
-KNOWN_TARGETS: tuple[str, ...] = ("cpu", "reference")
+KNOWN_TARGETS: tuple[str, ...] = ("cpu", "reference", "cuda")
 
 
 @runtime_checkable
@@ -68,8 +69,11 @@ class InterpreterExecutable:
 
 
 def build_executable(graph: Graph, target: str, dump_dir: Path | str | None = None) -> Executable:
-    """An executable of ``graph`` for ``target`` ("cpu" or "reference")."""
+    """An executable of ``graph`` for ``target`` ("cpu", "reference" or "cuda")."""
     check_target(target)
+    if target == "cuda":
+        from tilefuse.runtime.gpu import build_cuda
+        return build_cuda(graph, dump_dir)
     if target == "cpu":
         from tilefuse.runtime.native import build_native  # lazy: "reference" needs no LLVM
         return build_native(graph, dump_dir)

@@ -1,0 +1,196 @@
+"""The cuda target without a GPU: GPU lowerings checked numerically through the loop-IR
+interpreter (parallel loops run serially, which the grid-stride mapping makes equivalent), the
+execution-model rules, the partition dump, and PTX accepted by ``ptxas -arch=sm_90``
+(FileCheck-style checks on the final PTX only). On a machine with a GPU, the same graphs run
+through :class:`CudaExecutable` against the reference."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections import ChainMap
+
+import numpy as np
+import pytest
+
+from tilefuse.codegen.llvm_nvptx import check_gpu_kernel, compile_ptx
+from tilefuse.dtypes import DType
+from tilefuse.errors import CompileError
+from tilefuse.graph.builder import GraphBuilder
+from tilefuse.graph.interpreter import interpret, run_node
+from tilefuse.graph.ir import Graph, Value
+from tilefuse.loop import interp as loop_interp
+from tilefuse.loop.ir import LoopFunction, LoopKind, Store, block, const, load, loop, var
+from tilefuse.runtime.cuda_driver import cuda_available
+from tilefuse.runtime.gpu import GpuKernel, GpuProgram, build_gpu_program
+from tilefuse.testing import assert_close, random_array
+
+F32 = DType.f32
+
+
+def _constant(b: GraphBuilder, array: np.ndarray) -> Value:
+    return b.add1("constant", [], {"value": array})
+
+
+def w7_graph(shape: tuple[int, ...]) -> Graph:
+    """relu(2x + 1) * sigmoid(x)."""
+    b = GraphBuilder("w7")
+    x = b.input((shape, F32), "x")
+    two, one = _constant(b, np.array(2, np.float32)), _constant(b, np.array(1, np.float32))
+    y = b.add1("relu", [b.add1("add", [b.add1("mul", [x, two]), one])])
+    return b.build([b.add1("mul", [y, b.add1("sigmoid", [x])])])
+
+
+def broadcast_graph(m: int, n: int) -> Graph:
+    """x[m,n] * row[n] + col[m,1], then tanh: operands broadcast both ways."""
+    b = GraphBuilder("bcast")
+    x = b.input(((m, n), F32), "x")
+    row = b.input(((n,), F32), "row")
+    col = b.input(((m, 1), F32), "col")
+    return b.build([b.add1("tanh", [b.add1("add", [b.add1("mul", [x, row]), col])])])
+
+
+def softmax_graph(rows: int, n: int) -> Graph:
+    b = GraphBuilder("softmax")
+    x = b.input(((rows, n), F32), "x")
+    return b.build([b.add1("softmax", [x], {"axis": -1})])
+
+
+def layer_norm_graph(rows: int, n: int) -> Graph:
+    rng = np.random.default_rng(1)
+    b = GraphBuilder("layer_norm")
+    x = b.input(((rows, n), F32), "x")
+    g = _constant(b, random_array(rng, (n,), F32))
+    beta = _constant(b, random_array(rng, (n,), F32))
+    return b.build([b.add1("layer_norm", [x, g, beta], {"eps": 1e-5})])
+
+
+def ffn_graph(m: int, k: int, n: int) -> Graph:
+    """softmax(gelu(x @ w + b)): the contraction has no GPU lowering yet and runs on the
+    host; the softmax runs on the device."""
+    rng = np.random.default_rng(2)
+    b = GraphBuilder("ffn")
+    x = b.input(((m, k), F32), "x")
+    w = _constant(b, random_array(rng, (k, n), F32, -0.5, 0.5))
+    bias = _constant(b, random_array(rng, (n,), F32))
+    y = b.add1("add", [b.add1("matmul", [x, w]), bias])
+    return b.build([b.add1("softmax", [b.add1("gelu", [y])], {"axis": -1})])
+
+
+GRAPHS = {
+    "w7_1": (lambda: w7_graph((1,)), False),
+    "w7_513": (lambda: w7_graph((513,)), False),
+    "w7_3d": (lambda: w7_graph((3, 7, 13)), False),
+    "broadcast": (lambda: broadcast_graph(7, 13), False),
+    "softmax": (lambda: softmax_graph(7, 33), True),
+    "layer_norm": (lambda: layer_norm_graph(5, 67), True),
+    "ffn": (lambda: ffn_graph(7, 16, 9), True),
+}
+
+
+def simulate(program: GpuProgram, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Runs ``program`` on the host: kernels through the loop-IR interpreter."""
+    env: ChainMap = ChainMap({}, program.constants)
+    env.update(zip(program.graph.inputs, arrays))
+    for step in program.steps:
+        if isinstance(step, GpuKernel):
+            for v in step.group.outputs:
+                env[v] = np.empty(v.shape, v.dtype.np)
+            loop_interp.interpret(step.fn, *[env[v].reshape(-1) for v in step.bindings])
+        else:
+            for node in step.group.nodes:
+                env.update(zip(node.outputs, run_node(node, [env[v] for v in node.inputs])))
+    return [np.asarray(env[v]) for v in program.graph.outputs]
+
+
+def _inputs(graph: Graph, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [random_array(rng, tuple(v.shape), v.dtype) for v in graph.inputs]
+
+
+@pytest.mark.parametrize("name", GRAPHS)
+def test_gpu_lowering_matches_reference(name: str) -> None:
+    make, reduction = GRAPHS[name]
+    graph = make()
+    program = build_gpu_program(graph)
+    arrays = _inputs(graph, 3)
+    for got, want in zip(simulate(program, arrays), interpret(graph, *arrays)):
+        assert_close(got, want, reduction=reduction)
+
+
+def test_partition_puts_contractions_on_the_host(tmp_path) -> None:
+    program = build_gpu_program(ffn_graph(7, 16, 9), dump_dir=tmp_path)
+    kinds = [(type(s).__name__, s.group.kind.value) for s in program.steps]
+    assert ("HostGroup", "contraction") in kinds
+    assert any(isinstance(s, GpuKernel) for s in program.steps)
+    text = (tmp_path / "partition.txt").read_text()
+    assert "host   " in text and "no GPU lowering for contraction" in text
+    assert "download(s)" in text
+    assert list((tmp_path / "kernels").glob("*.ptx"))
+
+
+def test_elementwise_is_one_flat_parallel_loop() -> None:
+    (step,) = build_gpu_program(broadcast_graph(7, 13)).steps
+    assert isinstance(step, GpuKernel)
+    top = step.fn.body.stmts
+    assert [type(s).__name__ for s in top] == ["For"]
+    assert top[0].kind is LoopKind.PARALLEL and top[0].stop.arg == 7 * 13
+    assert step.grid == 1 and step.block == 256
+
+
+def _kernel(body) -> LoopFunction:
+    from tilefuse.loop.ir import BufferParam
+
+    return LoopFunction("k", (BufferParam("a", F32, readonly=True), BufferParam("b", F32)), (),
+                        block(*body))
+
+
+def test_rules_reject_nested_parallel_and_cross_statement_reads() -> None:
+    store = Store("b", var("i"), load("a", var("i"), dtype=F32))
+    inner = loop("i", 0, 4, [store], kind=LoopKind.PARALLEL)
+    with pytest.raises(CompileError, match="inside another statement"):
+        check_gpu_kernel(_kernel([loop("j", 0, 2, [inner])]))
+    first = loop("i", 0, 4, [store], kind=LoopKind.PARALLEL)
+    reread = Store("b", const(0), load("b", const(1), dtype=F32))
+    with pytest.raises(CompileError, match="no grid barrier"):
+        check_gpu_kernel(_kernel([first, reread]))
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
+@pytest.mark.parametrize("name", ["w7_513", "broadcast", "softmax", "layer_norm"])
+def test_ptx_assembles_for_sm90(name: str, tmp_path) -> None:
+    program = build_gpu_program(GRAPHS[name][0]())
+    for step in program.steps:
+        assert isinstance(step, GpuKernel), step
+        ptx = step.ptx
+        assert ".target sm_90" in ptx and f".visible .entry {step.fn.name}(" in ptx
+        assert "%ctaid.x" in ptx and "ld.global" in ptx and "st.global" in ptx
+        path = tmp_path / f"{step.fn.name}.ptx"
+        path.write_text(ptx)
+        done = subprocess.run(["ptxas", "-arch=sm_90", str(path), "-o",
+                               str(tmp_path / "k.cubin")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+
+def test_compile_ptx_rejects_thread_id() -> None:
+    from tilefuse.loop.ir import thread_id
+
+    tid = thread_id()
+    fn = _kernel([Store("b", tid, load("a", const(0), dtype=F32))])
+    with pytest.raises(CompileError, match="thread_id"):
+        compile_ptx(fn)
+
+
+@pytest.mark.skipif(not cuda_available(), reason="no CUDA device here")
+@pytest.mark.parametrize("name", GRAPHS)
+def test_cuda_executable_matches_reference(name: str) -> None:
+    from tilefuse.runtime.executable import build_executable
+
+    make, reduction = GRAPHS[name]
+    graph = make()
+    executable = build_executable(graph, "cuda")
+    for seed in (4, 5):
+        arrays = _inputs(graph, seed)
+        for got, want in zip(executable(*arrays), interpret(graph, *arrays)):
+            assert_close(got, want, reduction=reduction)
+

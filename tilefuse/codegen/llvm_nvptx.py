@@ -1,0 +1,256 @@
+"""Loop IR -> LLVM IR -> PTX for NVIDIA GPUs (``nvptx64-nvidia-cuda``, sm_90 by default).
+
+The same loop IR the CPU compiles becomes a GPU kernel: statements, expressions and the vector
+math are the CPU lowering's (:class:`~tilefuse.codegen.llvm_cpu.LoopLowering`); only the entry
+point and ``parallel`` loops change. The kernel is::
+
+    .entry <name>(ptr buffer0, ..., i64 scalar0, ...)
+
+(``ptx_kernel`` calling convention; the driver passes each argument by address).
+
+Execution model, written once here and checked by :func:`check_gpu_kernel`:
+
+* Every thread of the launch runs the kernel body. A top-level ``parallel`` loop is a
+  *grid-stride* loop: thread ``g`` of ``T`` (``g = blockIdx.x * blockDim.x + threadIdx.x``,
+  ``T = gridDim.x * blockDim.x``) runs iterations ``start + (g + j*T) * step``, so any grid
+  size is correct and consecutive threads touch consecutive iterations (coalesced accesses
+  when the iteration indexes the innermost axis).
+* A top-level ``let`` runs on every thread (it only reads); any other top-level statement (a
+  scalar tail, a one-element store) runs on thread 0 alone.
+* Top-level statements run concurrently, so none may read a buffer another one writes (there
+  is no grid-wide barrier); a ``parallel`` loop may not sit inside another loop or an ``If``;
+  ``thread_id`` (the CPU's per-thread scratch index) has no meaning on the GPU. Kernels that
+  break these rules get a :class:`CompileError` naming the rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from tilefuse.codegen.llvm_cpu import FnState, LoopLowering
+from tilefuse.codegen.llvm_types import I32, I64, PTR, VOID, declare
+from tilefuse.errors import CompileError, TilefuseError
+from tilefuse.loop.ir import (
+    Block,
+    Expr,
+    For,
+    Let,
+    LoopFunction,
+    LoopKind,
+    Stmt,
+    Store,
+    XOp,
+    expr_children,
+    walk_expr,
+    walk_stmts,
+)
+from tilefuse.loop.simplify import fold_expr
+from tilefuse.loop.verify import verify
+
+PTX_TRIPLE = "nvptx64-nvidia-cuda"
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """The GPU a kernel is compiled for: compute capability (``sm_90``: Hopper) and the PTX ISA
+    version LLVM emits (8.0 is the first with sm_90)."""
+
+    arch: str = "sm_90"
+    ptx_isa: int = 80
+    block_threads: int = 256
+    max_blocks: int = 132 * 16
+
+    @property
+    def triple(self) -> str:
+        return PTX_TRIPLE
+
+    def __str__(self) -> str:
+        return f"{PTX_TRIPLE} {self.arch} ptx{self.ptx_isa}"
+
+
+SM90 = GpuTarget()
+"""The default: Hopper (H100, H200)."""
+
+
+@cache
+def gpu_target_machine(target: GpuTarget) -> llvm.TargetMachine:
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    return llvm.Target.from_triple(PTX_TRIPLE).create_target_machine(
+        cpu=target.arch, features=f"+ptx{target.ptx_isa}", opt=3)
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def check_gpu_kernel(fn: LoopFunction) -> None:
+    """CompileError unless ``fn`` follows the GPU execution model (module docstring)."""
+    top = fn.body.stmts if isinstance(fn.body, Block) else (fn.body,)
+    writes = [_stored_buffers(s) for s in top]
+    for i, s in enumerate(top):
+        nested = [n for n in walk_stmts(s) if isinstance(n, For)
+                  and n.kind is LoopKind.PARALLEL and n is not s]
+        if nested:
+            raise CompileError(f"kernel {fn.name}: a parallel loop ({nested[0].var}) inside "
+                               f"another statement cannot run on the GPU")
+        if any(e.op is XOp.THREAD_ID for n in walk_stmts(s) for c in expr_children(n)
+               for e in walk_expr(c)):
+            raise CompileError(f"kernel {fn.name}: thread_id (per-thread CPU scratch) has "
+                               f"no GPU meaning")
+        reads = _loaded_buffers(s)
+        for j, written in enumerate(writes):
+            clash = reads & written if j != i else set()
+            if clash:
+                raise CompileError(f"kernel {fn.name}: statement {i} reads {sorted(clash)} "
+                                   f"written by statement {j}; the GPU has no grid barrier")
+
+
+def _stored_buffers(s: Stmt) -> set[str]:
+    return {n.buffer for n in walk_stmts(s) if isinstance(n, Store)}
+
+
+def _loaded_buffers(s: Stmt) -> set[str]:
+    return {e.arg for n in walk_stmts(s) for c in expr_children(n)  # type: ignore[misc]
+            for e in walk_expr(c) if e.op is XOp.LOAD}
+
+
+def launch_extent(fn: LoopFunction) -> int | None:
+    """The most iterations any top-level parallel loop of ``fn`` has (1 without one): the
+    number of threads worth launching; None when a bound is not a constant (the grid-stride
+    loops are correct for any launch, so the caller picks a full grid)."""
+    top = fn.body.stmts if isinstance(fn.body, Block) else (fn.body,)
+    most = 1
+    for s in top:
+        if isinstance(s, For) and s.kind is LoopKind.PARALLEL:
+            start, stop = fold_expr(s.start), fold_expr(s.stop)
+            if start.op is not XOp.CONST or stop.op is not XOp.CONST:
+                return None
+            most = max(most, -(-(int(stop.arg) - int(start.arg)) // s.step))  # type: ignore
+    return most
+
+
+# ----------------------------------------------------------------------------- lowering
+
+
+class NvptxLowering(LoopLowering):
+    """:class:`LoopLowering` with a ``ptx_kernel`` entry and grid-stride parallel loops."""
+
+    def lower(self) -> None:
+        names = [(s, I64) for s in self.fn.scalars]
+        impl, state = self.define(f"{self.fn.name}.impl", list(self.fn.buffers), names)
+        b = state.b
+        tid = self._sreg(b, "tid.x")
+        ntid = self._sreg(b, "ntid.x")
+        ctaid = self._sreg(b, "ctaid.x")
+        nctaid = self._sreg(b, "nctaid.x")
+        self.global_id = b.add(b.mul(ctaid, ntid), tid, name="gid")
+        self.grid_threads = b.mul(nctaid, ntid, name="nthreads")
+        top = self.fn.body.stmts if isinstance(self.fn.body, Block) else (self.fn.body,)
+        serial: list[Stmt] = []
+        for s in top:
+            if (isinstance(s, For) and s.kind is LoopKind.PARALLEL) or isinstance(s, Let):
+                self._on_thread_zero(state, serial)
+                serial = []
+                self.stmt(state, s)
+            else:
+                serial.append(s)
+        self._on_thread_zero(state, serial)
+        state.b.ret_void()
+        self.define_entry(impl)
+
+    def define_entry(self, impl: ir.Function) -> None:
+        params = [PTR] * len(self.fn.buffers) + [I64] * len(self.fn.scalars)
+        entry = ir.Function(self.module, ir.FunctionType(VOID, params), self.fn.name)
+        entry.calling_convention = "ptx_kernel"
+        entry.attributes.add("nounwind")
+        for arg, buf in zip(entry.args, self.fn.buffers):
+            arg.name = buf.name
+        b = ir.IRBuilder(entry.append_basic_block("entry"))
+        b.call(impl, list(entry.args))
+        b.ret_void()
+
+    def _sreg(self, b: ir.IRBuilder, reg: str) -> ir.Value:
+        fn = declare(self.module, f"llvm.nvvm.read.ptx.sreg.{reg}", I32, [])
+        return b.zext(b.call(fn, []), I64)
+
+    def _on_thread_zero(self, st: FnState, stmts: list[Stmt]) -> None:
+        """``stmts`` on thread 0 only (``let``s run on every thread: they only read)."""
+        if not stmts:
+            return
+        b = st.b
+        then_bb = st.fn.append_basic_block("thread0")
+        merge = st.fn.append_basic_block("thread0.done")
+        b.cbranch(b.icmp_unsigned("==", self.global_id, ir.Constant(I64, 0)), then_bb, merge)
+        b.position_at_end(then_bb)
+        for s in stmts:
+            self.stmt(st, s)
+        b.branch(merge)
+        b.position_at_end(merge)
+
+    def parallel(self, st: FnState, s: For, start: ir.Value, stop: ir.Value) -> None:
+        """A grid-stride loop: this thread's iterations are ``start + (gid + j*T) * step``."""
+        b = st.b
+        step = ir.Constant(I64, s.step)
+        first = b.add(start, b.mul(self.global_id, step))
+        stride = b.mul(self.grid_threads, step)
+        before = b.block
+        head = st.fn.append_basic_block(f"{s.var}.head")
+        body = st.fn.append_basic_block(f"{s.var}.body")
+        done = st.fn.append_basic_block(f"{s.var}.done")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64, name=s.var)
+        i.add_incoming(first, before)
+        b.cbranch(b.icmp_signed("<", i, stop), body, done)
+        b.position_at_end(body)
+        st.env[s.var] = i
+        self.stmt(st, s.body)
+        i.add_incoming(b.add(i, stride), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def expr(self, st: FnState, e: Expr, memo: dict[int, ir.Value]) -> ir.Value:
+        if e.op is XOp.THREAD_ID:
+            raise CompileError(f"kernel {self.fn.name}: thread_id has no GPU meaning")
+        return super().expr(st, e, memo)
+
+
+def lower_to_nvptx_ir(fn: LoopFunction, target: GpuTarget = SM90) -> ir.Module:
+    """The LLVM module (NVPTX triple and data layout) of ``fn``; CompileError if ``fn`` breaks
+    the GPU execution model or lowering fails."""
+    verify(fn)
+    check_gpu_kernel(fn)
+    module = ir.Module(name=fn.name)
+    module.triple = PTX_TRIPLE
+    module.data_layout = str(gpu_target_machine(target).target_data)
+    try:
+        NvptxLowering(fn, module).lower()
+    except TilefuseError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, AssertionError) as exc:
+        raise CompileError(f"lowering kernel {fn.name} to NVPTX failed: {exc}") from exc
+    return module
+
+
+def compile_ptx(fn: LoopFunction, target: GpuTarget = SM90) -> str:
+    """PTX text for ``fn``: lowered, verified, optimised at O3 and emitted by LLVM's NVPTX
+    back end."""
+    from tilefuse.codegen.jit import optimise
+
+    text = str(lower_to_nvptx_ir(fn, target))
+    try:
+        module = llvm.parse_assembly(text)
+        module.verify()
+    except RuntimeError as exc:
+        raise CompileError(f"LLVM rejected the NVPTX IR of kernel {fn.name}: {exc}") from exc
+    tm = gpu_target_machine(target)
+    optimise(module, tm)
+    return tm.emit_assembly(module)
+
+
+__all__ = ["PTX_TRIPLE", "SM90", "GpuTarget", "NvptxLowering", "check_gpu_kernel", "compile_ptx",
+           "gpu_target_machine", "launch_extent", "lower_to_nvptx_ir"]

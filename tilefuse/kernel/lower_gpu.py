@@ -1,0 +1,76 @@
+"""Kernel groups lowered for the GPU execution model (:mod:`tilefuse.codegen.llvm_nvptx`).
+
+The loop IR is the CPU's; what differs is the shape of the nest a GPU wants:
+
+* **elementwise**: one parallel loop over the flat output index, one element per iteration.
+  The grid-stride mapping gives consecutive threads consecutive elements, so every load of an
+  operand with the output's layout is coalesced; broadcast operands are read through the
+  index arithmetic. (The CPU nest instead walks rows of vectors per thread.)
+* **row reductions** (softmax, layer norm, ...) and **movement**: the CPU lowerings with rows
+  (or the flat domain) as the parallel loop and scalar code: one thread per row. Correct, and
+  far from the bandwidth roofline for long rows; a block-per-row lowering with shared memory
+  is the next step (docs/ARCHITECTURE.md).
+
+:func:`gpu_schedule` is the schedule data those lowerings take; :func:`lower_group_gpu`
+dispatches, raising CompileError for kinds with no GPU lowering (contractions today), which the
+executable then runs on the host.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tilefuse.errors import CompileError
+from tilefuse.graph.ir import Value
+from tilefuse.kernel.access import dims, squeezed, unflatten
+from tilefuse.kernel.fusion import KernelGroup, KernelKind
+from tilefuse.kernel.lower_elementwise import KernelContext
+from tilefuse.kernel.schedule import Schedule
+from tilefuse.loop.ir import LoopFunction, LoopKind, Stmt, loop, var
+
+GPU_KINDS = frozenset({KernelKind.ELEMENTWISE, KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT})
+
+
+def gpu_schedule(group: KernelGroup) -> Schedule:
+    """Scalar code, the outermost axis across the grid (one iteration per thread)."""
+    if group.kind is KernelKind.ROW_REDUCTION:
+        return Schedule(KernelKind.ROW_REDUCTION, order=("r", "n"), parallel_axes=("r",))
+    if group.kind in (KernelKind.ELEMENTWISE, KernelKind.MOVEMENT):
+        return Schedule(group.kind, order=("i",), parallel_axes=("i",))
+    raise CompileError(f"kernel {group.name}: no GPU lowering for {group.kind.value} kernels "
+                       f"yet")
+
+
+def lower_elementwise_gpu(group: KernelGroup) -> LoopFunction:
+    """One parallel loop per output shape over the flat index (module docstring)."""
+    ctx = KernelContext.of(group)
+    nests: dict[tuple[int, ...], list[Value]] = {}
+    for v in ctx.buffers.outputs:
+        nests.setdefault(squeezed(dims(v.shape)), []).append(v)
+    body: list[Stmt] = []
+    for outputs in nests.values():
+        shape = dims(outputs[0].shape)
+        if not shape:
+            body.extend(ctx.store_body(outputs, (), 1, 0))
+            continue
+        i = ctx.names.fresh("i")
+        stores = ctx.store_body(outputs, unflatten(var(i), shape), 1, 0)
+        body.append(loop(i, 0, math.prod(shape), stores, kind=LoopKind.PARALLEL))
+    return ctx.function(body)
+
+
+def lower_group_gpu(group: KernelGroup) -> LoopFunction:
+    """The GPU loop IR of ``group``; CompileError for kinds without a GPU lowering."""
+    if group.kind is KernelKind.ELEMENTWISE:
+        return lower_elementwise_gpu(group)
+    schedule = gpu_schedule(group)
+    if group.kind is KernelKind.ROW_REDUCTION:
+        from tilefuse.kernel.lower_rows import lower_rows
+
+        return lower_rows(group, schedule)
+    from tilefuse.kernel.lower_movement import lower_movement
+
+    return lower_movement(group, schedule)
+
+
+__all__ = ["GPU_KINDS", "gpu_schedule", "lower_elementwise_gpu", "lower_group_gpu"]
