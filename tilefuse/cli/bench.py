@@ -1,0 +1,240 @@
+"""``tilefuse bench MODEL --vs onnxruntime,torch,inductor``: tilefuse against its peers on one
+model, interleaved round by round (:mod:`tilefuse.cli.timing`), medians and ratios, every
+output checked first.
+
+Peers per MODEL kind: an ONNX file runs in onnxruntime; a NumPy function runs as itself
+(``numpy``); a torch module runs in torch eager (``torch``), ``torch.compile`` with Inductor
+(``inductor``) and onnxruntime (the module exported with ``torch.onnx.export``), and tilefuse
+runs it through ``torch.compile(backend=tilefuse.torch.backend)``. A peer that does not apply or
+is not installed is listed with the reason, never an error. The outputs of every
+implementation are compared with the reference peer's (onnxruntime for ONNX, NumPy, torch
+eager) within the reduction tolerance of :mod:`tilefuse.testing`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tilefuse.cli.common import add_model_arguments, show_progress, subparser
+from tilefuse.cli.models import (
+    CliError,
+    Model,
+    NumpyFunction,
+    OnnxFile,
+    TorchModule,
+    load_model,
+    parse_inputs,
+    quiet_torch_warnings,
+)
+from tilefuse.cli.progress import Bar
+from tilefuse.cli.timing import format_seconds, interleaved_medians
+
+EXAMPLE = """  tilefuse bench model.onnx --vs onnxruntime --rounds 21
+  tilefuse bench "tilefuse.zoo:bert_layer()" --input x=1x128x768 --input mask=1x1x1x128 \\
+      --vs torch,inductor,onnxruntime --json bert.json"""
+
+PEERS = ("onnxruntime", "torch", "inductor", "numpy")
+Impl = Callable[[], list[np.ndarray]]
+
+
+def add_parser(sub: Any) -> None:
+    parser = subparser(sub, "bench", "time MODEL with tilefuse against its peers", EXAMPLE,
+                       __doc__.split("\n\n", 1)[1])
+    add_model_arguments(parser)
+    parser.add_argument("--vs", default="", metavar="PEERS",
+                        help=f"comma-separated peers among {', '.join(PEERS)} (default: all "
+                        "that apply to MODEL)")
+    parser.add_argument("--rounds", type=int, default=15, help="timing rounds (median; 15)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for torch and onnxruntime (default: as many as cores)")
+    parser.add_argument("--json", type=Path, default=None, help="write the results as JSON")
+    parser.set_defaults(func=run)
+
+
+@dataclass
+class BenchResult:
+    """Median seconds per implementation, each output check, and why a peer was left out."""
+
+    medians: dict[str, float] = field(default_factory=dict)
+    checks: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def ratio(self, name: str) -> float:
+        """``name``'s time over tilefuse's (above 1: tilefuse is faster)."""
+        return self.medians[name] / self.medians["tilefuse"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"median_s": self.medians, "checks": self.checks, "skipped": self.skipped,
+                "ratio_vs_tilefuse": {n: self.ratio(n) for n in self.medians}}
+
+
+def _outputs(out: Any) -> list[np.ndarray]:
+    items = out if isinstance(out, tuple | list) else [out]
+    return [o.detach().numpy() if hasattr(o, "detach") else np.asarray(o) for o in items]
+
+
+def _ort_session(model_bytes: bytes, threads: int | None) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+
+
+def _onnx_peers(model: OnnxFile, arrays: list[np.ndarray], threads: int | None
+                ) -> dict[str, Impl]:
+    session = _ort_session(model.path.read_bytes(), threads)
+    feed = {i.name: a for i, a in zip(session.get_inputs(), arrays)}
+    return {"onnxruntime": lambda: session.run(None, feed)}
+
+
+def _torch_peers(model: TorchModule, arrays: list[np.ndarray], wanted: Sequence[str]
+                 ) -> tuple[dict[str, Impl], dict[str, str]]:
+    import torch
+
+    tensors = [torch.from_numpy(a) for a in arrays]
+    impls: dict[str, Impl] = {}
+    skipped: dict[str, str] = {}
+
+    def eager() -> list[np.ndarray]:
+        with torch.no_grad():
+            return _outputs(model.module(*tensors))
+    impls["torch"] = eager
+    if "inductor" in wanted:
+        compiled = torch.compile(model.module)
+
+        def inductor() -> list[np.ndarray]:
+            with torch.no_grad():
+                return _outputs(compiled(*tensors))
+        impls["inductor"] = inductor
+    if "onnxruntime" in wanted:
+        try:
+            exported = io.BytesIO()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(model.module, tuple(tensors), exported, dynamo=False,
+                                  input_names=[s.name for s in model.inputs()])
+            session = _ort_session(exported.getvalue(), torch.get_num_threads())
+            feed = {i.name: a for i, a in zip(session.get_inputs(), arrays)}
+            impls["onnxruntime"] = lambda: session.run(None, feed)
+        except ImportError as err:
+            skipped["onnxruntime"] = f"not installed ({err.name})"
+        except Exception as err:  # an exporter failure is a note, not a crash
+            skipped["onnxruntime"] = f"torch.onnx.export failed: {type(err).__name__}: {err}"
+    return impls, skipped
+
+
+def peer_impls(model: Model, arrays: list[np.ndarray], wanted: Sequence[str] | None,
+               threads: int | None = None) -> tuple[dict[str, Impl], dict[str, str]]:
+    """The wanted peers (None: every one that applies) of ``model``, reference first, and
+    why any wanted one is left out."""
+    applies = {"onnx": ("onnxruntime",), "numpy": ("numpy",),
+               "torch": ("torch", "inductor", "onnxruntime")}[model.kind]
+    wanted = applies if wanted is None else wanted
+    skipped = {p: f"does not apply to a {model.kind} model" for p in wanted if p not in applies}
+    chosen = [p for p in applies if p in wanted]
+    impls: dict[str, Impl] = {}
+    try:
+        if isinstance(model, OnnxFile) and chosen:
+            impls = _onnx_peers(model, arrays, threads)
+        elif isinstance(model, NumpyFunction) and chosen:
+            impls = {"numpy": lambda: _outputs(model.fn(*arrays))}
+        elif isinstance(model, TorchModule) and chosen:
+            import torch
+
+            if threads:
+                torch.set_num_threads(threads)
+            impls, more = _torch_peers(model, arrays, chosen)
+            skipped.update(more)
+    except ImportError as err:
+        skipped.update({p: f"not installed ({err.name})" for p in chosen})
+    return {p: impls[p] for p in chosen if p in impls}, skipped
+
+
+def check(reference: list[np.ndarray], outputs: list[np.ndarray]) -> str:
+    """``ok``, or how the outputs differ from the reference's."""
+    from tilefuse.testing import assert_close
+
+    if len(outputs) != len(reference):
+        return f"differs: {len(outputs)} outputs, the reference has {len(reference)}"
+    for i, (got, want) in enumerate(zip(outputs, reference)):
+        got = np.asarray(got).reshape(np.shape(want)) if np.size(got) == np.size(want) else got
+        try:
+            assert_close(np.asarray(got).astype(want.dtype), want, reduction=True)
+        except AssertionError:
+            if np.shape(got) != np.shape(want):
+                return f"differs: output {i} shape {np.shape(got)}, expected {np.shape(want)}"
+            diff = np.nanmax(np.abs(np.asarray(got, np.float64) - want.astype(np.float64)))
+            return f"differs: output {i} max abs error {diff:.3g}"
+    return "ok"
+
+
+def bench_model(model: Model, arrays: list[np.ndarray], wanted: Sequence[str] | None,
+                rounds: int,
+                *, threads: int | None = None, progress: bool | None = None) -> BenchResult:
+    """Checks and times tilefuse and the wanted peers on ``arrays`` (module docstring)."""
+    peers, skipped = peer_impls(model, arrays, wanted, threads)
+    compiled = model.compile()
+    impls: dict[str, Impl] = {"tilefuse": lambda: compiled(arrays), **peers}
+    result = BenchResult(skipped=skipped)
+    first = {name: fn() for name, fn in impls.items()}  # compiles and warms up everything
+    reference = next(iter(peers), "tilefuse")
+    for name, outs in first.items():
+        result.checks[name] = "reference" if name == reference and peers else \
+            check(first[reference], outs)
+    steps = max(1, rounds) * (1 + ("numpy" in impls))
+    with Bar("timing", steps, show=progress) as bar:
+        result.medians = interleaved_medians(impls, rounds, separate=("numpy",),
+                                             on_round=bar.step)
+    return result
+
+
+def report(result: BenchResult) -> str:
+    head = f"{'implementation':<14} {'median':>10} {'vs tilefuse':>11}  output"
+    lines = [head, "-" * len(head)]
+    for name, seconds in result.medians.items():
+        ratio = "1.00x" if name == "tilefuse" else f"{result.ratio(name):.2f}x"
+        lines.append(f"{name:<14} {format_seconds(seconds):>10} {ratio:>11}  "
+                     f"{result.checks.get(name, '')}")
+    for name, why in result.skipped.items():
+        lines.append(f"{name:<14} {'-':>10} {'-':>11}  left out: {why}")
+    lines.append("vs tilefuse: the peer's time over tilefuse's (above 1.00x: tilefuse is faster)")
+    return "\n".join(lines)
+
+
+def parse_peers(text: str) -> list[str] | None:
+    """The ``--vs`` names (None when not given: every peer that applies)."""
+    names = [p.strip().lower() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in PEERS]
+    if unknown:
+        raise CliError(f"unknown peer(s) {', '.join(unknown)} (known: {', '.join(PEERS)})")
+    return names or None
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("GOMP_SPINCOUNT", "20000")  # see benchmarks/run.py's docstring
+    quiet_torch_warnings()
+    model = load_model(args.model)
+    wanted = parse_peers(args.vs)
+    arrays = parse_inputs(model, args.input, args.seed)
+    result = bench_model(model, arrays, wanted, args.rounds, threads=args.threads,
+                         progress=show_progress(args))
+    print(report(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"model": args.model, **result.to_json()}, indent=2))
+    bad = [n for n, c in result.checks.items() if c.startswith("differs")]
+    if bad:
+        raise CliError(f"outputs differ from the reference: {', '.join(bad)}")
+    return 0

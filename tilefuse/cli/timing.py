@@ -1,0 +1,64 @@
+"""Interleaved timing of several implementations of one computation: medians and ratios.
+
+In each round every implementation runs once (a batch of calls when one call is shorter than
+``min_sample`` seconds), in turn, so that noise from a shared machine hits all of them alike;
+the figure is the median over rounds. Implementations named in ``separate`` are timed in rounds
+of their own after the interleaved ones: NumPy's OpenBLAS keeps its threads busy-waiting after
+every call, which slows whatever runs next on a small machine. ``benchmarks/run.py`` and
+``tilefuse bench`` both time through :func:`interleaved_medians`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+
+def calls_per_sample(fn: Callable[[], Any], min_sample: float = 2e-3) -> int:
+    """How many calls make one sample of at least ``min_sample`` seconds (``fn`` warmed up)."""
+    start = time.perf_counter()
+    fn()
+    once = time.perf_counter() - start
+    return max(1, int(min_sample / max(once, 1e-7)))
+
+
+def interleaved_medians(impls: Mapping[str, Callable[[], Any]], rounds: int, *,
+                        separate: Iterable[str] = (), min_sample: float = 2e-3,
+                        on_round: Callable[[], None] | None = None) -> dict[str, float]:
+    """Median seconds per call of each implementation (module docstring). ``on_round`` is
+    called after every round (a progress bar)."""
+    batch = {name: calls_per_sample(fn, min_sample) for name, fn in impls.items()}
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    alone = [name for name in separate if name in impls]
+    together = [name for name in impls if name not in alone]
+    for group in (together, *([name] for name in alone)):
+        if not group:
+            continue
+        for _ in range(max(1, rounds)):
+            for name in group:
+                fn, n = impls[name], batch[name]
+                start = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                samples[name].append((time.perf_counter() - start) / n)
+            if on_round is not None:
+                on_round()
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def format_seconds(seconds: float) -> str:
+    """``40 ns``, ``812.3 us``, ``9.13 ms``, ``1.20 s``."""
+    if seconds != seconds or seconds == float("inf"):
+        return "n/a"
+    if seconds < 1e-6:
+        return f"{seconds * 1e9:.0f} ns"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+__all__ = ["calls_per_sample", "format_seconds", "interleaved_medians"]
