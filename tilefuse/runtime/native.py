@@ -56,6 +56,7 @@ from tilefuse.kernel.fusion import (
 from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.lower_movement import lower_movement
+from tilefuse.kernel.lower_pool import is_pool_group, lower_pool
 from tilefuse.kernel.plan_printer import print_plan, value_names
 from tilefuse.kernel.schedule import Schedule, default_schedule
 from tilefuse.log import get_logger
@@ -149,7 +150,7 @@ class _Builder:
     # ---------------------------------------------------------------- lowering
     def lower(self, group: KernelGroup) -> _Pending:
         pending = _Pending(group)
-        if group.kind not in NATIVE_KINDS:
+        if group.kind not in NATIVE_KINDS and not is_pool_group(group):
             return self.fall_back(pending, f"no native lowering for {group.kind.value} "
                                   "kernels yet")
         try:
@@ -171,7 +172,9 @@ class _Builder:
                       ) -> tuple[LoopFunction, dict[str, Binding]]:
         """An elementwise, row-reduction or movement group: its buffers are named by
         :func:`~tilefuse.kernel.access.kernel_buffers` (inputs, then outputs)."""
-        if group.kind is KernelKind.MOVEMENT and len(group.nodes) > 1 \
+        if is_pool_group(group):
+            fn = lower_pool(group, schedule)
+        elif group.kind is KernelKind.MOVEMENT and len(group.nodes) > 1 \
                 and all(is_pointwise(n) for n in group.nodes):
             # A chain of index remaps (reshape + transpose after an im2col matmul): one copy
             # loop, which the elementwise lowering emits with the remaps as index arithmetic.

@@ -1,0 +1,171 @@
+"""Pooling kernels: a one-node ``max_pool2d`` or ``avg_pool2d`` group lowered to loop IR.
+
+The output [N, C, OH, OW] is walked plane by plane (one plane per (n, c), planes split across
+threads when the kernel is large enough), then row by row and column by column; each output
+element folds its window, unrolled (at most :data:`MAX_WINDOW` taps)::
+
+    [parallel] for p in 0..N·C:
+      for oh in 0..OH:
+        for ow in 0..OW:
+          h0 = oh·sh - top;  w0 = ow·sw - left
+          y[p, oh, ow] = fold over (a, b) of
+                         select(inside(h0 + a·dh, w0 + b·dw), x[p, clamp(h), clamp(w)], fill)
+
+A tap's bounds test (and the clamp that keeps its load inside the plane) is emitted only along
+an axis whose windows can leave the input (padding, or the ceil-mode overhang); the final
+average pool of a CNN (no padding) has none. ``fill`` is -inf (or the integer minimum) for max,
+0 for the sums of avg. The average divides by the taps counted: those inside the input, or with
+``count_include_pad`` those inside input and padding (never the ceil-mode overhang), the
+reference's rule. f16/bf16 averages sum in f32 and round once; max is exact in any type.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tilefuse.dtypes import DType
+from tilefuse.errors import CompileError
+from tilefuse.kernel.access import dims
+from tilefuse.kernel.lower_elementwise import KernelContext, outer_loop
+from tilefuse.kernel.scalar_expr import KernelGroupLike
+from tilefuse.kernel.schedule import PARALLEL_MIN_ELEMENTS
+from tilefuse.loop.ir import (
+    Expr,
+    LoopFunction,
+    Stmt,
+    Store,
+    XOp,
+    binary,
+    cast,
+    const,
+    loop,
+    maximum,
+    minimum,
+    select,
+    var,
+)
+
+if TYPE_CHECKING:
+    from tilefuse.kernel.schedule import Schedule
+
+POOL_OPS = frozenset({"max_pool2d", "avg_pool2d"})
+MAX_WINDOW = 256
+"""The most taps a window may have to be unrolled; larger ones keep the host fallback."""
+
+
+def is_pool_group(group: KernelGroupLike) -> bool:
+    return len(group.nodes) == 1 and group.nodes[0].op.name in POOL_OPS
+
+
+class _Axis:
+    """One spatial axis of the pooling: input size, kernel, stride, dilation, padding."""
+
+    def __init__(self, size: int, out: int, kernel: int, stride: int, dilation: int,
+                 before: int, after: int):
+        self.size, self.kernel, self.stride, self.dilation = size, kernel, stride, dilation
+        self.before, self.after = before, after
+        last = (out - 1) * stride + (kernel - 1) * dilation - before
+        self.checked = before > 0 or last >= size  # some tap can fall outside the input
+
+    def tap(self, start: Expr, k: int) -> tuple[Expr, Expr | None]:
+        """The clamped position of tap ``k`` of the window at ``start``, and whether it is
+        inside the input (None: always)."""
+        at = start + k * self.dilation
+        if not self.checked:
+            return at, None
+        inside = binary(XOp.AND, binary(XOp.GE, at, 0), binary(XOp.LT, at, self.size))
+        return minimum(maximum(at, 0), self.size - 1), inside
+
+    def count(self, start: Expr, include_pad: bool) -> Expr | int:
+        """How many taps of the window at ``start`` the average divides by (no dilation)."""
+        if not self.checked:
+            return self.kernel
+        lo, hi = (-self.before, self.size + self.after) if include_pad else (0, self.size)
+        return minimum(start + self.kernel, hi) - maximum(start, lo)
+
+
+def _fill(dtype: DType) -> float:
+    if dtype.is_float:
+        return -math.inf
+    return float(np.iinfo(dtype.np).min)
+
+
+def _window(ctx: KernelContext, node_name: str, plane: Expr, rows: _Axis, cols: _Axis,
+            h0: Expr, w0: Expr, work: DType) -> Expr:
+    """The fold of the window at (h0, w0): its max, or its sum (in ``work``)."""
+    buf = ctx.buffers.inputs[ctx.group.nodes[0].inputs[0]]
+    is_max = node_name == "max_pool2d"
+    fill = const(_fill(buf.dtype) if is_max else 0.0, work)
+    acc: Expr | None = None
+    for a in range(rows.kernel):
+        h, h_in = rows.tap(h0, a)
+        for b in range(cols.kernel):
+            w, w_in = cols.tap(w0, b)
+            value = buf.load(plane + h * cols.size + w)
+            if value.type.dtype != work:
+                value = cast(value, work)
+            inside = h_in if w_in is None else w_in if h_in is None else binary(
+                XOp.AND, h_in, w_in)
+            if inside is not None:
+                value = select(inside, value, fill)
+            acc = value if acc is None else (maximum(acc, value) if is_max
+                                             else binary(XOp.ADD, acc, value))
+    assert acc is not None
+    return acc
+
+
+def lower_pool(group: KernelGroupLike, schedule: Schedule | None = None) -> LoopFunction:
+    """The loop IR of a one-node pooling group (see the module docstring); CompileError when the
+    group is not one or its window is too large to unroll."""
+    if not is_pool_group(group):
+        raise CompileError(f"kernel {group.name}: pool lowering takes one max_pool2d or "
+                           "avg_pool2d node")
+    (node,) = group.nodes
+    x, y = node.inputs[0], node.outputs[0]
+    if x not in group.inputs or y not in group.outputs:
+        raise CompileError(f"kernel {group.name}: {node.op.name} must read and write buffers")
+    n, c, h, w = dims(x.shape)
+    _, _, oh, ow = dims(y.shape)
+    kh, kw = node.attrs["kernel"]
+    if kh * kw > MAX_WINDOW:
+        raise CompileError(f"kernel {group.name}: a {kh}x{kw} window has more than "
+                           f"{MAX_WINDOW} taps to unroll")
+    sh, sw = node.attrs["stride"]
+    dh, dw = node.attrs.get("dilation", (1, 1))
+    top, left, bottom, right = node.attrs["padding"]
+    rows = _Axis(h, oh, kh, sh, dh, top, bottom)
+    cols = _Axis(w, ow, kw, sw, dw, left, right)
+    is_max = node.op.name == "max_pool2d"
+    work = y.dtype if is_max or y.dtype not in (DType.f16, DType.bf16) else DType.f32
+    ctx = KernelContext.of(group)
+    out = ctx.buffers.outputs[y]
+    include_pad = bool(node.attrs.get("count_include_pad", False))
+
+    def plane_body(p: Expr) -> list[Stmt]:
+        i, j = ctx.names.fresh("oh"), ctx.names.fresh("ow")
+        h0, w0 = var(i) * sh - top, var(j) * sw - left
+        acc = _window(ctx, node.op.name, p * (h * w), rows, cols, h0, w0, work)
+        if not is_max:
+            count = binary(XOp.MUL, as_i64(rows.count(h0, include_pad)),
+                           as_i64(cols.count(w0, include_pad)))
+            acc = binary(XOp.DIV, acc, cast(count, work))
+        if acc.type.dtype != y.dtype:
+            acc = cast(acc, y.dtype)
+        store = Store(out.name, (p * oh + var(i)) * ow + var(j), acc)
+        return [loop(i, 0, oh, [loop(j, 0, ow, [store])])]
+
+    planes = n * c
+    threads = max(1, min(os.cpu_count() or 1, planes * oh * ow * kh * kw // PARALLEL_MIN_ELEMENTS))
+    tile = -(-planes // threads) if threads > 1 and planes > 1 else None
+    return ctx.function(outer_loop(ctx.names, planes, tile, plane_body))
+
+
+def as_i64(value: Expr | int) -> Expr:
+    return value if isinstance(value, Expr) else const(value)
+
+
+__all__ = ["MAX_WINDOW", "POOL_OPS", "is_pool_group", "lower_pool"]
