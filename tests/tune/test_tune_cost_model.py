@@ -10,12 +10,15 @@ from helpers_tune import elementwise_graph, matmul_graph, rows_graph
 
 from tilefuse.tune.cost_model import (
     FEATURE_NAMES,
+    GRADES,
     LightGBMModel,
     RandomModel,
+    cross_validated_recall,
     lightgbm_available,
-    loop_features,
+    rank_grades,
     top_k_recall,
 )
+from tilefuse.tune.features import candidate_features
 from tilefuse.tune.space import space_for
 from tilefuse.tune.task import tasks_from_graph
 
@@ -25,8 +28,8 @@ def features_of(graph, count: int = 12):
     space = space_for(task.group)
     rng = np.random.default_rng(0)
     schedules = [space.default()] + [space.sample(rng) for _ in range(count - 1)]
-    return np.vstack([loop_features(task.lower(s).functions, task.work(), 4)
-                      for s in schedules]), schedules
+    return np.vstack([candidate_features(task.loop_functions(s), s, task.extents(),
+                                         task.work(), 4) for s in schedules]), schedules
 
 
 @pytest.mark.parametrize("graph", [matmul_graph(64, 48, 96), elementwise_graph((300, 7)),
@@ -45,6 +48,30 @@ def test_features_see_the_micro_tile():
         assert row_fmas >= mr * nr // s.vector_width  # at least one k step of the tile
 
 
+def test_features_see_reuse_of_the_packed_b_panel():
+    """In the matmul micro-kernel, A's loads do not depend on the n loop around the
+    micro-kernel, so some bytes are reused there; not all bytes are reused at the k loop."""
+    rows, _ = features_of(matmul_graph(64, 48, 96), 4)
+    hot_reused = rows[:, FEATURE_NAMES.index("level0_reused")]
+    assert ((hot_reused >= 0) & (hot_reused < 1)).all()
+    outer = rows[:, [FEATURE_NAMES.index(f"level{i}_reused") for i in range(1, 4)]]
+    assert (outer > 0).any()
+
+
+def test_lowering_failure_gives_nan_loop_features():
+    [task] = tasks_from_graph(matmul_graph(64, 48, 96))
+    s = space_for(task.group).default()
+    row = candidate_features(None, s, task.extents(), task.work(), 4)
+    assert row.shape == (len(FEATURE_NAMES),)
+    assert np.isnan(row[0]) and np.isfinite(row[-1])
+
+
+def test_rank_grades():
+    grades = rank_grades([3.0, 1.0, math.inf, 2.0, 5.0])
+    assert grades[1] == GRADES and grades[2] == 0 and grades[4] == 0
+    assert grades[1] > grades[3] > grades[0] > grades[4]
+
+
 def test_random_model():
     model = RandomModel(0)
     model.update(np.zeros((3, 4)), np.ones(3))
@@ -54,10 +81,10 @@ def test_random_model():
 @pytest.mark.skipif(not lightgbm_available(), reason="lightgbm is not installed")
 def test_lightgbm_learns_a_simple_cost():
     rng = np.random.default_rng(0)
-    x = rng.uniform(0, 10, size=(80, len(FEATURE_NAMES)))
+    x = rng.uniform(0, 10, size=(80, 20))
     times = np.exp(0.3 * x[:, 0] - 0.1 * x[:, 1])
     times[::17] = math.inf  # failures train as slow
-    model = LightGBMModel(min_samples=8, rounds=60)
+    model = LightGBMModel(min_samples=8, rounds=60, objective="regression")
     model.update(x[:60], times[:60])
     scores = model.predict(x[60:])
     assert scores.shape == (20,)
@@ -69,3 +96,15 @@ def test_top_k_recall():
     assert top_k_recall([1, 2, 3, 4], [10, 20, 30, 40], 2) == 1.0
     assert top_k_recall([4, 3, 2, 1], [10, 20, 30, 40], 2) == 0.0
     assert top_k_recall([1, 3, 2, 4], [10, 20, 30, 40], 2) == 0.5
+
+
+@pytest.mark.skipif(not lightgbm_available(), reason="lightgbm is not installed")
+def test_lambdarank_ranks_held_out_candidates():
+    rng = np.random.default_rng(1)
+    x = rng.uniform(0, 10, size=(150, 20))
+    times = np.exp(0.3 * x[:, 0] - 0.2 * x[:, 3]) * rng.uniform(0.95, 1.05, 150)
+    times[::23] = math.inf
+    recalls = cross_validated_recall(x, times, k=5, folds=5)
+    assert len(recalls) == 5
+    chance = np.mean(cross_validated_recall(x, times, k=5, folds=5, make=RandomModel))
+    assert np.mean(recalls) >= 0.5 > chance

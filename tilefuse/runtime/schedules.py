@@ -22,11 +22,15 @@ import numpy as np
 from tilefuse.codegen.target import CpuTarget
 from tilefuse.errors import TilefuseError
 from tilefuse.graph.ir import Value
-from tilefuse.kernel.fusion import KernelGroup
+from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.schedule import Schedule, default_schedule
 from tilefuse.log import get_logger
 
 _LOG = get_logger("tune")
+
+TUNED_KINDS = frozenset({KernelKind.CONTRACTION, KernelKind.ELEMENTWISE,
+                         KernelKind.ROW_REDUCTION})
+"""The kernel kinds the tuner has a search space for (the others never hit the database)."""
 
 
 def tune_db_path(env: Mapping[str, str] | None = None) -> Path:
@@ -40,7 +44,14 @@ def tune_db_path(env: Mapping[str, str] | None = None) -> Path:
 
 
 class ScheduleSource:
-    """Schedules for one build. ``origin(group)`` says where the last one came from."""
+    """Schedules for one build. ``tuned`` maps each kernel that got a tuned schedule to its
+    measured seconds (for ``kernels.plan``).
+
+    The database is opened once per build, on the first tunable kernel, with one connection;
+    each kernel costs one indexed query (the fastest finite row of its key). The key is computed
+    from the group alone (:func:`tilefuse.tune.fingerprint.group_fingerprint`: no graph is
+    rebuilt and no constant's bytes are hashed), so a warm hit adds well under a millisecond
+    per kernel once the database module is imported."""
 
     def __init__(self, target: CpuTarget, env: Mapping[str, str] | None = None):
         self.target = target
@@ -48,12 +59,15 @@ class ScheduleSource:
         path = tune_db_path(env)
         self.path = str(path) if env.get("TILEFUSE_TUNE_DB") or path.is_file() else None
         self._db: object | None = None
+        self._target_string: str | None = None
         self._failed = False
         self.tuned: dict[str, float] = {}   # kernel name -> measured seconds, for the dump
 
     def schedule(self, group: KernelGroup, constants: Mapping[Value, np.ndarray]) -> Schedule:
         """The tuned schedule of ``group`` if the database has one, else the default."""
-        found = self._lookup(group, constants) if self.path and not self._failed else None
+        found = None
+        if self.path and not self._failed and group.kind in TUNED_KINDS:
+            found = self._lookup(group, constants)
         if found is None:
             return default_schedule(group, self.target)
         schedule, seconds = found
@@ -65,18 +79,39 @@ class ScheduleSource:
     def _lookup(self, group: KernelGroup, constants: Mapping[Value, np.ndarray]
                 ) -> tuple[Schedule, float] | None:
         from tilefuse.tune.database import SQLiteDatabase, TuneKey
-        from tilefuse.tune.task import TuneTask
-        from tilefuse.tune.tuner import target_string
+        from tilefuse.tune.fingerprint import group_fingerprint, target_string
 
         try:
             if self._db is None:
                 self._db = SQLiteDatabase(self.path)
-            known = {v: constants[v] for v in group.inputs if v in constants}
-            key = TuneKey(TuneTask.of_group(group, known).fingerprint(),
-                          target_string(self.target))
+                self._target_string = target_string(self.target)
+            key = TuneKey(group_fingerprint(group, constants), self._target_string or "")
             return self._db.best(key)  # type: ignore[attr-defined]
         except (TilefuseError, sqlite3.Error, OSError) as err:
-            if not isinstance(err, TilefuseError) or "not tuned" not in str(err):
-                _LOG.warning("tuning database %s not used: %s", self.path, err)
-                self._failed = True
+            _LOG.warning("tuning database %s not used: %s", self.path, err)
+            self._failed = True
             return None
+
+    def close(self) -> None:
+        """Closes the database connection, if one was opened."""
+        if self._db is not None:
+            self._db.close()  # type: ignore[attr-defined]
+            self._db = None
+
+
+class ForcedSchedule(ScheduleSource):
+    """One kernel (by name) gets ``schedule``, every other the default rule; no database.
+    The tuner builds each candidate through the runtime's own builder with this."""
+
+    def __init__(self, target: CpuTarget, kernel: str, schedule: Schedule):
+        super().__init__(target, env={})
+        self.path = None
+        self.kernel, self.forced = kernel, schedule
+
+    def schedule(self, group: KernelGroup, constants: Mapping[Value, np.ndarray]) -> Schedule:
+        if group.name == self.kernel:
+            return self.forced
+        return default_schedule(group, self.target)
+
+
+__all__ = ["TUNED_KINDS", "ForcedSchedule", "ScheduleSource", "tune_db_path"]

@@ -2,50 +2,56 @@
 
 One module per concept, each an abstract base with a trivial and a real implementation:
 
-- :mod:`~tilefuse.tune.task` the kernel under tuning (standalone graph, build, reference);
+- :mod:`~tilefuse.tune.task` the kernel under tuning (standalone graph, built by the native
+  runtime's own builder with the candidate schedule, reference outputs);
+- :mod:`~tilefuse.tune.fingerprint` the database key of a kernel (what builds compute);
 - :mod:`~tilefuse.tune.space` ``FixedSpace`` / knob spaces generated from the group;
 - :mod:`~tilefuse.tune.search` ``RandomSearch`` / ``EvolutionarySearch``;
-- :mod:`~tilefuse.tune.cost_model` ``RandomModel`` / ``LightGBMModel`` on loop-IR features;
+- :mod:`~tilefuse.tune.features` loop-IR features; :mod:`~tilefuse.tune.cost_model`
+  ``RandomModel`` / ``LightGBMModel`` (lambdarank);
 - :mod:`~tilefuse.tune.runner` ``InProcessRunner`` / ``LocalRunner`` (isolated worker, timeout);
+  :mod:`~tilefuse.tune.runner_ray` ``RayRunner`` (Ray tasks, for a cluster);
 - :mod:`~tilefuse.tune.database` ``MemoryDatabase`` / ``SQLiteDatabase`` (WAL);
 - :mod:`~tilefuse.tune.roofline` ``NoRoofline`` / ``MeasuredRoofline``;
 - :mod:`~tilefuse.tune.tuner` ``tune_group`` / ``tune_task``;
 - :mod:`~tilefuse.tune.budget` the budget split by each kernel's share of the time;
-- :mod:`~tilefuse.tune.api` ``tune(fn, *example_args, trials=..., time_budget=...)``, the
-  user-facing entry (``python -m tilefuse.tune --demo``).
+- :mod:`~tilefuse.tune.api` ``tune(model, *example_inputs, trials=..., time_budget=...)`` and
+  ``tune_graph(graph, example_inputs, ...)``, the user-facing entries (``python -m
+  tilefuse.tune --demo``).
+
+Every name is imported on first use, so a build that only looks up tuned schedules (which
+imports :mod:`~tilefuse.tune.database` and :mod:`~tilefuse.tune.fingerprint`) does not load
+the tuner, the runners or LightGBM.
 """
 
-from tilefuse.tune.cost_model import CostModel, LightGBMModel, RandomModel, best_model
-from tilefuse.tune.database import MemoryDatabase, SQLiteDatabase, TuneKey, TuningDatabase
-from tilefuse.tune.roofline import MeasuredRoofline, NoRoofline, Roofline
-from tilefuse.tune.runner import InProcessRunner, LocalRunner, MeasureOptions, PlantedFault, Runner
-from tilefuse.tune.search import EvolutionarySearch, RandomSearch, SearchStrategy
-from tilefuse.tune.space import FixedSpace, SearchSpace, space_for
-from tilefuse.tune.task import TuneError, TuneTask, tasks_from_graph
+from __future__ import annotations
 
-_TUNER = ("Budget", "TuneResult", "target_string", "tune_group", "tune_task")
-_API = ("KernelReport", "TuneReport", "default_db_path", "open_database", "tune")
+import importlib
+
+_WHERE = {
+    "CostModel": "cost_model", "LightGBMModel": "cost_model", "RandomModel": "cost_model",
+    "best_model": "cost_model",
+    "MemoryDatabase": "database", "SQLiteDatabase": "database", "TuneKey": "database",
+    "TuningDatabase": "database",
+    "group_fingerprint": "fingerprint", "target_string": "fingerprint",
+    "MeasuredRoofline": "roofline", "NoRoofline": "roofline", "Roofline": "roofline",
+    "InProcessRunner": "runner", "LocalRunner": "runner", "MeasureOptions": "runner",
+    "PlantedFault": "runner", "Runner": "runner", "RayRunner": "runner_ray",
+    "EvolutionarySearch": "search", "RandomSearch": "search", "SearchStrategy": "search",
+    "FixedSpace": "space", "SearchSpace": "space", "space_for": "space",
+    "TuneError": "task", "TuneTask": "task", "tasks_from_graph": "task",
+    "Budget": "tuner", "TuneResult": "tuner", "tune_group": "tuner", "tune_task": "tuner",
+    "KernelReport": "api", "TuneReport": "api", "default_db_path": "api",
+    "open_database": "api", "tune": "api", "tune_graph": "api", "graph_of": "api",
+}
 
 
 def __getattr__(name: str) -> object:
-    """The tuner's and the API's names, imported on first use (so ``python -m
-    tilefuse.tune.tuner`` does not find its module imported twice)."""
-    if name in _TUNER:
-        from tilefuse.tune import tuner
-
-        return getattr(tuner, name)
-    if name in _API:
-        from tilefuse.tune import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'tilefuse.tune' has no attribute {name!r}")
+    """``tilefuse.tune.X`` imported from its module on first use (module docstring)."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tilefuse.tune' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"tilefuse.tune.{module}"), name)
 
 
-__all__ = ["Budget", "CostModel", "EvolutionarySearch", "FixedSpace", "InProcessRunner",
-           "KernelReport", "LightGBMModel", "LocalRunner", "MeasureOptions", "MeasuredRoofline",
-           "MemoryDatabase",
-           "NoRoofline", "PlantedFault", "RandomModel", "RandomSearch", "Roofline", "Runner",
-           "SQLiteDatabase", "SearchSpace", "SearchStrategy", "TuneError", "TuneKey",
-           "TuneReport", "TuneResult", "TuneTask", "TuningDatabase", "best_model",
-           "default_db_path", "open_database", "space_for", "target_string",
-           "tasks_from_graph", "tune", "tune_group", "tune_task"]
+__all__ = sorted(_WHERE)

@@ -7,9 +7,13 @@ median seconds, date). :meth:`TuningDatabase.best` gives the fastest finite row 
 - :class:`MemoryDatabase` (trivial): a dict in this process.
 - :class:`SQLiteDatabase`: one SQLite file in WAL mode, shared by the processes of one host.
   Every write is one ``BEGIN IMMEDIATE`` transaction (writers queue on the lock for up to
-  ``timeout`` seconds rather than fail), so concurrent writers are safe and a writer killed
-  mid-transaction leaves the file consistent (SQLite rolls the partial transaction back). Each
-  process opens its own connection (a connection is never shared across a fork).
+  ``timeout`` seconds rather than fail; ``busy_timeout`` covers readers meeting a checkpoint),
+  so concurrent writers are safe and a writer killed mid-transaction (even by ``kill -9``)
+  leaves the file consistent: SQLite rolls the partial transaction back from the WAL on the next
+  open. A measurement is an INSERT, never an UPDATE, so a new candidate cannot invalidate
+  another. Each process opens its own connection (a connection is never shared across a fork).
+  The schema is created once: ``PRAGMA user_version`` records its version, so opening an
+  up-to-date file is a read, not a write (builds open the database on every compile).
 """
 
 from __future__ import annotations
@@ -65,6 +69,10 @@ class TuningDatabase(abc.ABC):
         return None
 
     @abc.abstractmethod
+    def keys(self) -> list[TuneKey]:
+        """Every key with at least one measurement."""
+
+    @abc.abstractmethod
     def peak(self, target: str, name: str) -> float | None:
         """A measured peak of the machine (``flops``, ``bytes``), or None."""
 
@@ -89,6 +97,9 @@ class MemoryDatabase(TuningDatabase):
     def records(self, key: TuneKey) -> list[Record]:
         return sorted(self._rows.get(key, []), key=lambda r: r.seconds)
 
+    def keys(self) -> list[TuneKey]:
+        return list(self._rows)
+
     def peak(self, target: str, name: str) -> float | None:
         return self._peaks.get((target, name))
 
@@ -96,16 +107,18 @@ class MemoryDatabase(TuningDatabase):
         self._peaks[(target, name)] = float(value)
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS measurements (
-    fingerprint TEXT NOT NULL, target TEXT NOT NULL, version TEXT NOT NULL,
-    schedule TEXT NOT NULL, seconds REAL NOT NULL, date TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS measurements_key
-    ON measurements (fingerprint, target, version, seconds);
-CREATE TABLE IF NOT EXISTS peaks (
-    target TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL, date TEXT NOT NULL,
-    PRIMARY KEY (target, name));
-"""
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS measurements (
+        fingerprint TEXT NOT NULL, target TEXT NOT NULL, version TEXT NOT NULL,
+        schedule TEXT NOT NULL, seconds REAL NOT NULL, date TEXT NOT NULL)""",
+    """CREATE INDEX IF NOT EXISTS measurements_key
+        ON measurements (fingerprint, target, version, seconds)""",
+    """CREATE TABLE IF NOT EXISTS peaks (
+        target TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL, date TEXT NOT NULL,
+        PRIMARY KEY (target, name))""",
+)
+SCHEMA_VERSION = 1
+"""``PRAGMA user_version`` of a file whose schema is complete."""
 
 INF_SECONDS = 1e300
 """How inf is stored (SQLite REAL holds inf, but a plain large number sorts and reads back
@@ -120,7 +133,7 @@ class SQLiteDatabase(TuningDatabase):
         self.timeout = timeout
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
-        self.connection().executescript(_SCHEMA)
+        self.connection()
 
     def connection(self) -> sqlite3.Connection:
         """This process's connection (opened on first use, again after a fork)."""
@@ -129,6 +142,7 @@ class SQLiteDatabase(TuningDatabase):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+            _ensure_schema(conn)
             self._conn, self._pid = conn, os.getpid()
         return self._conn
 
@@ -150,6 +164,20 @@ class SQLiteDatabase(TuningDatabase):
         return [Record(Schedule.from_json(s), math.inf if t >= INF_SECONDS else t, d)
                 for s, t, d in rows]
 
+    def best(self, key: TuneKey) -> tuple[Schedule, float] | None:
+        """One indexed query for the fastest finite row (what a build asks per kernel)."""
+        row = self.connection().execute(
+            "SELECT schedule, seconds FROM measurements WHERE fingerprint = ? AND target = ? "
+            "AND version = ? AND seconds < ? ORDER BY seconds LIMIT 1",
+            (key.fingerprint, key.target, key.version, INF_SECONDS)).fetchone()
+        return None if row is None else (Schedule.from_json(row[0]), float(row[1]))
+
+    def keys(self) -> list[TuneKey]:
+        """Every key with at least one measurement."""
+        rows = self.connection().execute(
+            "SELECT DISTINCT fingerprint, target, version FROM measurements").fetchall()
+        return [TuneKey(*row) for row in rows]
+
     def peak(self, target: str, name: str) -> float | None:
         row = self.connection().execute("SELECT value FROM peaks WHERE target = ? AND name = ?",
                                         (target, name)).fetchone()
@@ -170,6 +198,16 @@ class SQLiteDatabase(TuningDatabase):
         self._conn = None
 
 
+def _ensure_schema(conn: sqlite3.Connection) -> None:
+    """Creates the tables unless ``user_version`` says they exist (one read when they do)."""
+    if conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+        return
+    with _Transaction(conn):
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
 class _Transaction:
     """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an exception)."""
 
@@ -184,5 +222,5 @@ class _Transaction:
         self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
 
 
-__all__ = ["INF_SECONDS", "MemoryDatabase", "Record", "SQLiteDatabase", "TuneKey",
+__all__ = ["INF_SECONDS", "SCHEMA_VERSION", "MemoryDatabase", "Record", "SQLiteDatabase", "TuneKey",
            "TuningDatabase"]

@@ -7,40 +7,45 @@ graph's outputs. Re-forming kernels on that graph gives the same group back (che
 how a worker process gets the task: the graph travels as plain data (:func:`graph_to_wire`;
 printing and re-parsing a 9 MB weight as text takes seconds) and the worker forms it again.
 
-The task also gives the group's fingerprint (sha256 of the graph text with constant values left
-out: the schedule depends on shapes and dtypes, not on weights), its reference outputs (the
-ops' NumPy references, node by node), and :class:`BuiltKernel`: the lowered and compiled
-functions of one schedule bound to inputs, outputs and scratch buffers, ready to run.
+A candidate is built by the runtime's own builder: :meth:`TuneTask.build` makes a
+:class:`~tilefuse.runtime.native.NativeExecutable` of the task's graph with a
+:class:`~tilefuse.runtime.schedules.ForcedSchedule` giving the candidate to the kernel (no disk
+cache), so what is timed is exactly what a build with that schedule runs: the same lowering,
+B packing, arena and launcher, called through ``run_trusted`` as ``tilefuse.jit`` calls it.
+:meth:`TuneTask.loop_functions` only lowers (for the cost model's features, no compiling).
+
+The task also gives the group's fingerprint (:mod:`tilefuse.tune.fingerprint`, the key builds
+look up) and its reference outputs (the ops' NumPy references, node by node).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import re
 from collections import ChainMap
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tilefuse.codegen.jit import CompiledKernel, aligned_empty, compile_kernel
+from tilefuse.codegen.jit import aligned_empty
 from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.errors import TilefuseError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Graph, Value
-from tilefuse.graph.printer import print_graph
 from tilefuse.graph.types import is_static
-from tilefuse.kernel.access import kernel_buffers
 from tilefuse.kernel.fusion import KernelGroup, KernelKind, form_kernels, op_cost
 from tilefuse.kernel.lower_elementwise import lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.schedule import Schedule, iteration_axes, validate
 from tilefuse.loop.ir import LoopFunction
 from tilefuse.passes.decompose import decompose_composites
+from tilefuse.runtime.kernel_cache import KernelCache
+from tilefuse.runtime.native import NativeExecutable
+from tilefuse.runtime.schedules import ForcedSchedule
 from tilefuse.testing import random_array
+from tilefuse.tune.fingerprint import group_fingerprint
 
 TUNABLE_KINDS = frozenset({KernelKind.CONTRACTION, KernelKind.ELEMENTWISE,
                            KernelKind.ROW_REDUCTION})
@@ -123,15 +128,24 @@ class TuneTask:
             raise TuneError(f"a tuning task needs exactly one contraction, elementwise or row "
                             f"kernel, got: {shown or 'none'}")
         self.group: KernelGroup = live[0]
+        self._fingerprint = group_fingerprint(self.group, self.constants)
+        b_known = False
+        if self.kind is KernelKind.CONTRACTION:
+            _, reads = operand_cone(self.group, matmul_node(self.group).inputs[1])
+            b_known = all(v in self.constants for v in reads)
+        self.constant_b = b_known
 
     @staticmethod
     def of_group(group: KernelGroup, constants: Mapping[Value, np.ndarray] | None = None
                  ) -> TuneTask:
         """The task for ``group``; ``constants`` holds the arrays of its inputs known at build
-        time (the others get random data)."""
+        time (the others get random data). Its fingerprint is ``group``'s, as a build of the
+        graph ``group`` comes from computes it."""
         if group.kind not in TUNABLE_KINDS:
             raise TuneError(f"kernel {group.name}: {group.kind.value} kernels are not tuned")
-        return TuneTask(kernel_graph(group, constants or {}))
+        task = TuneTask(kernel_graph(group, constants or {}))
+        task._fingerprint = group_fingerprint(group, constants or {})
+        return task
 
     @property
     def kind(self) -> KernelKind:
@@ -148,10 +162,8 @@ class TuneTask:
         return iteration_axes(self.group)
 
     def fingerprint(self) -> str:
-        """sha256 of the graph text with every constant's value left out."""
-        text = print_graph(self.graph, elide_constants_over=0, locations=False)
-        text = re.sub(r'elided\("[0-9a-f]+"\)', "elided", text)
-        return hashlib.sha256(f"{self.kind.value}\n{text}".encode()).hexdigest()
+        """The database key's kernel part (:func:`~tilefuse.tune.fingerprint.group_fingerprint`)."""
+        return self._fingerprint
 
     def random_inputs(self, rng: np.random.Generator) -> dict[Value, np.ndarray]:
         """Fresh random arrays for the group inputs that are not constants."""
@@ -159,12 +171,12 @@ class TuneTask:
                 if v not in self.constants}
 
     def reference(self, inputs: Mapping[Value, np.ndarray]) -> list[np.ndarray]:
-        """The group's outputs from the ops' references, node by node."""
+        """The graph's outputs from the ops' references, node by node."""
         env: dict[Value, np.ndarray] = {}
         scope = ChainMap(env, dict(inputs), self.constants)
         for node in self.group.nodes:
             env.update(zip(node.outputs, run_node(node, [scope[v] for v in node.inputs])))
-        return [scope[v] for v in self.group.outputs]
+        return [scope[v] for v in self.graph.outputs]
 
     def work(self) -> tuple[float, float]:
         """(flops, bytes) the kernel must do at least: 2·M·N·K per matmul plus each member's
@@ -180,51 +192,33 @@ class TuneTask:
                     for v in (*self.group.inputs, *self.group.outputs))
         return flops, float(moved)
 
-    def lower(self, schedule: Schedule) -> Lowered:
-        """The loop functions of ``schedule`` (validated first: ScheduleError) and what each
-        buffer name is bound to."""
+    def loop_functions(self, schedule: Schedule) -> tuple[LoopFunction, ...]:
+        """The loop functions a build of ``schedule`` compiles (validated first:
+        ScheduleError), lowered by the same lowering the runtime calls, without compiling."""
         validate(schedule, self.extents())
-        group = self.group
-        if group.kind is not KernelKind.CONTRACTION:
-            fn = lower_group(group, schedule)
-            buffers = kernel_buffers(group.inputs, group.outputs)
-            binds = {p.name: v for v, p in [*buffers.inputs.items(), *buffers.outputs.items()]}
-            return Lowered((fn,), binds, {}, None, None)
-        b_value = matmul_node(group).inputs[1]
-        cone, reads = operand_cone(group, b_value)
-        b_array = None
-        if all(v in self.constants for v in reads):
-            b_array = self.constants.get(b_value)
-            if b_array is None:
-                env = ChainMap({}, self.constants)
-                for node in cone:
-                    env.update(zip(node.outputs, run_node(node, [env[v] for v in node.inputs])))
-                b_array = env[b_value]
-        low = lower_matmul(group, schedule, constant_b=b_array is not None)
-        prepared = None if b_array is None else (low.constant_b, low.prepare_b(b_array))
-        return Lowered(low.functions, dict(low.bindings), dict(low.scratch), prepared,
-                       matmul_node(group).output.dtype.np)
+        if self.kind is KernelKind.CONTRACTION:
+            return lower_matmul(self.group, schedule, constant_b=self.constant_b).functions
+        return (lower_group(self.group, schedule),)
 
     def build(self, schedule: Schedule, inputs: Mapping[Value, np.ndarray],
               target: CpuTarget | None = None) -> BuiltKernel:
-        """Lowers and compiles ``schedule`` and binds it to copies of ``inputs``."""
-        return BuiltKernel.make(self, self.lower(schedule), inputs, target or host_target())
+        """The runtime's build of the task's graph with ``schedule`` for the kernel (module
+        docstring), bound to aligned copies of ``inputs``. TuneError when the build did not run
+        the kernel natively with that schedule (a lowering that failed falls back to the host
+        in a build; here that is the candidate's failure)."""
+        validate(schedule, self.extents())
+        target = target or host_target()
+        exe = NativeExecutable(self.graph, target=target, cache=KernelCache(None, target),
+                               schedules=ForcedSchedule(target, self.group.name, schedule))
+        if exe.fallbacks:
+            reasons = "; ".join(f"{name}: {why}" for name, why in exe.fallbacks)
+            raise TuneError(f"schedule {schedule} does not build natively: {reasons}")
+        arrays = [_aligned_copy(np.asarray(inputs[v])) for v in self.graph.inputs]
+        return BuiltKernel(exe, arrays)
 
 
 def _numel(v: Value) -> int:
     return math.prod(int(d) for d in v.shape)
-
-
-@dataclass(frozen=True)
-class Lowered:
-    """A schedule's loop functions (run in order), buffer name → group value, scratch buffers
-    (name → bytes), the prepared constant B (buffer name, array) and the scratch dtype."""
-
-    functions: tuple[LoopFunction, ...]
-    bindings: Mapping[str, Value]
-    scratch: Mapping[str, int]
-    constant_b: tuple[str, np.ndarray] | None
-    scratch_dtype: Any
 
 
 def _aligned_copy(array: np.ndarray) -> np.ndarray:
@@ -235,39 +229,17 @@ def _aligned_copy(array: np.ndarray) -> np.ndarray:
 
 @dataclass
 class BuiltKernel:
-    """Compiled functions bound to their buffers; :meth:`run` runs them once, in order."""
+    """A built executable and its input arrays; :meth:`run` calls it once (``outputs`` then
+    holds the results). The previous outputs are dropped before each call so the executable
+    reuses their buffers, as a caller that releases its results gets."""
 
-    kernels: list[tuple[CompiledKernel, list[int]]]
-    outputs: list[np.ndarray]
-    keep: list[np.ndarray]  # every buffer the addresses point into
-
-    @staticmethod
-    def make(task: TuneTask, lowered: Lowered, inputs: Mapping[Value, np.ndarray],
-             target: CpuTarget) -> BuiltKernel:
-        arrays: dict[object, np.ndarray] = {}
-        for v in task.group.inputs:
-            arrays[v] = _aligned_copy(np.asarray(inputs[v] if v in inputs else task.constants[v]))
-        for v in task.group.outputs:
-            arrays[v] = aligned_empty(tuple(int(d) for d in v.shape), v.dtype.np)
-        by_name: dict[str, np.ndarray] = {n: arrays[v] for n, v in lowered.bindings.items()}
-        for name, nbytes in lowered.scratch.items():
-            dtype = np.dtype(lowered.scratch_dtype)
-            by_name[name] = aligned_empty(max(1, nbytes // dtype.itemsize), dtype)
-        if lowered.constant_b is not None:
-            by_name[lowered.constant_b[0]] = _aligned_copy(lowered.constant_b[1])
-        kernels = []
-        for fn in lowered.functions:
-            missing = [b.name for b in fn.buffers if b.name not in by_name]
-            if missing:
-                raise TuneError(f"kernel {fn.name}: unbound buffers {', '.join(missing)}")
-            compiled = compile_kernel(fn, target=target)
-            kernels.append((compiled, [by_name[b.name].ctypes.data for b in fn.buffers]))
-        return BuiltKernel(kernels, [arrays[v] for v in task.group.outputs],
-                           list(by_name.values()) + list(arrays.values()))
+    executable: NativeExecutable
+    arrays: list[np.ndarray]
+    outputs: list[np.ndarray] = field(default_factory=list)
 
     def run(self) -> None:
-        for kernel, pointers in self.kernels:
-            kernel.call_unchecked(pointers, [])
+        self.outputs = []
+        self.outputs = self.executable.run_trusted(self.arrays)
 
 
 def tasks_from_graph(graph: Graph) -> list[TuneTask]:
@@ -291,5 +263,5 @@ def node_ops(group: KernelGroup) -> tuple[str, ...]:
     return tuple(n.op.name for n in group.nodes)
 
 
-__all__ = ["BuiltKernel", "Lowered", "TuneError", "TuneTask", "graph_from_wire",
+__all__ = ["BuiltKernel", "TuneError", "TuneTask", "graph_from_wire",
            "graph_to_wire", "kernel_graph", "named_tasks", "node_ops", "tasks_from_graph"]

@@ -14,7 +14,6 @@ weight and bias constant) for about a minute and prints the default and the best
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
 import os
 import tempfile
@@ -31,9 +30,15 @@ from tilefuse.graph.ir import Value
 from tilefuse.kernel.fusion import KernelGroup
 from tilefuse.kernel.schedule import Schedule
 from tilefuse.log import get_logger
-from tilefuse.tune.cost_model import CostModel, LightGBMModel, best_model, loop_features
-from tilefuse.tune.cost_model import top_k_recall as recall
+from tilefuse.tune.cost_model import (
+    CostModel,
+    best_model,
+    cross_validated_recall,
+    lightgbm_available,
+)
 from tilefuse.tune.database import SQLiteDatabase, TuneKey, TuningDatabase
+from tilefuse.tune.features import candidate_features
+from tilefuse.tune.fingerprint import target_string
 from tilefuse.tune.roofline import MeasuredRoofline, NoRoofline, Roofline
 from tilefuse.tune.runner import LocalRunner, MeasureOptions, Runner
 from tilefuse.tune.search import EvolutionarySearch, History, SearchStrategy
@@ -90,18 +95,13 @@ def percent_of_bound(bound_seconds: float, seconds: float) -> float:
     return 100.0 * bound_seconds / seconds
 
 
-def target_string(target: CpuTarget | None = None) -> str:
-    """What a measurement is valid for: triple, CPU, a digest of its features, core count."""
-    t = target or host_target()
-    digest = hashlib.sha256(t.features.encode()).hexdigest()[:12]
-    return f"{t.triple}/{t.cpu}/{digest}/cores={os.cpu_count() or 1}"
-
-
 class _Features:
-    """Feature rows of schedules (lowered once each; a lowering that fails gives NaNs)."""
+    """Feature rows of schedules (lowered once each; a lowering that fails gives NaNs for the
+    loop part)."""
 
     def __init__(self, task: TuneTask):
         self.task, self.work = task, task.work()
+        self.extents = task.extents()
         self.cache: dict[str, np.ndarray] = {}
         self.cores = os.cpu_count() or 1
 
@@ -109,10 +109,11 @@ class _Features:
         key = schedule.to_json()
         if key not in self.cache:
             try:
-                fns = self.task.lower(schedule).functions
-                self.cache[key] = loop_features(fns, self.work, self.cores)
+                fns = self.task.loop_functions(schedule)
             except TilefuseError:
-                self.cache[key] = np.full_like(loop_features((), self.work, 1), np.nan)
+                fns = None
+            self.cache[key] = candidate_features(fns, schedule, self.extents, self.work,
+                                                 self.cores)
         return self.cache[key]
 
     def __call__(self, schedules: Sequence[Schedule]) -> np.ndarray:
@@ -199,20 +200,15 @@ def w1_graph(m: int = 512, k: int = 768, n: int = 3072):
     return builder.build([builder.add1("gelu", [y])])
 
 
-def held_out_recall(result: TuneResult, k: int = 5, train_share: float = 0.7) -> float | None:
-    """Top-k recall of a LightGBM model trained on the first measurements of a run and asked
-    to rank the rest (None without lightgbm or with too few measurements)."""
-    rows = [(f, t) for f, t in zip(result.features, result.history.seconds) if math.isfinite(t)]
-    cut = int(len(rows) * train_share)
-    if len(rows) - cut < k or cut < 8:
+def held_out_recall(result: TuneResult, k: int = 5, folds: int = 5) -> float | None:
+    """Mean top-k recall of LightGBM over ``folds`` held-out folds of a run's measurements
+    (:func:`~tilefuse.tune.cost_model.cross_validated_recall`); None without lightgbm or
+    with too few measurements."""
+    if not lightgbm_available():
         return None
-    try:
-        model = LightGBMModel(min_samples=8)
-    except TilefuseError:
-        return None
-    model.update(np.vstack([f for f, _ in rows[:cut]]), np.array([t for _, t in rows[:cut]]))
-    test = rows[cut:]
-    return recall(model.predict(np.vstack([f for f, _ in test])), [t for _, t in test], k)
+    recalls = cross_validated_recall(np.vstack(result.features), result.history.seconds, k,
+                                     folds)
+    return float(np.mean(recalls)) if recalls else None
 
 
 def demo(seconds: float, db_path: Path | None) -> None:

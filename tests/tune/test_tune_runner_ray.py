@@ -1,0 +1,55 @@
+"""The Ray runner on a local Ray instance: good, crashing, hanging and wrong candidates."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from helpers_tune import matmul_graph
+
+from tilefuse.tune.runner import CRASH, INVALID, OK, TIMEOUT, WRONG, MeasureOptions, PlantedFault
+from tilefuse.tune.space import space_for
+from tilefuse.tune.task import tasks_from_graph
+
+ray = pytest.importorskip("ray")
+
+from tilefuse.tune.runner_ray import RayRunner  # noqa: E402 - after the skip
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _candidates(count: int):
+    [task] = tasks_from_graph(matmul_graph(24, 16, 40))
+    space = space_for(task.group)
+    rng = np.random.default_rng(3)
+    found = [space.default()]
+    while len(found) < count:
+        s = space.sample(rng)
+        if s not in found:
+            found.append(s)
+    return task, found
+
+
+def test_ray_runner_measures_and_survives_planted_failures(local_ray):
+    task, (good, aborts, hangs, corrupt) = _candidates(4)
+    options = MeasureOptions(warmup=0, repeats=2, min_repeat_seconds=0.0, timeout=20.0)
+    invalid = dataclasses.replace(good, micro_tile=(good.micro_tile[0], 7))
+    for kind, victim, status in (("abort", aborts, CRASH), ("hang", hangs, TIMEOUT),
+                                 ("corrupt", corrupt, WRONG)):
+        fault = PlantedFault(kind, frozenset({victim.to_json()}), hang_seconds=600)
+        runner = RayRunner(options, fault)
+        assert not runner._owns_ray  # the caller's session is used, not shut down
+        first, bad, after, rejected = runner.measure(task, [good, victim, good, invalid])
+        runner.close()
+        assert first.status == OK and math.isfinite(first.seconds) and first.seconds > 0, first
+        assert bad.status == status and bad.seconds == math.inf, (kind, bad)
+        assert after.status == OK and math.isfinite(after.seconds), (kind, after)
+        assert rejected.status == INVALID
+    assert ray.is_initialized()
