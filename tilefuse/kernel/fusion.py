@@ -55,7 +55,8 @@ The rules (they are the design; the tests hold the code to them):
    flops at ~100 GFLOP/s against ~15 GB/s per core; recompute adds at most 8 ops per element per
    reader and reads no more bytes than the read it replaces, so it wins whenever allowed.
 9. Everything else (concat, slice, pad, take, split, stack, conv2d, pooling, einsum, arange) is a
-   one-node MOVEMENT (movement ops) or OPAQUE group for now.
+   one-node MOVEMENT (movement ops) or OPAQUE group for now; an ``attention`` node is a one-node
+   ATTENTION group.
 
 Groups launch in a topological order of the kernel graph (ties: earliest node first), named
 ``k0, k1, ...`` in that order. Decisions are logged on the ``fusion`` topic.
@@ -103,6 +104,7 @@ class KernelKind(enum.Enum):
     CONTRACTION = "contraction"
     MOVEMENT = "movement"
     OPAQUE = "opaque"
+    ATTENTION = "attention"   # one attention node: the online-softmax kernel (lower_attention)
 
 
 class Role(enum.Enum):
@@ -419,6 +421,7 @@ class _Former:
         for node in work:
             if node not in self.home:
                 kind = KernelKind.MOVEMENT if node.op.kind is OpKind.MOVEMENT \
+                    else KernelKind.ATTENTION if node.op.name == "attention" \
                     else KernelKind.OPAQUE
                 self._seed(kind, node)
         self._recompute_cheap_values()

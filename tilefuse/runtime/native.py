@@ -53,12 +53,13 @@ from tilefuse.kernel.fusion import (
     form_kernels,
     is_pointwise,
 )
+from tilefuse.kernel.lower_attention import default_attention_schedule, lower_attention
 from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.lower_movement import lower_movement
 from tilefuse.kernel.lower_pool import is_pool_group, lower_pool
 from tilefuse.kernel.plan_printer import print_plan, value_names
-from tilefuse.kernel.schedule import Schedule, default_schedule
+from tilefuse.kernel.schedule import Schedule, as_cpu_target, default_schedule
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import LoopFunction
 from tilefuse.passes.decompose import decompose_composites
@@ -68,7 +69,7 @@ from tilefuse.runtime.memory import BufferRequest, MemoryPlan, plan_memory
 from tilefuse.runtime.schedules import ScheduleSource
 
 NATIVE_KINDS = frozenset({KernelKind.CONTRACTION, KernelKind.ELEMENTWISE,
-                          KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT})
+                          KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT, KernelKind.ATTENTION})
 
 
 @dataclass(frozen=True)
@@ -154,9 +155,13 @@ class _Builder:
             return self.fall_back(pending, f"no native lowering for {group.kind.value} "
                                   "kernels yet")
         try:
-            pending.schedule = self.schedules.schedule(group, self.constants)
+            pending.schedule = default_attention_schedule(group, self.target) \
+                if group.kind is KernelKind.ATTENTION \
+                else self.schedules.schedule(group, self.constants)
             if group.kind is KernelKind.CONTRACTION:
                 made = self.lower_contraction(group, pending.schedule)
+            elif group.kind is KernelKind.ATTENTION:
+                made = self.lower_attention(group, pending.schedule)
             else:
                 made = [self.lower_generic(group, pending.schedule)]
             pending.kernels = [
@@ -219,6 +224,17 @@ class _Builder:
             bindings[name] = Scratch(f"{group.name}.{name}", nbytes, dtype)
         if lowered.constant_b is not None:
             bindings[lowered.constant_b] = lowered.prepare_b(b_array)
+        return [(fn, bindings) for fn in lowered.functions]
+
+    def lower_attention(self, group: KernelGroup, schedule: Schedule
+                        ) -> list[tuple[LoopFunction, dict[str, Binding]]]:
+        """An attention group: its prep and main kernels and their per-step scratch (linear in
+        the sequence; no Sq × Sk buffer)."""
+        lowered = lower_attention(group, schedule, as_cpu_target(self.target).cores)
+        bindings: dict[str, Binding] = dict(lowered.bindings)
+        dtype = group.outputs[0].dtype.np
+        for name, nbytes in lowered.scratch.items():
+            bindings[name] = Scratch(f"{group.name}.{name}", nbytes, dtype)
         return [(fn, bindings) for fn in lowered.functions]
 
     # ---------------------------------------------------------------- buffers
