@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 
 from tilefuse.dtypes import DType
+from tilefuse.onnx import converters_volume as volume
 from tilefuse.onnx.context import NodeContext, Tensor
 
 Converter = Callable[[NodeContext], list[Tensor]]
@@ -175,6 +176,63 @@ def _geometry(ctx: NodeContext, x: Tensor, kernel: tuple[int, ...]
             (pads[0], pads[1], pads[2], pads[3]))
 
 
+def _nd_geometry(ctx: NodeContext, x: Tensor, kernel: tuple[int, ...]
+                 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Strides, dilations and ONNX pads ``[begin..., end...]`` over all spatial axes."""
+    n = x.rank - 2
+    strides, dilations = _ints(ctx, "strides", n, 1), _ints(ctx, "dilations", n, 1)
+    return strides, dilations, _padding(ctx, x.shape[2:], kernel, strides, dilations)
+
+
+def _conv_transpose(ctx: NodeContext) -> list[Tensor]:
+    x, w, b = ctx.input(0), ctx.input(1), ctx.optional(2)
+    if w.rank != x.rank or x.rank not in (3, 4):
+        raise ctx.error("only 1-D and 2-D transposed convolutions are supported "
+                        f"(input rank {x.rank})")
+    n = x.rank - 2
+    kernel = _kernel(ctx, x, w.shape[2:])
+    if kernel != w.shape[2:]:
+        raise ctx.error(f"kernel_shape {list(kernel)} differs from W {list(w.shape)}")
+    strides, dilations = _ints(ctx, "strides", n, 1), _ints(ctx, "dilations", n, 1)
+    extra = _ints(ctx, "output_padding", n, 0)
+    pads, extra = _transpose_pads(ctx, x.shape[2:], kernel, strides, dilations, extra)
+    x2, squeezed = _to_2d(ctx, x)
+    w2, _ = _to_2d(ctx, w)
+    if squeezed:
+        strides, dilations, extra = (1, *strides), (1, *dilations), (0, *extra)
+        pads = (0, pads[0], 0, pads[1])
+    y = volume.conv_transpose2d(ctx, x2, w2, b, strides, dilations, pads, extra,  # type: ignore
+                                int(ctx.attr("group", 1)))
+    return [ctx.op("squeeze", y, axes=(2,)) if squeezed else y]
+
+
+def _transpose_pads(ctx: NodeContext, spatial: tuple[int, ...], kernel: tuple[int, ...],
+                    strides: tuple[int, ...], dilations: tuple[int, ...],
+                    extra: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """ConvTranspose's pads ``[begin..., end...]`` and output padding: given, or from
+    ``output_shape`` / ``auto_pad`` (the total split as the operator's doc says; an output
+    larger than the unpadded one grows the output padding)."""
+    auto = ctx.attr("auto_pad", "NOTSET")
+    out_shape = ctx.attr("output_shape")
+    if out_shape is None and auto in ("NOTSET", "VALID"):
+        pads = _ints(ctx, "pads", 2 * len(spatial), 0) if auto == "NOTSET" else \
+            (0,) * (2 * len(spatial))
+        return pads, extra
+    if auto not in ("NOTSET", "SAME_UPPER", "SAME_LOWER"):
+        raise ctx.error(f"auto_pad {auto!r} is not NOTSET, VALID, SAME_UPPER or SAME_LOWER")
+    wanted = tuple(out_shape)[-len(spatial):] if out_shape is not None else tuple(
+        size * s for size, s in zip(spatial, strides))
+    begins, ends, grown = [], [], []
+    for size, k, s, d, e, want in zip(spatial, kernel, strides, dilations, extra, wanted):
+        total = s * (size - 1) + e + (k - 1) * d + 1 - int(want)
+        grown.append(e - min(total, 0))
+        total = max(total, 0)
+        upper = auto == "SAME_UPPER"
+        begins.append(total // 2 if upper else total - total // 2)
+        ends.append(total - begins[-1])
+    return (*begins, *ends), tuple(grown)
+
+
 def _kernel(ctx: NodeContext, x: Tensor, default: tuple[int, ...] | None) -> tuple[int, ...]:
     value = ctx.attr("kernel_shape")
     if value is None:
@@ -191,6 +249,9 @@ def _conv(ctx: NodeContext) -> list[Tensor]:
     if w.rank != x.rank:
         raise ctx.error("X and W must have the same rank")
     _kernel(ctx, x, w.shape[2:])
+    if x.rank == 5:
+        strides, dilations, pads = _nd_geometry(ctx, x, w.shape[2:])
+        return [volume.conv3d(ctx, x, w, b, strides, dilations, pads, int(ctx.attr("group", 1)))]
     stride, dilation, padding = _geometry(ctx, x, w.shape[2:])
     x2, squeezed = _to_2d(ctx, x)
     w2, _ = _to_2d(ctx, w)
@@ -206,6 +267,14 @@ def _pool(name: str) -> Converter:
         if ctx.outputs_wanted() > 1 and ctx.spec.outputs[1]:
             raise ctx.error("the Indices output is not supported")
         kernel = _kernel(ctx, x, None)
+        if x.rank == 5:
+            if name == "avg_pool2d" and ctx.attr("dilations") is not None \
+                    and any(d != 1 for d in ctx.attr("dilations")):
+                raise ctx.error("AveragePool with dilations is not supported")
+            strides, dilations, pads = _nd_geometry(ctx, x, kernel)
+            return [volume.pool3d(ctx, name, x, kernel, strides, dilations, pads,
+                                  bool(ctx.attr("ceil_mode", 0)),
+                                  bool(ctx.attr("count_include_pad", 0)))]
         stride, dilation, padding = _geometry(ctx, x, kernel)
         x2, squeezed = _to_2d(ctx, x)
         attrs = {"kernel": ((1,) if squeezed else ()) + kernel, "stride": stride,
@@ -250,6 +319,6 @@ CONVERTERS: tuple[tuple[str, int, Converter], ...] = (
     ("AveragePool", 1, _pool("avg_pool2d")),
     ("GlobalAveragePool", 1, _global_pool("mean")), ("GlobalMaxPool", 1, _global_pool("max")),
     ("Dropout", 7, _dropout), ("InstanceNormalization", 1, _instance_norm),
-    ("LRN", 1, _lrn),
+    ("LRN", 1, _lrn), ("ConvTranspose", 1, _conv_transpose),
 )
 CONVERTER_BATCH_NORM: Converter = _batch_norm  # shared with the pre-opset-7 form
