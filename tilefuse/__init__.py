@@ -31,3 +31,13 @@ __all__ = [
 ]
 
 configure_from_env()  # TILEFUSE_LOG=topics turns on logging; idempotent
+
+
+def __getattr__(name: str) -> object:
+    """``tilefuse.autotune``: :func:`tilefuse.tune.tune`, imported on first use (the tuner
+    is not loaded by ``import tilefuse``; ``tilefuse.tune`` is the package)."""
+    if name == "autotune":
+        from tilefuse.tune.api import tune
+
+        return tune
+    raise AttributeError(f"module 'tilefuse' has no attribute {name!r}")
