@@ -12,7 +12,7 @@ import pytest
 import tilefuse
 from tilefuse.testing import assert_close
 from tilefuse.tune import InProcessRunner, MeasureOptions, MemoryDatabase, TuneError, tune
-from tilefuse.tune.api import default_db_path, graph_of, open_database
+from tilefuse.tune.api import default_db_path, graph_of, open_database, tune_graph
 from tilefuse.tune.roofline import MeasuredRoofline, Peaks
 from tilefuse.tune.task import named_tasks
 
@@ -81,7 +81,8 @@ def test_kernels_under_the_minimum_share_keep_their_default(tmp_path):
 def test_graph_of_accepts_jitted_and_plain_functions_and_graphs():
     plain = graph_of(two_kernels, (_x(),))
     jitted = graph_of(tilefuse.jit(two_kernels), (_x(),))
-    assert graph_of(plain, ()) is plain
+    again = graph_of(plain, ())  # a graph goes through the pipeline: nothing left to change
+    assert [n.op.name for n in again.nodes] == [n.op.name for n in plain.nodes]
     assert [n.op.name for n in plain.nodes] == [n.op.name for n in jitted.nodes]
     assert len(named_tasks(plain)) == 2
     with pytest.raises(TuneError, match="cannot tune"):
@@ -133,3 +134,65 @@ def test_an_onnx_model_path_is_tuned(tmp_path):
                   runner=InProcessRunner(OPTIONS), roofline=_far_roofline(), progress=False)
     [kernel] = report.kernels
     assert kernel.label.startswith("k0 contraction matmul") and kernel.trials == 3
+
+
+def _tiny_onnx():
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(WEIGHT, "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [40, 48])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [40, 96])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_onnx_model_proto_and_bytes_give_the_loaded_models_graph():
+    pytest.importorskip("onnx")
+    proto = _tiny_onnx()
+    from_proto = graph_of(proto, (_x(),))
+    from_bytes = graph_of(proto.SerializeToString(), (_x(),))
+    for g in (from_proto, from_bytes):
+        [(_, task)] = named_tasks(g)
+        assert task.kind.value == "contraction"
+    assert named_tasks(from_proto)[0][1].fingerprint() == \
+        named_tasks(from_bytes)[0][1].fingerprint()
+
+
+def test_a_torch_module_is_tuned_and_its_build_uses_the_result(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from tilefuse.codegen.target import host_target
+    from tilefuse.runtime.native import NativeExecutable
+    from tilefuse.runtime.schedules import ScheduleSource
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(48, 64), torch.nn.GELU()).eval()
+    x = _x()
+    db = tmp_path / "t.sqlite"
+    report = tune(module, torch.from_numpy(x), trials=3, time_budget=60, db=db,
+                  runner=InProcessRunner(OPTIONS), roofline=_far_roofline(), progress=False)
+    assert [k.label.split()[1] for k in report.kernels] == ["contraction"]
+    assert report.kernels[0].trials == 3
+    monkeypatch.setenv("TILEFUSE_TUNE_DB", str(db))
+    source = ScheduleSource(host_target())
+    exe = NativeExecutable(graph_of(module, (x,)), schedules=source)
+    assert len(source.tuned) == 1
+    with torch.no_grad():
+        want = module(torch.from_numpy(x)).numpy()
+    assert_close(exe(x)[0], want, reduction=True)
+
+
+def test_tune_graph_checks_the_example_inputs(tmp_path):
+    graph = graph_of(two_kernels, (_x(),))
+    with pytest.raises(TuneError, match="example input 0"):
+        tune_graph(graph, [np.ones((40, 47), np.float32)], trials=1, db=tmp_path / "t.sqlite")
+    with pytest.raises(TuneError, match="takes 1 inputs"):
+        tune_graph(graph, [], trials=1, db=tmp_path / "t.sqlite")
+
+
+def test_tune_is_reachable_from_the_package():
+    import tilefuse.tune as package
+    from tilefuse.tune import api
+
+    assert package.tune is api.tune and package.tune_graph is api.tune_graph
+    assert tilefuse.autotune is api.tune

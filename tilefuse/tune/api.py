@@ -1,26 +1,49 @@
-"""The user-facing tuner: ``tilefuse.tune.tune(fn, *example_args, trials=..., time_budget=...)``.
+"""The user-facing tuner: two entries, both returning a :class:`TuneReport`.
 
-It traces the function on the example arguments (``jit(fn).lower(*args)``: the optimised graph
-a build compiles), forms its kernels, measures each tunable one with its default schedule,
-splits the budget where the time is (:mod:`tilefuse.tune.budget`), tunes the hot kernels into a
-SQLite database and returns a :class:`TuneReport`. A later build with ``TILEFUSE_TUNE_DB``
-naming that database uses the tuned schedules (:mod:`tilefuse.runtime.schedules`).
+``tune(model, *example_inputs, trials=200, time_budget=600.0, db=None, ...)``
+    ``model`` is any of: a NumPy function or a ``tilefuse.jit`` function (traced on the
+    inputs), an ONNX model (a path, ``bytes``, an ``onnx.ModelProto`` or a
+    ``tilefuse.onnx.OnnxModel``), a ``torch.nn.Module`` (traced to core ATen and converted as
+    the torch frontend does, :func:`tilefuse.zoo.torch_graph`; the inputs are NumPy arrays or
+    tensors), or a tilefuse :class:`~tilefuse.graph.ir.Graph` (captured: the pass pipeline runs
+    first). It is reduced to the optimised graph a build compiles, then :func:`tune_graph`.
+
+``tune_graph(graph, example_inputs=None, *, trials=200, time_budget=600.0, db=None, ...)``
+    ``graph`` is the optimised graph a build compiles (``model.lower(*inputs).optimized`` of a
+    ``tilefuse.jit`` function or ``OnnxModel``); pass ``optimize=True`` for a captured one.
+    ``example_inputs``, when given, are checked against the graph's inputs (count, shape,
+    dtype). This is the entry the ``tilefuse tune MODEL`` command calls.
+
+Both form the graph's kernels, measure each tunable one with its default schedule, split the
+budget where the time is (:mod:`tilefuse.tune.budget`), tune the hot kernels hottest first
+into a SQLite database (each stopping within ``margin`` of its roofline bound, default 10%),
+and show progress (best time so far, percent of the bound) when ``progress`` is true or
+stderr is a terminal. Later builds of the same kernels (in any model) use the tuned schedules
+with no setting when the database is the default one (:mod:`tilefuse.runtime.schedules`).
 
 The database is ``db``, else ``$TILEFUSE_TUNE_DB``, else ``tune.sqlite`` in the kernel cache
 directory (``$TILEFUSE_CACHE_DIR``, default ``~/.cache/tilefuse``), where builds find it;
 a missing directory is created with mode 0700, and the default directory must pass the kernel
 cache's checks (a real directory this user owns, not writable by others).
+
+``runner`` chooses where candidates are measured: the default is a
+:class:`~tilefuse.tune.runner.LocalRunner` (an isolated worker process);
+:class:`~tilefuse.tune.runner_ray.RayRunner` spreads them over a Ray cluster. The package
+re-exports :func:`tune` as ``tilefuse.autotune``.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tilefuse.codegen.target import host_target
 from tilefuse.errors import TilefuseError
@@ -157,16 +180,21 @@ class TuneReport:
 # ---- tracing ---------------------------------------------------------------------------------
 
 
-def graph_of(source: Any, args: tuple[Any, ...]) -> Graph:
-    """The optimised graph a build of ``source`` would compile for ``args``: ``source`` is a
-    graph, a ``tilefuse.jit`` function, a plain function (jitted here), an
-    ``tilefuse.onnx.OnnxModel`` or the path of an ``.onnx`` file."""
+def graph_of(source: Any, args: Sequence[Any]) -> Graph:
+    """The optimised graph a build of ``source`` compiles for ``args`` (the module docstring
+    lists what ``source`` may be)."""
     if isinstance(source, Graph):
-        return source
-    if isinstance(source, str | os.PathLike):
+        return optimize_graph(source)
+    if isinstance(source, str | os.PathLike | bytes) or _is_model_proto(source):
         from tilefuse import onnx
 
         source = onnx.load(source)
+    if _is_torch_module(source):
+        from tilefuse.zoo import torch_graph
+
+        arrays = [a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
+                  for a in args]
+        return optimize_graph(torch_graph(source, arrays, type(source).__name__))
     lower = getattr(source, "lower", None)
     if callable(lower):
         return lower(*args).optimized
@@ -175,7 +203,39 @@ def graph_of(source: Any, args: tuple[Any, ...]) -> Graph:
 
         return jit(source).lower(*args).optimized
     raise TuneError(f"cannot tune a {type(source).__name__}: pass a function, a tilefuse.jit "
-                    f"function, an ONNX model or its path, or a graph")
+                    f"function, an ONNX model (path, bytes, ModelProto or OnnxModel), a torch "
+                    f"module, or a graph")
+
+
+def optimize_graph(graph: Graph) -> Graph:
+    """``graph`` through the pass pipeline builds run (what they compile)."""
+    from tilefuse.passes.manager import run_pipeline
+    from tilefuse.passes.pipeline import GRAPH_PIPELINE
+
+    return run_pipeline(graph, GRAPH_PIPELINE)[0]
+
+
+def _is_model_proto(source: Any) -> bool:
+    return type(source).__name__ == "ModelProto" and hasattr(source, "graph")
+
+
+def _is_torch_module(source: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(source, torch.nn.Module)
+
+
+def check_inputs(graph: Graph, example_inputs: Sequence[Any]) -> None:
+    """TuneError unless ``example_inputs`` match ``graph``'s inputs in count, shape, dtype."""
+    if len(example_inputs) != len(graph.inputs):
+        raise TuneError(f"graph @{graph.name} takes {len(graph.inputs)} inputs, got "
+                        f"{len(example_inputs)} example inputs")
+    for i, (value, array) in enumerate(zip(graph.inputs, example_inputs)):
+        array = np.asarray(array)
+        want = (tuple(value.shape), value.dtype.np)
+        if (array.shape, array.dtype) != want:
+            raise TuneError(f"example input {i} ({value.name or '#' + str(i)}) of "
+                            f"@{graph.name} must be {want[1]}{list(want[0])}, got "
+                            f"{array.dtype}{list(array.shape)}")
 
 
 # ---- tuning ----------------------------------------------------------------------------------
@@ -200,21 +260,32 @@ class _Run:
                          seed=self.seed, on_round=self.progress)
 
 
-def tune(source: Any, *example_args: Any, trials: int = 200, time_budget: float = 600.0,
-         db: str | os.PathLike[str] | None = None, runner: Runner | None = None,
-         min_share: float = MIN_SHARE, per_round: int = 8, roofline: Roofline | None = None,
-         model: Callable[[int], CostModel] = best_model,
-         strategy: SearchStrategy | None = None, progress: bool | None = None,
-         margin: float | None = 0.1, seed: int = 0) -> TuneReport:
-    """Tunes the kernels of ``source`` traced on ``example_args`` into the database ``db``
-    (module docstring). ``trials`` and ``time_budget`` (seconds of wall clock, measuring
-    included) are split by :mod:`tilefuse.tune.budget`; ``runner`` defaults to an isolated
+def tune(source: Any, *example_inputs: Any, trials: int = 200, time_budget: float = 600.0,
+         db: str | os.PathLike[str] | None = None, **options: Any) -> TuneReport:
+    """Tunes the kernels of ``source`` (a function, ONNX model, torch module or graph: see the
+    module docstring) traced on ``example_inputs``; ``options`` are :func:`tune_graph`'s."""
+    start = time.perf_counter()
+    graph = graph_of(source, example_inputs)
+    return tune_graph(graph, None, trials=trials, db=db,
+                      time_budget=time_budget - (time.perf_counter() - start), **options)
+
+
+def tune_graph(graph: Graph, example_inputs: Sequence[Any] | None = None, *, trials: int = 200,
+               time_budget: float = 600.0, db: str | os.PathLike[str] | None = None,
+               runner: Runner | None = None, min_share: float = MIN_SHARE, per_round: int = 8,
+               roofline: Roofline | None = None, model: Callable[[int], CostModel] = best_model,
+               strategy: SearchStrategy | None = None, progress: bool | None = None,
+               margin: float | None = 0.1, seed: int = 0) -> TuneReport:
+    """Tunes the kernels of the optimised ``graph`` into the database ``db`` (module
+    docstring). ``trials`` and ``time_budget`` (seconds of wall clock, measuring included)
+    are split by :mod:`tilefuse.tune.budget`; ``runner`` defaults to an isolated
     :class:`LocalRunner`; ``model(seed)`` makes each kernel's cost model; ``progress`` is
     :class:`~tilefuse.tune.progress.Progress`'s ``show``. A kernel stops within ``margin``
-    (0.1: 10%) of its roofline bound; ``None`` never stops early (the bound's FLOP/s peak is
-    NumPy's sgemm, which tilefuse's own kernels can beat)."""
+    (0.1: 10%) of its roofline bound; ``None`` never stops early."""
     start = time.perf_counter()
-    named = named_tasks(graph_of(source, example_args))
+    if example_inputs is not None:
+        check_inputs(graph, example_inputs)
+    named = named_tasks(graph)
     database = open_database(db)
     roofline = roofline or MeasuredRoofline(database, target_string(host_target()))
     own_runner = runner is None
@@ -261,5 +332,5 @@ def _tune_plan(run: _Run, plan: BudgetPlan, trials: int, deadline: float
     return rows
 
 
-__all__ = ["DB_ENV_VAR", "KernelReport", "TuneReport", "default_db_path", "graph_of",
-           "open_database", "tune"]
+__all__ = ["DB_ENV_VAR", "KernelReport", "TuneReport", "check_inputs", "default_db_path",
+           "graph_of", "open_database", "optimize_graph", "tune", "tune_graph"]
