@@ -128,14 +128,14 @@ def run_workload(w: GpuWorkload, rounds: int, repeats: int, quick: bool) -> dict
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(tuple(v.shape), dtype=np.float32).astype(v.dtype.np)
               for v in graph.inputs]
-    for value, a in zip(graph.inputs, arrays):
+    for value, a in zip(program.graph.inputs, arrays):
         executable._buffers[value].copy_from(a)   # inputs stay on the device while timing
     tdtype = torch.bfloat16 if w.dtype is DType.bf16 else torch.float32
     tensors = [torch.from_numpy(a.astype(np.float32)).to("cuda", tdtype) for a in arrays]
     eager = w.torch_fn(*tensors)
     executable.launch_all()
     executable.context.synchronize()
-    out = graph.outputs[0]
+    out = program.graph.outputs[0]
     got = executable._buffer(out).copy_to(np.empty(out.shape, out.dtype.np))
     assert_close(got, eager.float().cpu().numpy().astype(out.dtype.np), reduction=w.reduction)
     compiled = torch.compile(w.torch_fn)

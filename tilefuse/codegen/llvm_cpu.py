@@ -189,7 +189,7 @@ class LoopLowering:
         if buf.dtype is DType.bool:
             value = st.b.zext(value, llvm_type(s.value.type, memory=True))
         address = self.element_ptr(st, ptr, buf, self.expr(st, s.index, {}))
-        st.b.store(value, address, align=buf.dtype.itemsize)
+        st.b.store(value, address, align=self.access_align(buf, s.value.lanes))
 
     def loop(self, st: FnState, s: For) -> None:
         start, stop = self.expr(st, s.start, {}), self.expr(st, s.stop, {})
@@ -322,10 +322,16 @@ class LoopLowering:
     def load(self, st: FnState, e: Expr, index: Value) -> Value:
         ptr, buf = st.buffers[e.arg]  # type: ignore[index]
         address = self.element_ptr(st, ptr, buf, index)
-        value = st.b.load(address, typ=llvm_type(e.type, memory=True), align=buf.dtype.itemsize)
+        value = st.b.load(address, typ=llvm_type(e.type, memory=True),
+                          align=self.access_align(buf, e.lanes))
         if buf.dtype is DType.bool:
             value = st.b.icmp_unsigned("!=", value, _zero_bytes(e.lanes))
         return value
+
+    def access_align(self, buf: BufferParam, lanes: int) -> int:
+        """The alignment a ``lanes``-wide access of ``buf`` may assume: one element on the CPU
+        (NumPy buffers need not be vector aligned)."""
+        return buf.dtype.itemsize
 
     def element_ptr(self, st: FnState, ptr: Value, buf: BufferParam, index: Value) -> Value:
         return st.b.gep(ptr, [index], inbounds=True,

@@ -21,6 +21,10 @@ Execution model, written once here and checked by :func:`check_gpu_kernel`:
   is no grid-wide barrier); a ``parallel`` loop may not sit inside another loop or an ``If``;
   ``thread_id`` (the CPU's per-thread scratch index) has no meaning on the GPU. Kernels that
   break these rules get a :class:`CompileError` naming the rule.
+* A vector access of ``n`` lanes is aligned to ``n`` elements (so it becomes one
+  ``ld.global.v4``): the GPU lowerings emit vectors only at lane-multiple indices of buffers
+  with the output's layout, and device buffers are 256-byte aligned. (The CPU assumes element
+  alignment only.)
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from tilefuse.codegen.llvm_types import I32, I64, PTR, VOID, declare
 from tilefuse.errors import CompileError, TilefuseError
 from tilefuse.loop.ir import (
     Block,
+    BufferParam,
     Expr,
     For,
     Let,
@@ -212,6 +217,10 @@ class NvptxLowering(LoopLowering):
         i.add_incoming(b.add(i, stride), b.block)
         b.branch(head)
         b.position_at_end(done)
+
+    def access_align(self, buf: BufferParam, lanes: int) -> int:
+        """Vector accesses are lane-aligned on the GPU (module docstring): 128-bit loads."""
+        return buf.dtype.itemsize * lanes
 
     def expr(self, st: FnState, e: Expr, memo: dict[int, ir.Value]) -> ir.Value:
         if e.op is XOp.THREAD_ID:

@@ -2,7 +2,9 @@
 
 The loop IR is the CPU's; what differs is the shape of the nest a GPU wants:
 
-* **elementwise**: one parallel loop over the flat output index, one element per iteration.
+* **elementwise**: one parallel loop over the flat output index, one element per iteration
+  (16 bytes per iteration, as one vector access, for flat kernels whose operands all have the
+  output's layout).
   The grid-stride mapping gives consecutive threads consecutive elements, so every load of an
   operand with the output's layout is coalesced; broadcast operands are read through the
   index arithmetic. (The CPU nest instead walks rows of vectors per thread.)
@@ -27,6 +29,7 @@ from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.lower_elementwise import KernelContext
 from tilefuse.kernel.schedule import Schedule
 from tilefuse.loop.ir import LoopFunction, LoopKind, Stmt, loop, var
+from tilefuse.ops.registry import OpKind
 
 GPU_KINDS = frozenset({KernelKind.ELEMENTWISE, KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT})
 
@@ -41,8 +44,13 @@ def gpu_schedule(group: KernelGroup) -> Schedule:
                        f"yet")
 
 
+GPU_VECTOR_BYTES = 16
+"""One 128-bit access per thread and iteration when the operands allow it."""
+
+
 def lower_elementwise_gpu(group: KernelGroup) -> LoopFunction:
-    """One parallel loop per output shape over the flat index (module docstring)."""
+    """One parallel loop per output shape over the flat index (module docstring); vectors of
+    16 bytes when every operand has the output's layout (or is one element)."""
     ctx = KernelContext.of(group)
     nests: dict[tuple[int, ...], list[Value]] = {}
     for v in ctx.buffers.outputs:
@@ -53,10 +61,29 @@ def lower_elementwise_gpu(group: KernelGroup) -> LoopFunction:
         if not shape:
             body.extend(ctx.store_body(outputs, (), 1, 0))
             continue
-        i = ctx.names.fresh("i")
-        stores = ctx.store_body(outputs, unflatten(var(i), shape), 1, 0)
-        body.append(loop(i, 0, math.prod(shape), stores, kind=LoopKind.PARALLEL))
+        count = math.prod(shape)
+        lanes = _vector_lanes(group, outputs, shape)
+        whole = count - count % lanes
+        for start, stop, width in ((0, whole, lanes), (whole, count, 1)):
+            if stop <= start:
+                continue
+            i = ctx.names.fresh("i")
+            stores = ctx.store_body(outputs, unflatten(var(i), shape), width,
+                                    len(shape) if width > 1 else 0)
+            body.append(loop(i, start, stop, stores, width, kind=LoopKind.PARALLEL))
     return ctx.function(body)
+
+
+def _vector_lanes(group: KernelGroup, outputs: list[Value], shape: tuple[int, ...]) -> int:
+    """16 bytes of the widest output's elements when the vector accesses are provably
+    lane-aligned: pure elementwise nodes, every input either of ``shape`` or one element."""
+    pure = all(n.op.kind is OpKind.ELEMENTWISE or n.op.name == "constant" for n in group.nodes)
+    same = all(tuple(dims(v.shape)) == shape or math.prod(dims(v.shape)) == 1
+               for v in group.inputs)
+    if not (pure and same):
+        return 1
+    itemsize = max(v.dtype.itemsize for v in outputs)
+    return max(1, GPU_VECTOR_BYTES // itemsize)
 
 
 def lower_group_gpu(group: KernelGroup) -> LoopFunction:
