@@ -40,3 +40,23 @@ def test_cli_tunes_a_function_into_the_database(tmp_path, capsys):
 def test_cli_needs_demo_or_a_function():
     with pytest.raises(SystemExit):
         main([])
+
+
+def test_cli_recall_reports_held_out_recall_from_the_database(tmp_path, capsys, monkeypatch):
+    """Measurements already in the database are used; random W1 candidates top them up (a
+    small W1 here, so the run stays short)."""
+    from tilefuse.tune import __main__ as cli
+    from tilefuse.tune.tuner import w1_graph
+
+    monkeypatch.setattr(cli, "w1_graph", lambda: w1_graph(24, 16, 40))
+    db = tmp_path / "recall.sqlite"
+    assert main(["--recall", "--trials", "30", "--db", str(db), "--in-process"]) == 0
+    out = capsys.readouterr().out
+    assert "top-5 recall on held-out candidates" in out and "30 measured" in out
+    assert "LightGBM lambdarank" in out and "random ranking" in out
+
+
+def test_cli_rejects_an_unknown_demo(capsys):
+    with pytest.raises(SystemExit):
+        main(["--demo", "resnet", "--trials", "1"])
+    assert "unknown demo" in capsys.readouterr().err

@@ -171,8 +171,9 @@ class TuneReport:
             lines.append(f"{k.label[:40]:<40} {100 * k.share:5.1f}% {_ms(k.default_seconds)} "
                          f"{_ms(k.best_seconds)} {k.speedup:6.2f}x {k.trials:>6} "
                          f"{k.percent_of_bound:6.1f}%  {k.note}")
+        overall = self.default_seconds / self.best_seconds if self.best_seconds > 0 else 0.0
         lines.append(f"{'all kernels':<40} {'':>6} {_ms(self.default_seconds)} "
-                     f"{_ms(self.best_seconds)}")
+                     f"{_ms(self.best_seconds)} {overall:6.2f}x")
         lines.append(f"{self.trials} trials in {self.wall_seconds:.1f} s; database {self.db}")
         return "\n".join(lines + self.notes)
 
