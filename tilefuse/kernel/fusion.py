@@ -82,6 +82,9 @@ from tilefuse.ops.registry import OpKind, Trait
 __all__ = ["MAX_RECOMPUTE_OPS", "KernelGroup", "KernelKind", "KernelPlan", "Role", "anchor_kind",
            "form_kernels", "is_pointwise", "op_cost", "print_plan", "reduced_axes", "row_width"]
 
+MAX_KERNEL_NODES = 64
+"""The most nodes one kernel holds: lowering walks a kernel's expression recursively, so a chain
+of thousands of elementwise ops (a hostile model) would exhaust Python's stack."""
 MAX_RECOMPUTE_OPS = 8
 """The most scalar ops per element a value's cone may cost for it to be recomputed in each
 reader instead of being written and read back (rule 8)."""
@@ -483,6 +486,8 @@ class _Former:
 
     def _admission(self, group: _Group, node: Node) -> Role | None:
         """The role ``node`` can take in ``group``, or None (with the reason logged)."""
+        if len(group.members) >= MAX_KERNEL_NODES:
+            return self._refuse(group, node, f"the kernel holds {MAX_KERNEL_NODES} nodes")
         fit = self._fit(group, node, group.members, private=False)
         if isinstance(fit, str):
             return self._refuse(group, node, fit)
