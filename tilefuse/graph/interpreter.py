@@ -56,6 +56,10 @@ def run_node(node: Node, args: Sequence[np.ndarray],
     except (ValueError, TypeError, IndexError, FloatingPointError) as err:
         raise VerifyError(f"reference implementation failed: {err}", op=node.op.name,
                           inputs=tuple(str(v.type) for v in node.inputs), loc=node.loc) from None
+    except MemoryError as err:  # a huge shape (a hostile model): an error, not a crash
+        made = ", ".join(str(v.type) for v in node.outputs)
+        raise TilefuseError(f"out of memory computing {made}: {err}", op=node.op.name,
+                            inputs=tuple(str(v.type) for v in node.inputs), loc=node.loc) from None
     outs = result if isinstance(result, tuple) else (result,)
     if len(outs) != len(node.outputs):
         raise VerifyError(f"reference returned {len(outs)} outputs, expected "

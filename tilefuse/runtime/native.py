@@ -40,7 +40,7 @@ from tilefuse.codegen.jit import CompiledKernel, aligned_empty
 from tilefuse.codegen.launcher import CompiledLauncher
 from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.dump import DumpWriter
-from tilefuse.errors import CompileError, GuardError
+from tilefuse.errors import CompileError, GuardError, TilefuseError
 from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.graph.types import is_static
@@ -250,7 +250,11 @@ class _Builder:
             slots.setdefault(v, len(graph.inputs) + j)
         requests, keys = self.requests(slots)
         memory = plan_memory(requests)
-        arena = aligned_empty(max(memory.arena_bytes, 1), np.uint8)
+        try:
+            arena = aligned_empty(max(memory.arena_bytes, 1), np.uint8)
+        except MemoryError:
+            raise CompileError(f"@{self.graph.name}: out of memory allocating the "
+                               f"{memory.arena_bytes}-byte arena of intermediates") from None
         for request in requests:
             key, shape, dtype = keys[request.name]
             offset = memory.offsets[request.name]
@@ -474,7 +478,11 @@ class NativeExecutable:
         if last is not None and _released(last):
             return last
         shape, dtype = self._outputs[j]
-        fresh = aligned_empty(shape, dtype)
+        try:
+            fresh = aligned_empty(shape, dtype)
+        except MemoryError:
+            raise TilefuseError(f"@{self.graph.name}: out of memory allocating output {j} "
+                                f"({np.dtype(dtype)}{list(shape)})") from None
         self._returned_at[j] = fresh.ctypes.data
         return fresh
 
