@@ -1,23 +1,30 @@
-"""Runs the compass workloads with tilefuse and its peers in one process, interleaved, and prints
-medians and ratios.
+"""Runs every workload with tilefuse and its peers, prints a table of ratios, writes JSON, and
+regenerates the tables of docs/PERFORMANCE.md.
 
-    python benchmarks/run.py [--only W1,W3] [--rounds 15] [--json out.json]
+    python benchmarks/run.py                         # everything: compass, light ONNX models, BERT
+    python benchmarks/run.py --only W1,bert --rounds 21 --json bench.json
+    python benchmarks/run.py --write-docs            # measure, then rewrite docs/PERFORMANCE.md
+    python benchmarks/run.py --from-json bench.json --write-docs   # rewrite from a saved run
+    python benchmarks/run.py --quick                 # a smoke run: few rounds, a small subset
 
-Peers: NumPy (the function itself), torch eager, torch.compile (Inductor) and onnxruntime, each
-skipped with a note when not installed. Weights are constants for tilefuse (closed over, so they
-can be packed at compile time) and initializers for onnxruntime. Every implementation's output is
-checked against NumPy's before timing. Times are medians over rounds; in each round every
-implementation runs once (or a batch of calls for microsecond workloads), in turn, so that noise
-from the shared machine hits all of them alike. NumPy alone is timed in rounds of its own (see
-SEPARATE below).
+Workloads: the compass set W1, W2, W3, W5, W7 (``workloads.py``; NumPy, torch eager,
+torch.compile with Inductor and onnxruntime as peers), the light ONNX models shipped with the
+onnx package (onnxruntime as peer; one tilefuse cannot import yet is reported as not supported)
+and a BERT-base encoder layer (``model_workloads.py``).
 
-Thread pools: tilefuse (libgomp), torch (its own OpenMP runtime) and onnxruntime (its own pool) live
-in one process here. By default each keeps its idle threads spinning for a while after a parallel
-region, so on 2 cores whichever runs next in a round finds its cores taken by another runtime's
-spinning threads. The harness therefore shortens the spin: GOMP_SPINCOUNT=20000 (set before any
-runtime loads, read by both OpenMP runtimes: threads stay hot between back-to-back calls but sleep
-within microseconds), and onnxruntime's `session.intra_op.allow_spinning=0`. Sleeping pools
-(OMP_WAIT_POLICY=PASSIVE) were tried and rejected: they cost torch eager ~1 ms per call on W5.
+Every implementation's output is checked before timing. Times are medians over rounds; in each
+round every implementation runs once (or a batch of calls for microsecond workloads), in turn,
+so that noise from the shared machine hits all of them alike. NumPy alone is timed in rounds
+of its own (``harness.SEPARATE``).
+
+Thread pools: tilefuse (libgomp), torch (its own OpenMP runtime) and onnxruntime (its own pool)
+live in one process here. By default each keeps its idle threads spinning for a while after a
+parallel region, so on 2 cores whichever runs next in a round finds its cores taken by another
+runtime's spinning threads. The harness therefore shortens the spin: GOMP_SPINCOUNT=20000 (set
+before any runtime loads, read by both OpenMP runtimes: threads stay hot between back-to-back
+calls but sleep within microseconds), and onnxruntime's `session.intra_op.allow_spinning=0`.
+Sleeping pools (OMP_WAIT_POLICY=PASSIVE) were tried and rejected: they cost torch eager ~1 ms
+per call on W5.
 """
 
 from __future__ import annotations
@@ -27,11 +34,9 @@ import os
 os.environ.setdefault("GOMP_SPINCOUNT", "20000")  # before any OpenMP runtime loads; see above
 
 import argparse
-import json
-import statistics
+import datetime
 import sys
-import time
-from collections.abc import Callable
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -39,118 +44,81 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workloads import WORKLOADS, Workload
+import report
+from harness import run_workload
+from model_workloads import model_workloads, run_model_workload
+from workloads import WORKLOADS
 
-import tilefuse
-from tilefuse.testing import assert_close
+from tilefuse.cli.progress import Bar
 
-
-def _peers(w: Workload, inputs: list[np.ndarray]) -> dict[str, Callable[[], Any]]:
-    dyn, weights = inputs[:w.dynamic], inputs[w.dynamic:]
-    impls: dict[str, Callable[[], Any]] = {}
-    jitted = tilefuse.jit(lambda *a: w.numpy_fn(*a, *weights))
-    impls["tilefuse"] = lambda: jitted(*dyn)
-    impls["numpy"] = lambda: w.numpy_fn(*inputs)
-    try:
-        import torch
-        torch.set_num_threads(2)
-        targs = [torch.from_numpy(a) for a in inputs]
-        impls["torch"] = lambda: w.torch_fn(*targs)
-        compiled = torch.compile(w.torch_fn)
-        impls["inductor"] = lambda: compiled(*targs)
-    except ImportError:
-        print("  (torch not installed: torch eager and torch.compile skipped)")
-    try:
-        import onnxruntime as ort
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 2
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(w.onnx_model(inputs).SerializeToString(), opts,
-                                       providers=["CPUExecutionProvider"])
-        feed = {"x": dyn[0]}
-        impls["onnxruntime"] = lambda: session.run(None, feed)[0]
-    except ImportError:
-        print("  (onnxruntime not installed: skipped)")
-    return impls
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
+QUICK = ("W5", "light_squeezenet")  # small, fast to compile; the --quick subset
 
 
-# Timed in rounds of their own, after the interleaved ones: NumPy's BLAS (OpenBLAS) keeps its
-# threads busy-waiting after every call with no setting to stop it, which halved the speed of
-# whatever ran next on 2 cores (tilefuse's W1 went from 8 to 18 ms interleaved with it).
-SEPARATE = ("numpy",)
+def _selected(only: set[str], quick: bool) -> tuple[list[Any], list[Any]]:
+    wanted = set(QUICK) if quick and not only else only
+    compass = [w for w in WORKLOADS if not wanted or w.name in wanted]
+    models = [w for w in model_workloads() if not wanted or w.name in wanted]
+    unknown = wanted - {w.name for w in WORKLOADS} - {w.name for w in model_workloads()}
+    if unknown:
+        raise SystemExit(f"unknown workloads: {', '.join(sorted(unknown))}")
+    return compass, models
 
 
-def _as_numpy(out: Any) -> np.ndarray:
-    return out.numpy() if hasattr(out, "numpy") else np.asarray(out)
-
-
-def _calls_per_sample(fn: Callable[[], Any]) -> int:
-    t0 = time.perf_counter()
-    fn()
-    once = time.perf_counter() - t0
-    return max(1, int(2e-3 / max(once, 1e-7)))  # at least ~2 ms per sample
-
-
-def run_workload(w: Workload, rounds: int, rng: np.random.Generator) -> dict[str, Any]:
-    inputs = w.make_inputs(rng)
-    impls = _peers(w, inputs)
-    expected = w.numpy_fn(*inputs)
-    for name, fn in impls.items():   # warm up (compiles) and check every output
-        assert_close(_as_numpy(fn()).reshape(expected.shape), expected.astype(np.float32),
-                     reduction=w.reduction, msg=f"{w.name} {name}")
-    batch = {name: _calls_per_sample(fn) for name, fn in impls.items()}
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    interleaved = [name for name in impls if name not in SEPARATE]
-    for group in (interleaved, *([n] for n in SEPARATE if n in impls)):
-        for _ in range(rounds):
-            for name in group:
-                fn, n = impls[name], batch[name]
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    fn()
-                samples[name].append((time.perf_counter() - t0) / n)
-    medians = {name: statistics.median(s) for name, s in samples.items()}
-    return {"workload": w.name, "title": w.title, "median_s": medians,
-            "gflops": {k: w.flops(inputs) / v / 1e9 for k, v in medians.items()},
-            "gbps": {k: w.bytes_moved(inputs) / v / 1e9 for k, v in medians.items()}}
-
-
-def _fmt_time(s: float) -> str:
-    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms"
-
-
-def table(results: list[dict[str, Any]]) -> str:
-    peers = ["numpy", "torch", "inductor", "onnxruntime"]
-    head = "| workload | tilefuse | " + " | ".join(peers) + " | best peer / tilefuse |"
-    rows = [head, "|" + "---|" * (len(peers) + 3)]
-    for r in results:
-        m = r["median_s"]
-        cells = [_fmt_time(m[p]) if p in m else "n/a" for p in peers]
-        best = min((m[p] for p in peers if p in m), default=float("nan"))
-        rows.append(f"| {r['workload']} {r['title']} | {_fmt_time(m['tilefuse'])} | "
-                    + " | ".join(cells) + f" | {best / m['tilefuse']:.2f}x |")
-    return "\n".join(rows)
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    only = {n.strip() for n in args.only.split(",") if n.strip()}
+    compass, models = _selected(only, args.quick)
+    rounds = 2 if args.quick and args.rounds is None else (args.rounds or 15)
+    threads = args.threads or os.cpu_count() or 1
+    show = True if args.progress else None
+    rng = np.random.default_rng(0)
+    results = []
+    for w in compass:
+        print(f"{w.name}: {w.title}", flush=True)
+        with Bar(f"  {w.name}", rounds + rounds, show=show) as bar:  # interleaved + NumPy alone
+            results.append(run_workload(w, rounds, rng, threads, on_round=bar.step))
+    for m in models:
+        print(f"{m.name}: {m.title}", flush=True)
+        record = run_model_workload(m, rounds, threads, progress=show)
+        if record["status"] != "ok":
+            print(f"  {record['status']}: {record.get('note', '')}", flush=True)
+        results.append(record)
+    meta = {"date": datetime.date.today().isoformat(), "machine": report.machine(),
+            "threads": threads, "rounds": rounds, "quick": bool(args.quick),
+            "source": "a run of benchmarks/run.py"}
+    return {"meta": meta, "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="", help="comma-separated workload names")
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--only", default="", help="comma-separated workload names "
+                        "(W1, light_resnet50, bert, ...)")
+    parser.add_argument("--rounds", type=int, default=None, help="timing rounds (15; quick: 2)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of every implementation (default: all cores)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"few rounds on a small subset ({', '.join(QUICK)})")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="measure nothing: use the results saved in this file")
+    parser.add_argument("--write-docs", nargs="?", const=DOCS, default=None, type=Path,
+                        metavar="PATH", help="rewrite the generated part of docs/PERFORMANCE.md")
+    parser.add_argument("--progress", action="store_true", help="progress bars off a terminal")
     args = parser.parse_args(argv)
-    wanted = {n.strip() for n in args.only.split(",") if n.strip()}
-    rng = np.random.default_rng(0)
-    results = []
-    for w in WORKLOADS:
-        if wanted and w.name not in wanted:
-            continue
-        print(f"{w.name}: {w.title}", flush=True)
-        results.append(run_workload(w, args.rounds, rng))
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    if args.from_json is not None:
+        payload = report.load_json(args.from_json)
+        payload["meta"]["source"] = args.from_json.name
+    else:
+        payload = measure(args)
     print()
-    print(table(results))
+    print(report.table(payload["results"]))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        report.save_json(payload, args.json)
+    if args.write_docs:
+        report.write_docs(payload, args.write_docs)
+        print(f"\nwrote the generated tables of {args.write_docs}")
     return 0
 
 

@@ -160,6 +160,9 @@ def peer_impls(model: Model, arrays: list[np.ndarray], wanted: Sequence[str] | N
             skipped.update(more)
     except ImportError as err:
         skipped.update({p: f"not installed ({err.name})" for p in chosen})
+    except Exception as err:  # a peer that cannot take the model is a note, not a crash
+        skipped.update({p: f"failed to load the model: {type(err).__name__}: "
+                        f"{str(err).strip()[:160]}" for p in chosen if p not in impls})
     return {p: impls[p] for p in chosen if p in impls}, skipped
 
 
@@ -185,11 +188,17 @@ def bench_model(model: Model, arrays: list[np.ndarray], wanted: Sequence[str] | 
                 rounds: int,
                 *, threads: int | None = None, progress: bool | None = None) -> BenchResult:
     """Checks and times tilefuse and the wanted peers on ``arrays`` (module docstring)."""
-    peers, skipped = peer_impls(model, arrays, wanted, threads)
     compiled = model.compile()
+    first = {"tilefuse": compiled(arrays)}  # compiles first: a model tilefuse cannot take fails
+    peers, skipped = peer_impls(model, arrays, wanted, threads)
+    for name, fn in list(peers.items()):  # compiles and warms up the peers
+        try:
+            first[name] = fn()
+        except Exception as err:  # a peer failing on the model is a note, not a crash
+            skipped[name] = f"failed: {type(err).__name__}: {str(err).strip()[:160]}"
+            del peers[name]
     impls: dict[str, Impl] = {"tilefuse": lambda: compiled(arrays), **peers}
     result = BenchResult(skipped=skipped)
-    first = {name: fn() for name, fn in impls.items()}  # compiles and warms up everything
     reference = next(iter(peers), "tilefuse")
     for name, outs in first.items():
         result.checks[name] = "reference" if name == reference and peers else \
