@@ -103,8 +103,10 @@ def test_structural_defects() -> None:
     no_graph = onnx.ModelProto(ir_version=8)
     with pytest.raises(OnnxError, match="no graph"):
         tilefuse.onnx.load(no_graph)
-    with pytest.raises(OnnxError, match="opset 3 is outside"):
-        tilefuse.onnx.load(_relu_model(opset=3))
+    with pytest.raises(OnnxError, match="opset 0 is outside"):
+        tilefuse.onnx.load(_relu_model(opset=0))
+    with pytest.raises(OnnxError, match="opset 99 is outside"):
+        tilefuse.onnx.load(_relu_model(opset=99))
 
 
 @pytest.mark.parametrize("dim", [-3, 2**50])
