@@ -51,8 +51,9 @@ def test_interleaved_medians_runs_every_implementation_each_round():
     assert all(c >= 4 for c in calls.values())  # a probe call, then one per round
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(4e-8, "40 ns"), (8.123e-4, "812.3 us"),
-                                               (9.131e-3, "9.13 ms"), (1.2, "1.20 s"),
+@pytest.mark.parametrize(("seconds", "text"), [(4e-8, "40 ns"), (8.123e-4, "812 us"),
+                                               (9.131e-3, "9.13 ms"), (1.2, "1.2 s"),
+                                               (0.111, "111 ms"),
                                                (float("nan"), "n/a")])
 def test_format_seconds(seconds, text):
     assert format_seconds(seconds) == text

@@ -49,16 +49,13 @@ def interleaved_medians(impls: Mapping[str, Callable[[], Any]], rounds: int, *,
 
 
 def format_seconds(seconds: float) -> str:
-    """``40 ns``, ``812.3 us``, ``9.13 ms``, ``1.20 s``."""
+    """Three significant digits: ``40 ns``, ``812 us``, ``9.13 ms``, ``1.2 s``."""
     if seconds != seconds or seconds == float("inf"):
         return "n/a"
-    if seconds < 1e-6:
-        return f"{seconds * 1e9:.0f} ns"
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.1f} us"
-    if seconds < 1.0:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.2f} s"
+    for scale, unit in ((1e-6, "ns"), (1e-3, "us"), (1.0, "ms")):
+        if seconds < scale:
+            return f"{seconds * 1e3 / scale:.3g} {unit}"
+    return f"{seconds:.3g} s"
 
 
 __all__ = ["calls_per_sample", "format_seconds", "interleaved_medians"]
