@@ -194,6 +194,8 @@ def match_attention(g: _Graph, anchor: Node) -> AttentionMatch | None:
     if anchor.op.name != "matmul":
         return None
     p_m, v = anchor.inputs
+    if not g.only_read_by(p_m, {anchor}):
+        return None
     for p in _views_back(g, p_m, single_use=True):
         s = _softmax_input(g, p)
         if s is None or p.type.rank < 2:
