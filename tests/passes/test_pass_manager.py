@@ -23,6 +23,7 @@ from tilefuse.passes import (
     shape_infer,
     simplify_algebra,
 )
+from tilefuse.passes.attention import fuse_attention
 from tilefuse.passes.conv_lowering import conv_to_matmul
 from tilefuse.testing import assert_close, random_array
 
@@ -49,9 +50,9 @@ AFTER = textwrap.dedent("""
 
 def test_graph_pipeline_is_the_documented_list():
     assert [p.name for p in GRAPH_PIPELINE] == ["shape_infer", "decompose", "algebra",
-                                                "conv_lowering", "dce", "cse", "dce"]
+                                                "conv_lowering", "dce", "cse", "attention", "dce"]
     assert [p.fn for p in GRAPH_PIPELINE] == [shape_infer, decompose_composites, simplify_algebra,
-                                              conv_to_matmul, dce, cse, dce]
+                                              conv_to_matmul, dce, cse, fuse_attention, dce]
     assert all(p.doc for p in GRAPH_PIPELINE)
 
 
@@ -69,7 +70,8 @@ def test_pipeline_result_and_numbers():
             for r in report.records]
     assert rows == [(1, "shape_infer", False, 5, 5), (2, "decompose", False, 5, 5),
                     (3, "algebra", False, 5, 5), (4, "conv_lowering", False, 5, 5),
-                    (5, "dce", True, 5, 4), (6, "cse", True, 4, 3), (7, "dce", False, 3, 3)]
+                    (5, "dce", True, 5, 4), (6, "cse", True, 4, 3), (7, "attention", False, 3, 3),
+                    (8, "dce", False, 3, 3)]
     assert all(r.seconds >= 0 for r in report.records)
     assert report.total_seconds == pytest.approx(sum(r.seconds for r in report.records))
     assert report.changed == ("dce", "cse")
@@ -146,5 +148,5 @@ def test_each_pass_is_logged_on_the_passes_topic(caplog):
     records = [r for r in caplog.records if r.name == "tilefuse.passes"]
     assert [r.getMessage().split(":")[0] for r in records] == [
         "01 shape_infer", "02 decompose", "03 algebra", "04 conv_lowering", "05 dce", "06 cse",
-        "07 dce"]
+        "07 attention", "08 dce"]
     assert "changed, 5 -> 4 nodes" in records[4].getMessage()
