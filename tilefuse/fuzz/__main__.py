@@ -16,7 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graphs", type=int, default=200, help="how many graphs to generate")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--schedules", choices=SCHEDULE_MODES, default="both",
-                        help="check with default schedules, random valid ones, or both")
+                        help="check with default schedules, random valid ones, both, or alternate "
+                             "(even graphs default, odd random)")
     parser.add_argument("--max-ops", type=int, default=GeneratorConfig.max_ops)
     parser.add_argument("--max-elements", type=int, default=GeneratorConfig.max_elements)
     parser.add_argument("--specials", type=float, default=0.0,

@@ -19,7 +19,7 @@ from tilefuse.graph.ir import Graph
 from tilefuse.graph.parser import parse_graph
 from tilefuse.graph.printer import print_graph
 
-SCHEDULE_MODES = ("default", "random", "both")
+SCHEDULE_MODES = ("default", "random", "both", "alternate")
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,8 @@ def run_campaign(graphs: int, seed: int, *, schedules: str = "both",
         input_seed, schedule_seed = _seeds(seed, index)
         report.graphs += 1
         modes = {"default": [None], "random": [schedule_seed],
-                 "both": [None, schedule_seed]}[schedules]
+                 "both": [None, schedule_seed],
+                 "alternate": [[None], [schedule_seed]][index % 2]}[schedules]
         for sched in modes:
             verdict = check_graph(graph, random_inputs(graph, input_seed, specials),
                                   schedule_seed=sched)
