@@ -56,12 +56,12 @@ def softmax_graph(rows: int, n: int) -> Graph:
     return b.build([b.add1("softmax", [x], {"axis": -1})])
 
 
-def layer_norm_graph(rows: int, n: int) -> Graph:
+def layer_norm_graph(rows: int, n: int, dtype: DType = F32) -> Graph:
     rng = np.random.default_rng(1)
     b = GraphBuilder("layer_norm")
-    x = b.input(((rows, n), F32), "x")
-    g = _constant(b, random_array(rng, (n,), F32))
-    beta = _constant(b, random_array(rng, (n,), F32))
+    x = b.input(((rows, n), dtype), "x")
+    g = _constant(b, random_array(rng, (n,), dtype))
+    beta = _constant(b, random_array(rng, (n,), dtype))
     return b.build([b.add1("layer_norm", [x, g, beta], {"eps": 1e-5})])
 
 
@@ -84,6 +84,9 @@ GRAPHS = {
     "broadcast": (lambda: broadcast_graph(7, 13), False),
     "softmax": (lambda: softmax_graph(7, 33), True),
     "layer_norm": (lambda: layer_norm_graph(5, 67), True),
+    "softmax_warp": (lambda: softmax_graph(9, 256), True),
+    "layer_norm_warp": (lambda: layer_norm_graph(3, 96), True),
+    "layer_norm_bf16": (lambda: layer_norm_graph(4, 512, DType.bf16), True),
     "ffn": (lambda: ffn_graph(7, 16, 9), True),
 }
 
@@ -157,7 +160,8 @@ def test_rules_reject_nested_parallel_and_cross_statement_reads() -> None:
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
-@pytest.mark.parametrize("name", ["w7_513", "broadcast", "softmax", "layer_norm"])
+@pytest.mark.parametrize("name", ["w7_513", "broadcast", "softmax", "layer_norm",
+                                  "softmax_warp", "layer_norm_warp"])
 def test_ptx_assembles_for_sm90(name: str, tmp_path) -> None:
     program = build_gpu_program(GRAPHS[name][0]())
     for step in program.steps:
@@ -170,6 +174,16 @@ def test_ptx_assembles_for_sm90(name: str, tmp_path) -> None:
         done = subprocess.run(["ptxas", "-arch=sm_90", str(path), "-o",
                                str(tmp_path / "k.cubin")], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
+
+
+def test_rows_spread_over_warps_when_the_row_length_allows() -> None:
+    (warp,) = build_gpu_program(softmax_graph(9, 256)).steps
+    (thread,) = build_gpu_program(softmax_graph(9, 33)).steps
+    assert isinstance(warp, GpuKernel) and isinstance(thread, GpuKernel)
+    assert (warp.simt_width, thread.simt_width) == (32, 1)
+    assert "shfl.sync.bfly" in warp.ptx and "shfl" not in thread.ptx
+    assert "ld.global.v4" in warp.ptx  # 4 f32 per thread: 16-byte accesses
+    assert warp.grid * warp.block >= 9 * 32
 
 
 def test_compile_ptx_rejects_thread_id() -> None:

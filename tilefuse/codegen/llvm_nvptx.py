@@ -36,9 +36,12 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from tilefuse.codegen.llvm_cpu import FnState, LoopLowering
-from tilefuse.codegen.llvm_types import I32, I64, PTR, VOID, declare
+from tilefuse.codegen.llvm_types import I32, I64, PTR, VOID, declare, llvm_type
+from tilefuse.codegen.simt import LANE, to_simt
+from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError, TilefuseError
 from tilefuse.loop.ir import (
+    REDUCE,
     Block,
     BufferParam,
     Expr,
@@ -57,6 +60,7 @@ from tilefuse.loop.simplify import fold_expr
 from tilefuse.loop.verify import verify
 
 PTX_TRIPLE = "nvptx64-nvidia-cuda"
+_COMBINE = {XOp.REDUCE_ADD: "add", XOp.REDUCE_MAX: "max", XOp.REDUCE_MIN: "min"}
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,15 @@ def launch_extent(fn: LoopFunction) -> int | None:
 
 
 class NvptxLowering(LoopLowering):
-    """:class:`LoopLowering` with a ``ptx_kernel`` entry and grid-stride parallel loops."""
+    """:class:`LoopLowering` with a ``ptx_kernel`` entry and grid-stride parallel loops.
+
+    With ``simt_width`` > 1 the function is in per-thread warp form (:mod:`tilefuse.codegen.simt`):
+    the *workers* that parallel loops and thread-0 sections count are warps, not threads, and
+    ``reduce_*`` combine across the warp with butterfly shuffles."""
+
+    def __init__(self, fn: LoopFunction, module: ir.Module, simt_width: int = 1):
+        super().__init__(fn, module)
+        self.simt_width = simt_width
 
     def lower(self) -> None:
         names = [(s, I64) for s in self.fn.scalars]
@@ -152,8 +164,13 @@ class NvptxLowering(LoopLowering):
         ntid = self._sreg(b, "ntid.x")
         ctaid = self._sreg(b, "ctaid.x")
         nctaid = self._sreg(b, "nctaid.x")
-        self.global_id = b.add(b.mul(ctaid, ntid), tid, name="gid")
-        self.grid_threads = b.mul(nctaid, ntid, name="nthreads")
+        gid = b.add(b.mul(ctaid, ntid), tid, name="gid")
+        threads = b.mul(nctaid, ntid, name="nthreads")
+        if self.simt_width > 1:
+            shift = ir.Constant(I64, self.simt_width.bit_length() - 1)
+            state.env[LANE] = b.and_(tid, ir.Constant(I64, self.simt_width - 1), name="lane")
+            gid, threads = b.lshr(gid, shift, name="warp"), b.lshr(threads, shift)
+        self.global_id, self.grid_threads = gid, threads
         top = self.fn.body.stmts if isinstance(self.fn.body, Block) else (self.fn.body,)
         serial: list[Stmt] = []
         for s in top:
@@ -225,19 +242,46 @@ class NvptxLowering(LoopLowering):
     def expr(self, st: FnState, e: Expr, memo: dict[int, ir.Value]) -> ir.Value:
         if e.op is XOp.THREAD_ID:
             raise CompileError(f"kernel {self.fn.name}: thread_id has no GPU meaning")
+        if self.simt_width > 1 and e.op in REDUCE and id(e) not in memo:
+            memo[id(e)] = self.warp_reduce(st, e, memo)
         return super().expr(st, e, memo)
 
+    def warp_reduce(self, st: FnState, e: Expr, memo: dict[int, ir.Value]) -> ir.Value:
+        """The thread's lanes folded, then folded across the warp (every lane gets it)."""
+        arg = e.args[0]
+        if arg.dtype not in (DType.f32, DType.i32):
+            raise CompileError(f"kernel {self.fn.name}: warp {e.op} of {arg.dtype} is not "
+                               f"supported (f32 and i32 are)")
+        value = self.expr(st, arg, memo) if arg.lanes == 1 else super().expr(st, e, memo)
+        scalar = arg.type.scalar
+        ty = llvm_type(scalar)
+        suffix = "f32" if arg.dtype is DType.f32 else "i32"
+        shuffle = declare(self.module, f"llvm.nvvm.shfl.sync.bfly.{suffix}", ty,
+                          [I32, ty, I32, I32])
+        combine = getattr(st.ops, _COMBINE[e.op])
+        offset = self.simt_width // 2
+        while offset:
+            other = st.b.call(shuffle, [ir.Constant(I32, -1), value, ir.Constant(I32, offset),
+                                        ir.Constant(I32, 0x1F)])
+            value = combine(scalar, value, other)
+            offset //= 2
+        return value
 
-def lower_to_nvptx_ir(fn: LoopFunction, target: GpuTarget = SM90) -> ir.Module:
+
+def lower_to_nvptx_ir(fn: LoopFunction, target: GpuTarget = SM90,
+                      simt_width: int = 1) -> ir.Module:
     """The LLVM module (NVPTX triple and data layout) of ``fn``; CompileError if ``fn`` breaks
-    the GPU execution model or lowering fails."""
+    the GPU execution model or lowering fails. ``simt_width`` > 1 spreads vectors over warps
+    of that many threads (:mod:`tilefuse.codegen.simt`)."""
     verify(fn)
     check_gpu_kernel(fn)
+    if simt_width > 1:
+        fn = to_simt(fn, simt_width)
     module = ir.Module(name=fn.name)
     module.triple = PTX_TRIPLE
     module.data_layout = str(gpu_target_machine(target).target_data)
     try:
-        NvptxLowering(fn, module).lower()
+        NvptxLowering(fn, module, simt_width).lower()
     except TilefuseError:
         raise
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, AssertionError) as exc:
@@ -245,12 +289,12 @@ def lower_to_nvptx_ir(fn: LoopFunction, target: GpuTarget = SM90) -> ir.Module:
     return module
 
 
-def compile_ptx(fn: LoopFunction, target: GpuTarget = SM90) -> str:
+def compile_ptx(fn: LoopFunction, target: GpuTarget = SM90, simt_width: int = 1) -> str:
     """PTX text for ``fn``: lowered, verified, optimised at O3 and emitted by LLVM's NVPTX
     back end."""
     from tilefuse.codegen.jit import optimise
 
-    text = str(lower_to_nvptx_ir(fn, target))
+    text = str(lower_to_nvptx_ir(fn, target, simt_width))
     try:
         module = llvm.parse_assembly(text)
         module.verify()

@@ -8,10 +8,11 @@ The loop IR is the CPU's; what differs is the shape of the nest a GPU wants:
   The grid-stride mapping gives consecutive threads consecutive elements, so every load of an
   operand with the output's layout is coalesced; broadcast operands are read through the
   index arithmetic. (The CPU nest instead walks rows of vectors per thread.)
-* **row reductions** (softmax, layer norm, ...) and **movement**: the CPU lowerings with rows
-  (or the flat domain) as the parallel loop and scalar code: one thread per row. Correct, and
-  far from the bandwidth roofline for long rows; a block-per-row lowering with shared memory
-  is the next step (docs/ARCHITECTURE.md).
+* **row reductions** (softmax, layer norm, ...): the CPU row lowering with rows as the
+  parallel loop and a vector width of 32·k, compiled with vectors spread over warps
+  (:mod:`tilefuse.codegen.simt`): a warp per row, coalesced 16-byte accesses, reductions by
+  warp shuffles. Rows whose length is not a multiple of 32 fall back to a thread per row.
+* **movement**: the CPU lowering with the flat domain as the parallel loop, scalar code.
 
 :func:`gpu_schedule` is the schedule data those lowerings take; :func:`lower_group_gpu`
 dispatches, raising CompileError for kinds with no GPU lowering (contractions today), which the
@@ -21,27 +22,55 @@ executable then runs on the host.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from tilefuse.errors import CompileError
 from tilefuse.graph.ir import Value
 from tilefuse.kernel.access import dims, squeezed, unflatten
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.lower_elementwise import KernelContext
-from tilefuse.kernel.schedule import Schedule
+from tilefuse.kernel.schedule import Schedule, iteration_axes
 from tilefuse.loop.ir import LoopFunction, LoopKind, Stmt, loop, var
 from tilefuse.ops.registry import OpKind
 
 GPU_KINDS = frozenset({KernelKind.ELEMENTWISE, KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT})
 
 
+WARP = 32
+
+
+@dataclass(frozen=True)
+class GpuLowered:
+    """A kernel's GPU loop IR and how its vectors map to threads: ``simt_width`` 1 means
+    per-thread vectors; 32 means every vector spans a warp (:mod:`tilefuse.codegen.simt`)."""
+
+    fn: LoopFunction
+    simt_width: int = 1
+
+
 def gpu_schedule(group: KernelGroup) -> Schedule:
-    """Scalar code, the outermost axis across the grid (one iteration per thread)."""
+    """Row reductions: a warp per row, each thread holding up to 16 bytes of every row vector
+    (vector width 32·k with the row length a multiple of it); movement: one element per
+    thread."""
     if group.kind is KernelKind.ROW_REDUCTION:
-        return Schedule(KernelKind.ROW_REDUCTION, order=("r", "n"), parallel_axes=("r",))
+        width = _row_vector_width(group)
+        return Schedule(KernelKind.ROW_REDUCTION, order=("r", "n"), parallel_axes=("r",),
+                        vector_axis="n" if width > 1 else None, vector_width=width)
     if group.kind in (KernelKind.ELEMENTWISE, KernelKind.MOVEMENT):
         return Schedule(group.kind, order=("i",), parallel_axes=("i",))
     raise CompileError(f"kernel {group.name}: no GPU lowering for {group.kind.value} kernels "
                        f"yet")
+
+
+def _row_vector_width(group: KernelGroup) -> int:
+    n = iteration_axes(group).get("n")
+    if not isinstance(n, int) or n % WARP:
+        return 1
+    itemsize = min(v.dtype.itemsize for v in group.inputs)
+    per_thread = max(1, GPU_VECTOR_BYTES // itemsize)
+    while n % (WARP * per_thread):
+        per_thread //= 2
+    return WARP * per_thread
 
 
 GPU_VECTOR_BYTES = 16
@@ -86,18 +115,20 @@ def _vector_lanes(group: KernelGroup, outputs: list[Value], shape: tuple[int, ..
     return max(1, GPU_VECTOR_BYTES // itemsize)
 
 
-def lower_group_gpu(group: KernelGroup) -> LoopFunction:
+def lower_group_gpu(group: KernelGroup) -> GpuLowered:
     """The GPU loop IR of ``group``; CompileError for kinds without a GPU lowering."""
     if group.kind is KernelKind.ELEMENTWISE:
-        return lower_elementwise_gpu(group)
+        return GpuLowered(lower_elementwise_gpu(group))
     schedule = gpu_schedule(group)
     if group.kind is KernelKind.ROW_REDUCTION:
         from tilefuse.kernel.lower_rows import lower_rows
 
-        return lower_rows(group, schedule)
+        simt = WARP if schedule.vector_width > 1 else 1
+        return GpuLowered(lower_rows(group, schedule), simt)
     from tilefuse.kernel.lower_movement import lower_movement
 
-    return lower_movement(group, schedule)
+    return GpuLowered(lower_movement(group, schedule))
 
 
-__all__ = ["GPU_KINDS", "gpu_schedule", "lower_elementwise_gpu", "lower_group_gpu"]
+__all__ = ["GPU_KINDS", "WARP", "GpuLowered", "gpu_schedule", "lower_elementwise_gpu",
+           "lower_group_gpu"]

@@ -55,6 +55,7 @@ class GpuKernel:
     bindings: tuple[Value, ...]
     grid: int
     block: int
+    simt_width: int = 1
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class GpuProgram:
             ops = ", ".join(dict.fromkeys(n.op.name for n in step.group.nodes))
             if isinstance(step, GpuKernel):
                 lines.append(f"device {step.group.name} [{step.group.kind.value}] ({ops}) "
-                             f"grid={step.grid} block={step.block}")
+                             f"grid={step.grid} block={step.block} simt={step.simt_width}")
             else:
                 lines.append(f"host   {step.group.name} [{step.group.kind.value}] ({ops}): "
                              f"{step.reason}")
@@ -142,7 +143,8 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
 
 
 def _compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
-    fn = lower_group_gpu(group)
+    lowered = lower_group_gpu(group)
+    fn = lowered.fn
     buffers = kernel_buffers(group.inputs, group.outputs)
     by_name = {p.name: v for v, p in [*buffers.inputs.items(), *buffers.outputs.items()]}
     missing = [b.name for b in fn.buffers if b.name not in by_name]
@@ -151,9 +153,10 @@ def _compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
     extent = launch_extent(fn)
     block = target.block_threads
     grid = target.max_blocks if extent is None else \
-        max(1, min(target.max_blocks, -(-extent // block)))
-    return GpuKernel(group, fn, compile_ptx(fn, target),
-                     tuple(by_name[b.name] for b in fn.buffers), grid, block)
+        max(1, min(target.max_blocks, -(-extent * lowered.simt_width // block)))
+    return GpuKernel(group, fn, compile_ptx(fn, target, lowered.simt_width),
+                     tuple(by_name[b.name] for b in fn.buffers), grid, block,
+                     lowered.simt_width)
 
 
 def _evaluate(nodes: Sequence[Node], env: dict[Value, np.ndarray]) -> None:
