@@ -12,6 +12,7 @@ from tilefuse.onnx import (
     converters_legacy,
     converters_math,
     converters_nn,
+    converters_sequence,
     converters_shape,
 )
 from tilefuse.onnx.context import NodeContext, Tensor
@@ -21,7 +22,8 @@ Converter = Callable[[NodeContext], list[Tensor]]
 
 def _build() -> Mapping[str, tuple[tuple[int, Converter], ...]]:
     table: dict[str, list[tuple[int, Converter]]] = {}
-    for module in (converters_legacy, converters_math, converters_shape, converters_nn):
+    for module in (converters_legacy, converters_math, converters_shape, converters_nn,
+                   converters_sequence):
         for op_type, since, fn in module.CONVERTERS:
             versions = table.setdefault(op_type, [])
             if any(v == since for v, _ in versions):

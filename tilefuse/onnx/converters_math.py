@@ -79,6 +79,16 @@ def _prelu(ctx: NodeContext) -> list[Tensor]:
     return [ctx.op("where", ctx.op("lt", x, ctx.scalar(0, x.dtype)), neg, x)]
 
 
+def _shrink(ctx: NodeContext) -> list[Tensor]:
+    x = ctx.input(0)
+    lambd, bias = float(ctx.attr("lambd", 0.5)), float(ctx.attr("bias", 0.0))
+    low, high = ctx.scalar(-lambd, x.dtype), ctx.scalar(lambd, x.dtype)
+    shifted_up = ctx.op("add", x, ctx.scalar(bias, x.dtype))
+    shifted_down = ctx.op("sub", x, ctx.scalar(bias, x.dtype))
+    inner = ctx.op("where", ctx.op("gt", x, high), shifted_down, ctx.scalar(0, x.dtype))
+    return [ctx.op("where", ctx.op("lt", x, low), shifted_up, inner)]
+
+
 def _gelu(ctx: NodeContext) -> list[Tensor]:
     approximate = ctx.attr("approximate", "none")
     if approximate not in ("none", "tanh"):
@@ -300,6 +310,7 @@ def _table() -> tuple[tuple[str, int, Converter], ...]:
         ("LeakyRelu", 1, _leaky_relu), ("Elu", 1, _elu), ("Selu", 1, _selu),
         ("HardSigmoid", 1, _hard_sigmoid), ("HardSwish", 14, _hard_swish),
         ("Softsign", 1, _softsign), ("PRelu", 7, _prelu), ("Gelu", 20, _gelu),
+        ("Shrink", 9, _shrink),
         ("Cast", 6, _cast), ("CastLike", 15, _cast_like), ("Clip", 1, _clip_6),
         ("Clip", 11, _clip_11), ("Div", 7, _div), ("Mod", 10, _mod), ("Pow", 7, _pow),
         ("Where", 9, _where), ("Sum", 1, _variadic("add")), ("Mean", 1, _variadic("add", True)),

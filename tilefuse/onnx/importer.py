@@ -72,6 +72,9 @@ def import_graph(info: ModelInfo, types: Sequence[TensorType],
     outputs = []
     for spec in info.outputs:
         tensor = env[spec.name]
+        if not isinstance(tensor, Tensor):
+            raise OnnxError(f"graph output {spec.name!r} is a sequence; sequence outputs are "
+                            "not supported (tilefuse returns tensors)")
         _check_output(spec, tensor.type)
         outputs.append(em.value(tensor))
     return builder.build(outputs)
