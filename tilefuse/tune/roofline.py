@@ -7,7 +7,10 @@ margin of that time, and a user can see whether a kernel is slow by design.
 
 - :class:`NoRoofline` (trivial): a bound of 0 s, so the tuner never stops early.
 - :class:`MeasuredRoofline`: peaks measured once per target (NumPy's sgemm for FLOP/s, a large
-  copy into a reused buffer for bytes/s, best of a few) and kept in the tuning database.
+  copy into a reused buffer for bytes/s, best of a few) and kept in the tuning database. A
+  kernel measured faster than a peak allows proves the peak low (it was measured on a busy
+  machine, or BLAS is slower than tilefuse's kernel): :meth:`Roofline.observe` raises the
+  stored peak to what was achieved, so a bound is never above 100% of reach.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ class Roofline(abc.ABC):
     @abc.abstractmethod
     def bound_seconds(self, flops: float, nbytes: float) -> float:
         """A lower bound on the seconds of a kernel doing ``flops`` over ``nbytes``."""
+
+    def observe(self, flops: float, nbytes: float, seconds: float) -> None:  # noqa: B027
+        """A kernel doing ``flops`` over ``nbytes`` ran in ``seconds`` (raises peaks it
+        beats; nothing by default)."""
 
 
 class NoRoofline(Roofline):
@@ -72,6 +79,7 @@ class MeasuredRoofline(Roofline):
 
     def __init__(self, db: TuningDatabase, target: str,
                  measure: Callable[[], Peaks] = measure_peaks):
+        self.db, self.target = db, target
         flops, nbytes = db.peak(target, "flops"), db.peak(target, "bytes")
         if flops is None or nbytes is None:
             peaks = measure()
@@ -86,6 +94,17 @@ class MeasuredRoofline(Roofline):
 
     def bound_seconds(self, flops: float, nbytes: float) -> float:
         return max(flops / self.peaks.flops, nbytes / self.peaks.bytes)
+
+    def observe(self, flops: float, nbytes: float, seconds: float) -> None:
+        if not (seconds > 0 and seconds < float("inf")):
+            return
+        achieved = Peaks(max(self.peaks.flops, flops / seconds),
+                         max(self.peaks.bytes, nbytes / seconds))
+        if achieved.flops > self.peaks.flops:
+            self.db.set_peak(self.target, "flops", achieved.flops)
+        if achieved.bytes > self.peaks.bytes:
+            self.db.set_peak(self.target, "bytes", achieved.bytes)
+        self.peaks = achieved
 
 
 __all__ = ["MeasuredRoofline", "NoRoofline", "Peaks", "Roofline", "measure_peaks"]

@@ -129,7 +129,8 @@ def tune_task(task: TuneTask, budget: Budget, db: TuningDatabase, runner: Runner
     target = target or host_target()
     space = space or space_for(task.group, target)
     key = TuneKey(task.fingerprint(), target_string(target))
-    bound = (roofline or NoRoofline()).bound_seconds(*task.work())
+    roofline = roofline or NoRoofline()
+    bound = roofline.bound_seconds(*task.work())
     featurize, history = _Features(task), History()
     rng = np.random.default_rng(seed)
     start = time.perf_counter()
@@ -142,6 +143,9 @@ def tune_task(task: TuneTask, budget: Budget, db: TuningDatabase, runner: Runner
             log.debug("%s %s: %.3g s (%s) %s", task.group.name, r.schedule, r.seconds, r.status,
                       r.message[:200])
         model.update(featurize(schedules), np.array([r.seconds for r in results]))
+        nonlocal bound
+        roofline.observe(*task.work(), min(history.seconds))
+        bound = roofline.bound_seconds(*task.work())
         if on_round is not None:
             on_round(Round(task, rounds, len(history.seconds), budget.trials, min(history.seconds),
                            history.seconds[0], bound))
