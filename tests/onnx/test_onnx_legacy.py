@@ -118,3 +118,23 @@ def test_conv3d() -> None:
 ])
 def test_pool3d(op: str, attrs: dict) -> None:
     single(op, {"x": arr([2, 3, 7, 5, 6])}, reduction=True, **attrs)
+
+
+def test_sequence_ops_compile_away() -> None:
+    """Insert at a position given as a graph input (compiled per value), erase, split and
+    concatenate with a new axis, against onnxruntime."""
+    from onnxcheck import I64, compare
+
+    nodes = [helper.make_node("SplitToSequence", ["x"], ["s"], axis=1, name="split"),
+             helper.make_node("SequenceInsert", ["s", "y", "pos"], ["s2"], name="ins"),
+             helper.make_node("SequenceErase", ["s2"], ["s3"], name="erase"),
+             helper.make_node("ConcatFromSequence", ["s3"], ["out"], axis=0, new_axis=1,
+                              name="cat")]
+    model = make_model(nodes, [("x", F32, [3, 4]), ("y", F32, [3, 1]), ("pos", I64, [])],
+                       [("out", F32)], opset=17)
+    for pos in (0, -2):
+        compare(model, {"x": arr([3, 4]), "y": arr([3, 1]), "pos": np.array(pos, np.int64)})
+
+
+def test_shrink() -> None:
+    single("Shrink", {"x": arr([7, 5])}, lambd=0.7, bias=0.2)
