@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tilefuse.cli.common import add_model_arguments, show_progress, subparser
+from tilefuse.cli.common import add_model_arguments, note, show_progress, subparser
 from tilefuse.cli.models import (
     CliError,
     Model,
@@ -238,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     wanted = parse_peers(args.vs)
     arrays = parse_inputs(model, args.input, args.seed)
+    note(args, f"compiling {args.model} and its peers ...")
     result = bench_model(model, arrays, wanted, args.rounds, threads=args.threads,
                          progress=show_progress(args))
     print(report(result))

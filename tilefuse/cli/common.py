@@ -4,6 +4,7 @@ options, and where the dump and tuning database go."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 
@@ -41,4 +42,10 @@ def show_progress(args: argparse.Namespace) -> bool | None:
     return True if getattr(args, "progress", False) else None
 
 
-__all__ = ["add_model_arguments", "show_progress", "subparser"]
+def note(args: argparse.Namespace, text: str) -> None:
+    """A line about long work (``compiling ...``) on stderr, shown where progress is."""
+    if getattr(args, "progress", False) or sys.stderr.isatty():
+        print(text, file=sys.stderr, flush=True)
+
+
+__all__ = ["add_model_arguments", "note", "show_progress", "subparser"]

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tilefuse.cli.common import add_model_arguments, subparser
+from tilefuse.cli.common import add_model_arguments, note, subparser
 from tilefuse.cli.models import CliError, load_model, parse_inputs, quiet_torch_warnings
 
 EXAMPLE = """  tilefuse dump model.onnx -o dump/
@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.output_dir
     if out.exists() and not out.is_dir():
         raise CliError(f"{out} exists and is not a directory")
+    note(args, f"compiling {args.model}, writing every stage under {out} ...")
     model.lower(arrays, dump=out)
     files = sorted(p for p in out.rglob("*") if p.is_file())
     if not files:

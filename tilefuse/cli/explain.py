@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tilefuse.cli.common import add_model_arguments, show_progress, subparser
+from tilefuse.cli.common import add_model_arguments, note, show_progress, subparser
 from tilefuse.cli.models import CliError, load_model, parse_inputs, quiet_torch_warnings
 from tilefuse.cli.progress import Bar
 from tilefuse.cli.timing import format_seconds
@@ -187,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     arrays = parse_inputs(model, args.input, args.seed)
     peaks = peaks_for(args)
+    note(args, f"compiling {args.model} ...")
     lowered = model.lower(arrays)
     rows, call_seconds = kernel_rows(lowered, arrays, peaks, args.rounds, show_progress(args))
     print(table(rows, call_seconds, peaks))

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tilefuse.cli.common import add_model_arguments, subparser
+from tilefuse.cli.common import add_model_arguments, note, subparser
 from tilefuse.cli.models import CliError, load_model, parse_inputs, quiet_torch_warnings
 
 EXAMPLE = """  tilefuse run model.onnx --input x=x.npy -o outputs/
@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     quiet_torch_warnings()
     model = load_model(args.model)
     arrays = parse_inputs(model, args.input, args.seed)
+    note(args, f"compiling {args.model} ...")
     outputs = model.compile()(arrays)
     names = output_names(model, len(outputs))
     if args.output_dir is not None:
