@@ -183,6 +183,7 @@ def test_rows_spread_over_warps_when_the_row_length_allows() -> None:
     assert (warp.simt_width, thread.simt_width) == (32, 1)
     assert "shfl.sync.bfly" in warp.ptx and "shfl" not in thread.ptx
     assert "ld.global.v4" in warp.ptx  # 4 f32 per thread: 16-byte accesses
+    assert "ex2.approx.f32" in warp.ptx and "div.full.f32" in warp.ptx  # the SFU, not polynomials
     assert warp.grid * warp.block >= 9 * 32
 
 

@@ -106,6 +106,9 @@ class LoopLowering:
     entry point and parallel loops are the CPU's (a subclass retargets them, see
     :mod:`tilefuse.codegen.llvm_nvptx`)."""
 
+    ops_class: type[LLVMOps] = LLVMOps
+    """The scalar-op protocol implementation (a target may refine its math)."""
+
     def __init__(self, fn: LoopFunction, module: ir.Module):
         self.fn = fn
         self.module = module
@@ -148,7 +151,7 @@ class LoopLowering:
         allocas = ir.IRBuilder(entry)
         allocas.position_before(allocas.branch(body))
         b = ir.IRBuilder(body)
-        state = FnState(fn, b, allocas, LLVMOps(b, self.math), {})
+        state = FnState(fn, b, allocas, self.ops_class(b, self.math), {})
         for arg, buf in zip(fn.args, buffers):
             arg.name = buf.name
             arg.add_attribute("noalias")
