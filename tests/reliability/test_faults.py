@@ -3,8 +3,8 @@ that a reader accepts, and SQLite's integrity check passes; several processes co
 model into one cache directory all get right results; a cache directory that another user owns,
 or that group or others may write, is refused.
 
-Trial counts: ``TILEFUSE_KILL_TRIALS`` (default 8 per kind, a few seconds each); the long run
-in docs/RELIABILITY.md used ``TILEFUSE_KILL_TRIALS=200``.
+Trial counts: ``TILEFUSE_KILL_TRIALS`` (default 8 per kind, well under a second each); set it
+to 200 for a long run.
 """
 
 from __future__ import annotations
