@@ -11,7 +11,9 @@ The loop IR is the CPU's; what differs is the shape of the nest a GPU wants:
 * **row reductions** (softmax, layer norm, ...): the CPU row lowering with rows as the
   parallel loop and a vector width of 32·k, compiled with vectors spread over warps
   (:mod:`tilefuse.codegen.simt`): a warp per row, coalesced 16-byte accesses, reductions by
-  warp shuffles. Rows whose length is not a multiple of 32 fall back to a thread per row.
+  warp shuffles; values are recomputed rather than stored between passes (softmax's exp costs
+  one special-function instruction, a stored row a write and a read of DRAM). Rows whose length
+  is not a multiple of 32 fall back to a thread per row.
 * **movement**: the CPU lowering with the flat domain as the parallel loop, scalar code.
 
 :func:`gpu_schedule` is the schedule data those lowerings take; :func:`lower_group_gpu`
@@ -124,7 +126,7 @@ def lower_group_gpu(group: KernelGroup) -> GpuLowered:
         from tilefuse.kernel.lower_rows import lower_rows
 
         simt = WARP if schedule.vector_width > 1 else 1
-        return GpuLowered(lower_rows(group, schedule), simt)
+        return GpuLowered(lower_rows(group, schedule, store_values=False), simt)
     from tilefuse.kernel.lower_movement import lower_movement
 
     return GpuLowered(lower_movement(group, schedule))

@@ -261,9 +261,13 @@ def _stages(node: Node, level: int, n: int, count: int) -> list[Stage]:
 # ----------------------------------------------------------------------------- lowering
 
 
-def lower_rows(group: KernelGroupLike, schedule: Schedule | None = None) -> LoopFunction:
+def lower_rows(group: KernelGroupLike, schedule: Schedule | None = None, *,
+               store_values: bool = True) -> LoopFunction:
     """The loop IR of a ROW_REDUCTION group (see the module docstring): buffers are the group
-    inputs (readonly), then its outputs; rows run in parallel when the schedule says so."""
+    inputs (readonly), then its outputs; rows run in parallel when the schedule says so.
+    ``store_values=False`` recomputes every row value instead of storing expensive ones
+    (:mod:`~tilefuse.kernel.row_store`): right where arithmetic is cheap and memory is not
+    (the GPU)."""
     group = expand_composites(group)
     if not any(n.op.kind is OpKind.REDUCTION for n in group.nodes):
         return lower_elementwise(group, schedule)
@@ -271,7 +275,7 @@ def lower_rows(group: KernelGroupLike, schedule: Schedule | None = None) -> Loop
     ctx = KernelContext.of(group)
     lanes = fit_lanes(vector_width(schedule), math.prod(plan.row))
     unroll = dict(getattr(schedule, "unroll", ()) or ()).get("n", 1)
-    stored = choose_stores(group, row_shape(group, plan), ctx.load)
+    stored = choose_stores(group, row_shape(group, plan), ctx.load) if store_values else ()
     finished = {s.output for s in stored if s.value == s.output}
     written = tuple(v for v in plan.full_outputs if v not in finished)
     held = frozenset(ctx.buffers.outputs[s.output].name for s in stored)
