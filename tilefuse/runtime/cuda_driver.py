@@ -113,6 +113,17 @@ class CudaContext:
         buf.copy_from(array)
         return buf
 
+    def copy_device(self, dst: int, src: int, nbytes: int) -> None:
+        with self:
+            _call("cuMemcpyDtoD", dst, src, nbytes)
+
+    def copy_to_host(self, array: np.ndarray, src: int) -> np.ndarray:
+        if not array.flags.c_contiguous:
+            raise CudaError("copy to a non-contiguous host array")
+        with self:
+            _call("cuMemcpyDtoH", array.ctypes.data, src, array.nbytes)
+        return array
+
     def synchronize(self) -> None:
         with self:
             _call("cuCtxSynchronize")

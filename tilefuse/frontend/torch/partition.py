@@ -25,6 +25,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from tilefuse.errors import TilefuseError
 from tilefuse.frontend.torch.aten import ATEN_CONVERTERS, COMPUTE_FREE
 from tilefuse.frontend.torch.convert import (
+    DTYPE_TO_TORCH,
     Lowering,
     Placeholder,
     lower_graph,
@@ -106,8 +107,25 @@ class CompiledPartition(torch.nn.Module):
         self.single = single
 
     def forward(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if getattr(self.executable, "device", "cpu") == "cuda":
+            return self._forward_cuda(args)
         arrays = [tensor_to_numpy(args[i]) for i in self.runtime]
         outs = [numpy_to_tensor(a) for a in self.executable(*arrays)]
+        return outs[0] if self.single else tuple(outs)
+
+
+    def _forward_cuda(self, args: Sequence[torch.Tensor]) -> Any:
+        """CUDA tensors in place: inputs by device pointer, outputs allocated by torch."""
+        inputs = [args[i].detach().contiguous() for i in self.runtime]
+        graph = self.executable.graph
+        if any(t.device.type != "cuda" for t in inputs):
+            raise TilefuseError(f"{graph.name} was compiled for the cuda target; its inputs "
+                                f"must be CUDA tensors")
+        device = inputs[0].device if inputs else torch.device("cuda")
+        outs = [torch.empty(tuple(v.shape), dtype=DTYPE_TO_TORCH[v.dtype], device=device)
+                for v in graph.outputs]
+        self.executable.run_device([t.data_ptr() for t in inputs],  # type: ignore[attr-defined]
+                                   [o.data_ptr() for o in outs])
         return outs[0] if self.single else tuple(outs)
 
 
