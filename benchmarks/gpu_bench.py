@@ -25,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tilefuse.codegen.llvm_nvptx import GpuTarget
 from tilefuse.dtypes import DType
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph
@@ -116,14 +117,15 @@ def _copy_peak(nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3)
 
 
-def run_workload(w: GpuWorkload, rounds: int, repeats: int, quick: bool) -> dict[str, object]:
+def run_workload(w: GpuWorkload, rounds: int, repeats: int, quick: bool,
+                 target: GpuTarget) -> dict[str, object]:
     import torch
 
     from tilefuse.runtime.gpu import CudaExecutable, build_gpu_program
 
     shape = tuple(max(1, s // 16) for s in w.shape[:1]) + w.shape[1:] if quick else w.shape
     graph = w.graph(shape, w.dtype)
-    program = build_gpu_program(graph)
+    program = build_gpu_program(graph, target)
     executable = CudaExecutable(program)
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(tuple(v.shape), dtype=np.float32).astype(v.dtype.np)
@@ -157,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1/16 of each size, 3 rounds")
     parser.add_argument("--only", default="", help="comma-separated workload names")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--row-unroll", type=int, default=GpuTarget().row_unroll,
+                        help="accumulators per warp in row kernels")
     args = parser.parse_args(argv)
     import torch
     rounds, repeats = (3, 3) if args.quick else (7, 10)
@@ -171,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         if only and w.name not in only:
             continue
         try:
-            r = run_workload(w, rounds, repeats, args.quick)
+            r = run_workload(w, rounds, repeats, args.quick,
+                             GpuTarget(row_unroll=args.row_unroll))
         except Exception as exc:  # report and go on: one workload must not hide the others
             print(f"| {w.name} {w.title} | failed: {type(exc).__name__}: {exc} |||||||")
             continue

@@ -75,6 +75,8 @@ class GpuTarget:
     ptx_isa: int = 80
     block_threads: int = 256
     max_blocks: int = 132 * 16
+    row_unroll: int = 4
+    """Independent accumulators per warp in row reductions (loads in flight)."""
 
     @property
     def triple(self) -> str:

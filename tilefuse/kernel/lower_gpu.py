@@ -50,14 +50,16 @@ class GpuLowered:
     simt_width: int = 1
 
 
-def gpu_schedule(group: KernelGroup) -> Schedule:
+def gpu_schedule(group: KernelGroup, row_unroll: int = 4) -> Schedule:
     """Row reductions: a warp per row, each thread holding up to 16 bytes of every row vector
-    (vector width 32·k with the row length a multiple of it); movement: one element per
-    thread."""
+    (vector width 32·k with the row length a multiple of it), ``row_unroll`` accumulators in
+    flight; movement: one element per thread."""
     if group.kind is KernelKind.ROW_REDUCTION:
         width = _row_vector_width(group)
+        unroll = (("n", row_unroll),) if width > 1 and row_unroll > 1 else ()
         return Schedule(KernelKind.ROW_REDUCTION, order=("r", "n"), parallel_axes=("r",),
-                        vector_axis="n" if width > 1 else None, vector_width=width)
+                        vector_axis="n" if width > 1 else None, vector_width=width,
+                        unroll=unroll)
     if group.kind in (KernelKind.ELEMENTWISE, KernelKind.MOVEMENT):
         return Schedule(group.kind, order=("i",), parallel_axes=("i",))
     raise CompileError(f"kernel {group.name}: no GPU lowering for {group.kind.value} kernels "
@@ -117,11 +119,11 @@ def _vector_lanes(group: KernelGroup, outputs: list[Value], shape: tuple[int, ..
     return max(1, GPU_VECTOR_BYTES // itemsize)
 
 
-def lower_group_gpu(group: KernelGroup) -> GpuLowered:
+def lower_group_gpu(group: KernelGroup, row_unroll: int = 4) -> GpuLowered:
     """The GPU loop IR of ``group``; CompileError for kinds without a GPU lowering."""
     if group.kind is KernelKind.ELEMENTWISE:
         return GpuLowered(lower_elementwise_gpu(group))
-    schedule = gpu_schedule(group)
+    schedule = gpu_schedule(group, row_unroll)
     if group.kind is KernelKind.ROW_REDUCTION:
         from tilefuse.kernel.lower_rows import lower_rows
 

@@ -143,7 +143,7 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
 
 
 def _compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
-    lowered = lower_group_gpu(group)
+    lowered = lower_group_gpu(group, target.row_unroll)
     fn = lowered.fn
     buffers = kernel_buffers(group.inputs, group.outputs)
     by_name = {p.name: v for v, p in [*buffers.inputs.items(), *buffers.outputs.items()]}
