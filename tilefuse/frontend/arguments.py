@@ -19,7 +19,7 @@ import numpy as np
 from tilefuse.dtypes import DType, from_numpy
 from tilefuse.errors import DTypeError, TraceError
 from tilefuse.frontend.tracer import Tracer
-from tilefuse.graph.types import TensorType
+from tilefuse.graph.types import Sym, TensorType
 
 STATIC = "static"
 
@@ -86,7 +86,8 @@ def static_key(value: Any, *, named: bool) -> Hashable:
 def tensor_type(part: ArrayPart, label: str) -> TensorType:
     shape, dtype = part
     try:
-        return TensorType(tuple(int(d) for d in shape), from_numpy(dtype))
+        return TensorType(tuple(d if isinstance(d, Sym) else int(d) for d in shape),
+                          from_numpy(dtype))
     except DTypeError as err:
         raise DTypeError(f"{label}: {err.message}") from None
 

@@ -1,10 +1,17 @@
 """``tilefuse.jit``: trace a NumPy function once per argument signature, then run it compiled.
 
-The cache key of a call is ``(target, array shapes and dtypes, static values)``. A call whose key
+The cache key of a call is ``(target, array shapes and dtypes, static values)``, where a dim
+marked dynamic (``dynamic=``, or automatically at its second size: see
+:mod:`tilefuse.frontend.dynamic_dims`) is its symbol rather than its size. A call whose key
 is cached (a *hit*) only computes the key, makes non-contiguous inputs contiguous and runs the
 executable. A new key (a *miss*) traces the function, runs the graph pipeline and builds an
 executable; when other entries exist, topic ``guards`` logs that none matched and topic
 ``recompiles`` logs what changed against the nearest one (``arg 0 (x): f32[4,8] -> f32[4,9]``).
+An entry with symbolic dims holds a :class:`~tilefuse.runtime.dynamic.DynamicExecutable`, which
+binds the symbols per call, guards them and runs the specialisation for those sizes.
+
+More than ``max_recompiles`` recompiles of one function raise :class:`RecompileLimitError`,
+which names the dims that kept changing and the ``dynamic=`` value that would stop it.
 
 A value the function closes over is captured as a constant when the function is traced: changing
 that array later does not change what a cached entry computes.
@@ -24,32 +31,46 @@ from typing import Any, overload
 import numpy as np
 
 from tilefuse.dump import resolve_dump_dir
-from tilefuse.errors import TilefuseError, TraceError
+from tilefuse.errors import CompileError, GuardError, TilefuseError, TraceError
 from tilefuse.frontend.arguments import (
     ArgumentNames,
     InlineCall,
     KeyPart,
     describe_part,
+    is_array_part,
     key_part,
 )
 from tilefuse.frontend.capture import Captured, Packer, capture
+from tilefuse.frontend.dynamic_dims import DynamicDims, DynamicSpec, changed_dims
 from tilefuse.graph.ir import Graph
+from tilefuse.graph.types import Sym
 from tilefuse.log import get_logger
 from tilefuse.passes.manager import run_pipeline
 from tilefuse.passes.pipeline import GRAPH_PIPELINE
+from tilefuse.runtime.dynamic import DynamicExecutable, SymbolConflict, SymbolGuardError
 from tilefuse.runtime.executable import Executable, build_executable, check_target
 
 Key = tuple[str, tuple[KeyPart, ...], tuple[tuple[str, KeyPart], ...]]
 
+DEFAULT_MAX_RECOMPILES = 8
+"""Recompiles of one jitted function (compiles after the first) before RecompileLimitError."""
+
+
+class RecompileLimitError(CompileError):
+    """A jitted function was recompiled more than its ``max_recompiles`` times."""
+
 
 @dataclass(frozen=True)
 class CacheInfo:
-    """Counters of one jitted function: cache hits, misses, successful compiles, entries."""
+    """Counters of one jitted function: cache hits, misses, successful compiles (traces and
+    graph pipelines), entries, and ``specializations``: the per-size builds that entries with
+    symbolic dims made (see :mod:`tilefuse.runtime.dynamic`)."""
 
     hits: int
     misses: int
     compiles: int
     entries: int
+    specializations: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +85,12 @@ class Lowered:
 
     def __str__(self) -> str:
         return f"# captured\n{self.captured}\n# optimized\n{self.optimized}"
+
+
+def _key_symbols(key: Key) -> set[Sym]:
+    """The symbols in a key's array shapes."""
+    parts = [*key[1], *(p for _, p in key[2])]
+    return {d for p in parts if is_array_part(p) for d in p[0] if isinstance(d, Sym)}
 
 
 def _contiguous(a: Any) -> np.ndarray:
@@ -102,7 +129,8 @@ class JitFunction:
 
     def __init__(self, fn: Callable[..., Any], *, target: str = "cpu",
                  dump: str | Path | None = None, debug: bool = False,
-                 static_argnames: Iterable[str] | str = ()):
+                 static_argnames: Iterable[str] | str = (), dynamic: DynamicSpec = None,
+                 max_recompiles: int = DEFAULT_MAX_RECOMPILES):
         if not callable(fn):
             raise TraceError(f"jit needs a function, got {type(fn).__name__}")
         check_target(target)
@@ -121,6 +149,8 @@ class JitFunction:
         self._hits = self._misses = self._compiles = 0
         self._recompile_log = get_logger("recompiles")
         self._guard_log = get_logger("guards")
+        self._dynamic = DynamicDims(dynamic, self._names)
+        self._max_recompiles = max(0, int(max_recompiles))
 
     def __repr__(self) -> str:
         return f"<tilefuse.jit of {getattr(self._fn, '__qualname__', self._fn)} " \
@@ -145,16 +175,32 @@ class JitFunction:
             entry = self._miss(key, args, kwargs)
         else:
             self._hits += 1
-        return entry.run(args, kwargs)
+        try:
+            return entry.run(args, kwargs)
+        except (SymbolConflict, SymbolGuardError) as err:  # raised before any native code
+            return self._guard_failed(err, args, kwargs)
 
-    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Key:
+    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+             symbolic: bool = True) -> Key:
         static = self._static_positions
-        parts = tuple((a.shape, a.dtype) if type(a) is np.ndarray and i not in static
+        dyn = self._dynamic
+        if not (symbolic and dyn.any):
+            parts = tuple((a.shape, a.dtype) if type(a) is np.ndarray and i not in static
+                          else key_part(a, i in static) for i, a in enumerate(args))
+            if not kwargs:
+                return (self._target, parts, ())
+            names = self._static_names
+            kw = tuple((k, (v.shape, v.dtype) if type(v) is np.ndarray and k not in names
+                        else key_part(v, k in names)) for k, v in sorted(kwargs.items()))
+            return (self._target, parts, kw)
+        dyn.resolve_leading(args)
+        at, by_name = dyn.positions, dyn.keywords
+        parts = tuple(((dyn.shape(a.shape, at[i]) if i in at else a.shape), a.dtype)
+                      if type(a) is np.ndarray and i not in static
                       else key_part(a, i in static) for i, a in enumerate(args))
-        if not kwargs:
-            return (self._target, parts, ())
         names = self._static_names
-        kw = tuple((k, (v.shape, v.dtype) if type(v) is np.ndarray and k not in names
+        kw = tuple((k, ((dyn.shape(v.shape, by_name[k]) if k in by_name else v.shape), v.dtype)
+                    if type(v) is np.ndarray and k not in names
                     else key_part(v, k in names)) for k, v in sorted(kwargs.items()))
         return (self._target, parts, kw)
 
@@ -179,16 +225,146 @@ class JitFunction:
                 return entry
             self._misses += 1
             self._log_miss(key)
+            if self._dynamic.automatic and self._cache and self._auto_dynamic(key):
+                key = self._key(args, kwargs)
+                entry = self._cache.get(key)
+                if entry is not None:
+                    return entry
+            return self._compile_entry(key, args, kwargs)
+
+    def _compile_entry(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]
+                       ) -> _Entry:
+        """Compiles ``key`` (symbolic when it holds symbols; when a symbolic trace fails, its
+        dims become static again, logged, and the call's static key is compiled)."""
+        self._check_limit(key)
+        symbols = _key_symbols(key)
+        if symbols:
+            try:
+                entry = self._compile(key, args, kwargs)
+            except (TilefuseError, TypeError, ValueError, IndexError) as err:
+                dropped = self._dynamic.refuse(symbols)
+                self._recompile_log.warning(
+                    "%s: cannot compile with %s dynamic (%s: %s); compiling for the static "
+                    "shapes instead", self._qualname, ", ".join(dropped), type(err).__name__,
+                    err)
+                key = self._key(args, kwargs, symbolic=False)
+                entry = self._cache.get(key)
+                if entry is not None:
+                    return entry
+                entry = self._compile(key, args, kwargs)
+        else:
             entry = self._compile(key, args, kwargs)
-            self._cache[key] = entry
-            self._compiles += 1
-            return entry
+        self._cache[key] = entry
+        self._compiles += 1
+        return entry
 
     def _compile(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
         dump_dir = resolve_dump_dir(self._dump)
         captured, optimized, report = self._trace_and_optimize(key, args, kwargs, dump_dir)
-        executable = build_executable(optimized, self._target, dump_dir)
+        if _key_symbols(key):
+            executable: Executable = DynamicExecutable(
+                optimized, lambda g, where: build_executable(g, self._target, where),
+                optimize=self._optimize_specialized, dump_dir=dump_dir)  # type: ignore[assignment]
+        else:
+            executable = build_executable(optimized, self._target, dump_dir)
         return _Entry(key, captured, optimized, report, executable)
+
+    def _optimize_specialized(self, graph: Graph) -> Graph:
+        """The pipeline again on a graph whose symbols were replaced by sizes (so that a
+        specialisation is what a static compile of those sizes builds)."""
+        return run_pipeline(graph, GRAPH_PIPELINE, debug=self._debug)[0]
+
+    # ---- dynamic dims ----------------------------------------------------------------------
+
+    @property
+    def _qualname(self) -> str:
+        return getattr(self._fn, "__qualname__", "function")
+
+    def _auto_dynamic(self, key: Key) -> bool:
+        """Automatic dynamic dims: when the nearest entry differs from ``key`` only in array
+        dim sizes, those dims become dynamic (logged). True when some did."""
+        best = None
+        for old in self._cache:
+            if old[0] != key[0] or [k for k, _ in old[2]] != [k for k, _ in key[2]]:
+                continue
+            changes = changed_dims(old[1] + tuple(p for _, p in old[2]),
+                                   key[1] + tuple(p for _, p in key[2]))
+            if changes and (best is None or len(changes) < len(best)):
+                best = changes
+        if not best:
+            return False
+        n_pos = len(key[1])
+        slots = [(i if i < n_pos else key[2][i - n_pos][0], axis, m, n)
+                 for i, axis, m, n in best]
+        lines = self._dynamic.mark(slots)
+        for line in lines:
+            self._recompile_log.debug("%s: %s", self._qualname, line)
+        return bool(lines)
+
+    def _guard_failed(self, err: GuardError, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
+        """A symbolic entry's guard refused this call's sizes. Symbols the user named are a
+        promise (GuardError); automatic ones get a static entry for these shapes (logged)."""
+        if self._dynamic.explicit:
+            raise GuardError(f"{self._qualname}: {err.message}") from None
+        key = self._key(args, kwargs, symbolic=False)
+        entry = self._cache.get(key)
+        if entry is None:
+            with self._lock:
+                entry = self._cache.get(key)
+                if entry is None:
+                    self._misses += 1
+                    self._recompile_log.debug("recompiling %s for static shapes: %s",
+                                              self._qualname, err.message)
+                    entry = self._compile_entry(key, args, kwargs)
+        else:
+            self._hits += 1
+        return entry.run(args, kwargs)
+
+    def _check_limit(self, key: Key) -> None:
+        if self._compiles <= self._max_recompiles:
+            return
+        changing = self._changing_dims(key)
+        statics = self._changing_statics(key)
+        parts = []
+        if changing:
+            shown = ", ".join(f"{n}[{a}] ({', '.join(map(str, sorted(v)))})"
+                              for (n, a), v in changing.items())
+            parts.append(f"the dims that changed: {shown}; mark them dynamic, e.g. "
+                         f"tilefuse.jit({getattr(self._fn, '__name__', 'fn')}, dynamic="
+                         f"{self._dynamic.suggestion(changing)}) (give dims that are always "
+                         "equal one symbol name)")
+        if statics:
+            parts.append(f"static arguments that changed: {', '.join(statics)}; pass them as "
+                         "arrays to trace them")
+        if not parts:
+            parts.append("its argument signature keeps changing")
+        message = (f"{self._qualname} was recompiled {self._compiles - 1} times, above its "
+                   f"limit (max_recompiles={self._max_recompiles}): " + "; ".join(parts)
+                   + ". Or raise max_recompiles= if every one of these shapes is wanted.")
+        self._recompile_log.warning("%s", message)
+        raise RecompileLimitError(message)
+
+    def _changing_dims(self, key: Key) -> dict[tuple[str, int], set[int]]:
+        """(parameter name, axis) -> the sizes seen, for every array dim whose size differs
+        between the cached keys and ``key``."""
+        sizes: dict[tuple[str, int], set[int]] = {}
+        for k in [*self._cache, key]:
+            slots = [(i, p) for i, p in enumerate(k[1])] + list(k[2])
+            for slot, part in slots:
+                if is_array_part(part):
+                    for axis, d in enumerate(part[0]):  # type: ignore[index]
+                        if isinstance(d, int):
+                            sizes.setdefault((self._names.name(slot), axis), set()).add(d)
+        return {dim: seen for dim, seen in sizes.items() if len(seen) > 1}
+
+    def _changing_statics(self, key: Key) -> list[str]:
+        seen: dict[str, set[str]] = {}
+        for k in [*self._cache, key]:
+            for slot, part in [(i, p) for i, p in enumerate(k[1])] + list(k[2]):
+                if not is_array_part(part):
+                    seen.setdefault(self._names.name(slot), set()).add(describe_part(part))
+        return [name for name, values in seen.items() if len(values) > 1]
 
     def _trace_and_optimize(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
                             dump_dir: Path | None) -> tuple[Captured, Graph, Any]:
@@ -217,7 +393,9 @@ class JitFunction:
         return Lowered(captured.graph, optimized, report)
 
     def cache_info(self) -> CacheInfo:
-        return CacheInfo(self._hits, self._misses, self._compiles, len(self._cache))
+        built = sum(getattr(e.executable, "specializations", 0) for e in self._cache.values()
+                    if isinstance(e.executable, DynamicExecutable))
+        return CacheInfo(self._hits, self._misses, self._compiles, len(self._cache), built)
 
     def clear_cache(self) -> None:
         """Drops every compiled entry and resets the counters."""
@@ -258,30 +436,38 @@ class JitFunction:
 
 @overload
 def jit(fn: Callable[..., Any], *, target: str = ..., dump: str | Path | None = ...,
-        debug: bool = ..., static_argnames: Iterable[str] | str = ...) -> JitFunction: ...
+        debug: bool = ..., static_argnames: Iterable[str] | str = ...,
+        dynamic: DynamicSpec = ..., max_recompiles: int = ...) -> JitFunction: ...
 
 
 @overload
 def jit(fn: None = ..., *, target: str = ..., dump: str | Path | None = ...,
-        debug: bool = ..., static_argnames: Iterable[str] | str = ...
+        debug: bool = ..., static_argnames: Iterable[str] | str = ...,
+        dynamic: DynamicSpec = ..., max_recompiles: int = ...
         ) -> Callable[[Callable[..., Any]], JitFunction]: ...
 
 
 def jit(fn: Callable[..., Any] | None = None, *, target: str = "cpu",
         dump: str | Path | None = None, debug: bool = False,
-        static_argnames: Iterable[str] | str = ()) -> Any:
+        static_argnames: Iterable[str] | str = (), dynamic: DynamicSpec = None,
+        max_recompiles: int = DEFAULT_MAX_RECOMPILES) -> Any:
     """Compiles a NumPy function: ``@jit`` or ``@jit(dump="dir", static_argnames=("n",))``.
 
     Arrays (and NumPy scalars) are traced; Python scalars, strings, None and tuples of those,
     and the arguments named in ``static_argnames``, are static: each new value compiles anew.
     Lists are rejected. ``target`` is "cpu" or "reference"; ``dump`` (or ``$TILEFUSE_DUMP``)
     writes the graph after each pass; ``debug`` verifies the graph after every pass.
+    ``dynamic`` says which array dims are symbolic (default: automatic, a dim becomes dynamic
+    at its second size; see :mod:`tilefuse.frontend.dynamic_dims`); more than
+    ``max_recompiles`` recompiles raise :class:`RecompileLimitError`.
     """
     def wrap(f: Callable[..., Any]) -> JitFunction:
         return JitFunction(f, target=target, dump=dump, debug=debug,
-                           static_argnames=static_argnames)
+                           static_argnames=static_argnames, dynamic=dynamic,
+                           max_recompiles=max_recompiles)
 
     return wrap if fn is None else wrap(fn)
 
 
-__all__ = ["CacheInfo", "JitFunction", "Lowered", "jit"]
+__all__ = ["DEFAULT_MAX_RECOMPILES", "CacheInfo", "JitFunction", "Lowered",
+           "RecompileLimitError", "jit"]

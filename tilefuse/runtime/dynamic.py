@@ -1,0 +1,185 @@
+"""An executable for a graph whose inputs have symbolic dims (``f32[batch,seq,768]``).
+
+The graph is traced and optimised once, with its symbols. A call binds every symbol from the
+input arrays' shapes, checks the binding (see *guards* below), and runs the static executable
+specialised for those sizes. Specialisations are built lazily, the first time a size binding is
+seen (``specialize`` substitutes the sizes, the graph pipeline runs again on the now static
+graph, and the target builds it: for "cpu" the kernels come from the kernel cache when any
+process has compiled them before), memoised per binding, and the oldest is dropped beyond
+``max_sizes``. Each specialisation is logged on the ``recompiles`` topic with the binding.
+
+So the native code itself is specialised per size (loop extents are constants in it): what is
+done once is the trace, the graph pipeline on the symbolic graph, the guard and the cache key.
+A specialised build runs exactly what a static compile of that size runs, so per-size speed is
+a static compile's.
+
+**Guards** (before any native code): count, dtype, rank, every static dim exact, C order (on
+``__call__``; ``run_trusted`` trusts its caller for those), one size per symbol across all
+inputs (:class:`SymbolConflict`), and the graph's own constraints on the sizes, such as a symbol
+broadcast against ``n > 1`` having to be 1 or ``n`` (:class:`SymbolGuardError`, found when the
+specialised graph's types are inferred).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tilefuse.errors import GuardError, TilefuseError
+from tilefuse.graph.ir import Graph
+from tilefuse.graph.types import Sym, TensorType, is_static
+from tilefuse.log import get_logger
+from tilefuse.passes.shape_infer import specialize
+
+DEFAULT_MAX_SIZES = 64
+"""Specialisations kept per executable before the oldest is dropped."""
+
+Optimize = Callable[[Graph], Graph]
+
+
+class SymbolConflict(GuardError):
+    """One symbol met two sizes in one call (``batch`` is 4 in ``x`` and 5 in ``mask``)."""
+
+
+class SymbolGuardError(GuardError):
+    """The sizes bound in one call break a constraint of the graph (a symbol broadcast against
+    ``n > 1`` that is neither 1 nor ``n``, a reshape whose element counts no longer agree)."""
+
+
+def symbols_of(graph: Graph) -> tuple[Sym, ...]:
+    """The symbols of the graph's input dims, in order of first appearance."""
+    found: dict[Sym, None] = {}
+    for v in graph.inputs:
+        found.update((d, None) for d in v.shape if isinstance(d, Sym))
+    return tuple(found)
+
+
+def is_symbolic(graph: Graph) -> bool:
+    return any(not is_static(v.shape) for v in graph.inputs)
+
+
+class DynamicExecutable:
+    """A symbolic graph served by per-size specialisations (see the module docstring).
+
+    ``build(graph, dump_dir)`` makes the static executable of a specialised graph and
+    ``optimize`` re-runs the graph pipeline on it (identity by default)."""
+
+    def __init__(self, graph: Graph, build: Callable[[Graph, Path | None], object], *,
+                 optimize: Optimize | None = None, dump_dir: Path | str | None = None,
+                 max_sizes: int = DEFAULT_MAX_SIZES):
+        self.graph = graph
+        self.symbols = symbols_of(graph)
+        unbound = {str(d) for n in graph.nodes for o in n.outputs for d in o.shape
+                   if isinstance(d, Sym) and d not in self.symbols}
+        if unbound:
+            raise TilefuseError(f"@{graph.name}: dims {', '.join(sorted(unbound))} are "
+                                "symbols that no input dim binds")
+        self._build = build
+        self._optimize = optimize or (lambda g: g)
+        self._dump = None if dump_dir is None else Path(dump_dir)
+        self._max_sizes = max(1, int(max_sizes))
+        index = {s: k for k, s in enumerate(self.symbols)}
+        # (input, axis, symbol index) for every symbolic dim; the first of each symbol binds it
+        self._binders = tuple((i, axis, index[d]) for i, v in enumerate(graph.inputs)
+                              for axis, d in enumerate(v.shape) if isinstance(d, Sym))
+        self._inputs = tuple((v.name or f"#{i}", v.type) for i, v in enumerate(graph.inputs))
+        self._specialized: OrderedDict[tuple[int, ...], object] = OrderedDict()
+        self._lock = threading.Lock()
+        self._log = get_logger("recompiles")
+        self.specializations = 0
+        """How many specialisations were built (evicted ones included)."""
+
+    def __repr__(self) -> str:
+        return (f"DynamicExecutable(@{self.graph.name}: symbols "
+                f"{', '.join(map(str, self.symbols))}; {len(self._specialized)} sizes built)")
+
+    @property
+    def sizes(self) -> list[dict[str, int]]:
+        """The bindings with a specialisation now, oldest first."""
+        return [dict(zip((s.name for s in self.symbols), key)) for key in self._specialized]
+
+    def specialization(self, arrays: Sequence[np.ndarray]) -> object:
+        """The static executable that a call with ``arrays`` runs (built if needed)."""
+        sizes = self.bind(arrays)
+        found = self._specialized.get(sizes)
+        return found if found is not None else self._specialize(sizes)
+
+    def bind(self, arrays: Sequence[np.ndarray]) -> tuple[int, ...]:
+        """Each symbol's size in this call; SymbolConflict when one symbol meets two sizes."""
+        sizes: list[int | None] = [None] * len(self.symbols)
+        for i, axis, k in self._binders:
+            n = arrays[i].shape[axis]
+            have = sizes[k]
+            if have is None:
+                sizes[k] = n
+            elif have != n:
+                raise SymbolConflict(self._conflict(arrays, k))
+        return tuple(sizes)  # type: ignore[arg-type]
+
+    def run_trusted(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """A call whose caller has checked count, dtypes, ranks, static dims and C order."""
+        sizes = self.bind(arrays)
+        exe = self._specialized.get(sizes)
+        if exe is None:
+            exe = self._specialize(sizes)
+        return exe.run_trusted(arrays)  # type: ignore[attr-defined]
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        self.check(arrays)
+        return self.run_trusted([np.ascontiguousarray(a) for a in arrays])
+
+    def check(self, arrays: Sequence[np.ndarray]) -> None:
+        """GuardError unless count, dtypes, ranks and static dims are the graph's."""
+        if len(arrays) != len(self._inputs):
+            raise GuardError(f"@{self.graph.name} takes {len(self._inputs)} inputs, "
+                             f"got {len(arrays)}")
+        for array, (name, t) in zip(arrays, self._inputs):
+            if not isinstance(array, np.ndarray) or array.dtype != t.dtype.np \
+                    or array.ndim != t.rank or any(isinstance(d, int) and d != n
+                                                   for d, n in zip(t.shape, array.shape)):
+                got = f"{array.dtype}{list(array.shape)}" if isinstance(array, np.ndarray) \
+                    else type(array).__name__
+                raise GuardError(f"input {name} must be a {t} array, got {got}")
+
+    # ------------------------------------------------------------------ specialisation
+    def _specialize(self, sizes: tuple[int, ...]) -> object:
+        with self._lock:
+            found = self._specialized.get(sizes)
+            if found is not None:
+                return found
+            binding = dict(zip(self.symbols, sizes))
+            shown = ", ".join(f"{s}={n}" for s, n in binding.items())
+            types = [TensorType(tuple(binding.get(d, d) for d in t.shape), t.dtype)
+                     for _, t in self._inputs]
+            try:
+                static = specialize(self.graph, types)
+            except TilefuseError as err:
+                raise SymbolGuardError(f"@{self.graph.name}: the sizes {shown} break a "
+                                       f"constraint of the graph: {err}") from None
+            self._log.debug("@%s: building the specialisation for %s (%d built so far)",
+                            self.graph.name, shown, self.specializations)
+            where = None if self._dump is None else \
+                self._dump / ("size-" + "-".join(map(str, sizes)))
+            exe = self._build(self._optimize(static), where)
+            self.specializations += 1
+            self._specialized[sizes] = exe
+            while len(self._specialized) > self._max_sizes:
+                dropped, _ = self._specialized.popitem(last=False)
+                self._log.debug("@%s: dropping the specialisation for %s (keeping %d)",
+                                self.graph.name, dropped, self._max_sizes)
+            return exe
+
+    def _conflict(self, arrays: Sequence[np.ndarray], k: int) -> str:
+        sym = self.symbols[k]
+        seen = [f"{self._inputs[i][0]}[{axis}] = {arrays[i].shape[axis]}"
+                for i, axis, j in self._binders if j == k]
+        return (f"@{self.graph.name}: symbol {sym} must be one size in every dim it names, "
+                f"got {', '.join(seen)}")
+
+
+__all__ = ["DEFAULT_MAX_SIZES", "DynamicExecutable", "SymbolConflict", "SymbolGuardError",
+           "is_symbolic", "symbols_of"]
