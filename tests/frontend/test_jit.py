@@ -33,7 +33,7 @@ def counts(jitted):
 
 def test_same_shapes_hit_the_cache_and_new_shapes_dtypes_ranks_recompile():
     g = rng("cache")
-    f = jit(scale_add)
+    f = jit(scale_add, dynamic=False)  # static shapes: every new shape recompiles
     x, y = arr(g, (4, 8)), arr(g, (8,))
     assert_close(f(x, y), scale_add(x, y))
     assert counts(f) == (0, 1, 1, 1)
@@ -61,7 +61,7 @@ def test_cache_info_is_a_frozen_record_and_clear_cache_resets_it():
 
 def test_recompile_log_names_the_argument_and_the_change(caplog):
     g = rng("log")
-    f = jit(scale_add)
+    f = jit(scale_add, dynamic=False)  # static shapes: every new shape recompiles
     caplog.set_level(logging.DEBUG, logger="tilefuse.recompiles")
     caplog.set_level(logging.DEBUG, logger="tilefuse.guards")
     f(arr(g, (4, 8)), arr(g, (8,)))
@@ -77,7 +77,7 @@ def test_recompile_log_names_the_argument_and_the_change(caplog):
 
 def test_recompile_log_compares_with_the_nearest_entry(caplog):
     g = rng("nearest")
-    f = jit(scale_add)
+    f = jit(scale_add, dynamic=False)  # static shapes: every new shape recompiles
     f(arr(g, (2, 3)), arr(g, (3,)))
     f(arr(g, (5, 7)), arr(g, (7,)))
     caplog.set_level(logging.DEBUG, logger="tilefuse.recompiles")

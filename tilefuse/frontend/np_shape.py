@@ -14,7 +14,7 @@ from tilefuse.errors import ShapeError, TraceError
 from tilefuse.frontend.np_math import UNSET, astype, cast, coerce
 from tilefuse.frontend.source import user_loc
 from tilefuse.frontend.tracer import TraceContext, Tracer
-from tilefuse.graph.types import normalize_axis
+from tilefuse.graph.types import Sym, normalize_axis
 
 
 def _ints(value: Any, what: str) -> tuple[int, ...]:
@@ -24,6 +24,14 @@ def _ints(value: Any, what: str) -> tuple[int, ...]:
         return tuple(operator.index(v) for v in items)
     except TypeError:
         raise TraceError(f"{what} must be ints, got {value!r}", loc=user_loc()) from None
+
+
+def _dims(value: Any, what: str) -> tuple[int | Sym, ...]:
+    """Like :func:`_ints`, but symbolic sizes (``x.shape[0]`` of a dynamic dim) pass too."""
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    if any(isinstance(v, Sym) for v in items):
+        return tuple(v if isinstance(v, Sym) else _ints(v, what)[0] for v in items)
+    return _ints(value, what)
 
 
 def _only_c_order(name: str, order: Any) -> None:
@@ -51,7 +59,7 @@ def _one(ctx: TraceContext, a: Any) -> Tracer:
 def reshape(ctx: TraceContext, a: Any, shape: Any = UNSET, order: Any = "C", *,
             newshape: Any = UNSET, copy: Any = None) -> Tracer:
     _only_c_order("np.reshape", order)
-    target = _ints(newshape if shape is UNSET else shape, "reshape's shape")
+    target = _dims(newshape if shape is UNSET else shape, "reshape's shape")
     x = _one(ctx, a)
     if target == x.shape:
         return x
@@ -113,7 +121,7 @@ def squeeze(ctx: TraceContext, a: Any, axis: Any = None) -> Tracer:
 
 def broadcast_to(ctx: TraceContext, array: Any, shape: Any, subok: Any = False) -> Tracer:
     x = _one(ctx, array)
-    target = _ints(shape, "broadcast_to's shape")
+    target = _dims(shape, "broadcast_to's shape")
     if target == x.shape:
         return x
     return ctx.emit1("broadcast_to", [x], {"shape": target})
