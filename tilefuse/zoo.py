@@ -83,6 +83,42 @@ def bert_encoder(layers: int = 12, config: BertConfig = BertConfig(), seed: int 
     return BertEncoder().eval()
 
 
+def bert_layer_numpy(module: Any, config: BertConfig = BertConfig()) -> Any:
+    """The same layer as a NumPy function ``layer(x, mask)`` with ``module``'s weights (from
+    :func:`bert_layer`), written shape-generically so that ``tilefuse.jit`` can trace it with
+    symbolic batch and sequence dims."""
+    import scipy.special
+
+    p = {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
+    heads, head_dim, hidden = config.heads, config.head_dim, config.hidden
+
+    def linear(t: Any, name: str) -> Any:
+        return t @ p[f"{name}.weight"].T + p[f"{name}.bias"]
+
+    def norm(t: Any, name: str) -> Any:
+        mean = t.mean(-1, keepdims=True)
+        var = ((t - mean) ** 2).mean(-1, keepdims=True)
+        return (t - mean) / np.sqrt(var + config.eps) * p[f"{name}.weight"] + p[f"{name}.bias"]
+
+    def split(t: Any) -> Any:
+        b, s, _ = t.shape
+        return t.reshape(b, s, heads, head_dim).transpose(0, 2, 1, 3)
+
+    def layer(x: Any, mask: Any) -> Any:
+        q, k, v = split(linear(x, "query")), split(linear(x, "key")), split(linear(x, "value"))
+        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(head_dim) + mask
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        context = (e / e.sum(-1, keepdims=True)) @ v
+        b, _, s, _ = context.shape
+        context = context.transpose(0, 2, 1, 3).reshape(b, s, hidden)
+        x = norm(x + linear(context, "attn_out"), "attn_norm")
+        h = linear(x, "ffn_in")
+        h = 0.5 * h * (1 + scipy.special.erf(h / math.sqrt(2)))
+        return norm(x + linear(h, "ffn_out"), "ffn_norm")
+
+    return layer
+
+
 def bert_inputs(batch: int = 1, seq: int = 128, config: BertConfig = BertConfig(),
                 seed: int = 0) -> list[np.ndarray]:
     """Random hidden states and an additive mask (0 for kept positions, -10000 for the last
