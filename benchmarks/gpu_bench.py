@@ -67,6 +67,21 @@ def _g3_graph(shape: tuple[int, ...], dtype: DType) -> Graph:
     return b.build([b.add1("softmax", [x], {"axis": -1})])
 
 
+def _g1_graph(shape: tuple[int, ...], dtype: DType) -> Graph:
+    m, k, n = shape
+    b = GraphBuilder("g1")
+    x = b.input(((m, k), dtype), "x")
+    w = b.input(((k, n), dtype), "w")
+    bias = b.input(((n,), dtype), "b")
+    y = b.add1("add", [b.add1("matmul", [x, w]), bias])
+    return b.build([b.add1("gelu", [y])])
+
+
+def _g1_torch(x, w, b):  # type: ignore[no-untyped-def]
+    import torch
+    return torch.nn.functional.gelu(x @ w + b)
+
+
 def _g7_torch(x):  # type: ignore[no-untyped-def]
     import torch
     return torch.relu(2 * x + 1) * torch.sigmoid(x)
@@ -83,6 +98,8 @@ def _g3_torch(x):  # type: ignore[no-untyped-def]
 
 
 WORKLOADS = [
+    GpuWorkload("G1", "gelu(x@w+b) bf16 8192x4096x16384", (8192, 4096, 16384), DType.bf16,
+                _g1_graph, _g1_torch, True, 1.86),
     GpuWorkload("G7", "relu(2x+1)*sigmoid(x) f32 256M", (256 * 1024 * 1024,), DType.f32,
                 _g7_graph, _g7_torch, False, 0.53),
     GpuWorkload("G2", "layer_norm f32 [32768,4096]", (32768, 4096), DType.f32, _g2_graph,
@@ -149,9 +166,10 @@ def run_workload(w: GpuWorkload, rounds: int, repeats: int, quick: bool,
         samples["inductor"].append(_torch_time(lambda: compiled(*tensors), repeats))
     times = {k: statistics.median(v) for k, v in samples.items()}
     nbytes = sum(a.nbytes for a in arrays) + int(np.prod(out.shape)) * out.dtype.itemsize
-    steps = ["device" if type(s).__name__ == "GpuKernel" else "host" for s in program.steps]
+    flops = 2.0 * shape[0] * shape[1] * shape[2] if w.name == "G1" else 0.0
+    steps = [type(s).__name__ for s in program.steps]
     return {"name": w.name, "title": w.title, "shape": list(shape), "ms": times,
-            "bytes": nbytes, "steps": steps, "target_ms": w.target_ms}
+            "bytes": nbytes, "flops": flops, "steps": steps, "target_ms": w.target_ms}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         t = r["ms"]
         bw = r["bytes"] / (t["tilefuse"] * 1e-3)  # type: ignore[index,operator]
+        if r["flops"]:
+            print(f"  {w.name}: {r['flops'] / (t['tilefuse'] * 1e-3) / 1e12:.0f} TFLOP/s "
+                  f"(steps {r['steps']})")
         print(f"| {w.name} {w.title} | {t['tilefuse']:.3f} | {t['eager']:.3f} | "
               f"{t['inductor']:.3f} | {t['inductor'] / t['tilefuse']:.2f}x | {bw / 1e12:.2f} | "
               f"{100 * bw / peak:.0f}% | {w.target_ms or '-'} |")

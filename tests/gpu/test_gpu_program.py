@@ -22,7 +22,7 @@ from tilefuse.graph.ir import Graph, Value
 from tilefuse.loop import interp as loop_interp
 from tilefuse.loop.ir import LoopFunction, LoopKind, Store, block, const, load, loop, var
 from tilefuse.runtime.cuda_driver import cuda_available
-from tilefuse.runtime.gpu import GpuKernel, GpuProgram, build_gpu_program
+from tilefuse.runtime.gpu import GemmStep, GpuKernel, GpuProgram, build_gpu_program
 from tilefuse.testing import assert_close, random_array
 
 F32 = DType.f32
@@ -66,8 +66,8 @@ def layer_norm_graph(rows: int, n: int, dtype: DType = F32) -> Graph:
 
 
 def ffn_graph(m: int, k: int, n: int) -> Graph:
-    """softmax(gelu(x @ w + b)): the contraction has no GPU lowering yet and runs on the
-    host; the softmax runs on the device."""
+    """softmax(gelu(x @ w + b)): a cuBLAS product, the bias + GELU epilogue as a generated
+    kernel, then the softmax kernel."""
     rng = np.random.default_rng(2)
     b = GraphBuilder("ffn")
     x = b.input(((m, k), F32), "x")
@@ -75,6 +75,17 @@ def ffn_graph(m: int, k: int, n: int) -> Graph:
     bias = _constant(b, random_array(rng, (n,), F32))
     y = b.add1("add", [b.add1("matmul", [x, w]), bias])
     return b.build([b.add1("softmax", [b.add1("gelu", [y])], {"axis": -1})])
+
+
+def batched_graph(batch: int, m: int, k: int, n: int) -> Graph:
+    """exp(a @ b) * 0.5 with both operands batched, then a column sum (a plain reduction: no
+    GPU lowering, so a host step)."""
+    b = GraphBuilder("bmm")
+    a = b.input(((batch, m, k), F32), "a")
+    w = b.input(((batch, k, n), F32), "w")
+    half = _constant(b, np.array(0.5, np.float32))
+    y = b.add1("mul", [b.add1("exp", [b.add1("matmul", [a, w])]), half])
+    return b.build([b.add1("sum", [y], {"axes": [1]})])
 
 
 GRAPHS = {
@@ -88,6 +99,8 @@ GRAPHS = {
     "layer_norm_warp": (lambda: layer_norm_graph(3, 96), True),
     "layer_norm_bf16": (lambda: layer_norm_graph(4, 512, DType.bf16), True),
     "ffn": (lambda: ffn_graph(7, 16, 9), True),
+    "ffn_3d": (lambda: ffn_graph(513, 32, 33), True),
+    "bmm": (lambda: batched_graph(3, 5, 16, 7), True),
 }
 
 
@@ -100,6 +113,8 @@ def simulate(program: GpuProgram, arrays: list[np.ndarray]) -> list[np.ndarray]:
             for v in step.group.outputs:
                 env[v] = np.empty(v.shape, v.dtype.np)
             loop_interp.interpret(step.fn, *[env[v].reshape(-1) for v in step.bindings])
+        elif isinstance(step, GemmStep):
+            env[step.out] = np.matmul(env[step.a], env[step.b]).astype(step.out.dtype.np)
         else:
             for node in step.group.nodes:
                 env.update(zip(node.outputs, run_node(node, [env[v] for v in node.inputs])))
@@ -121,15 +136,36 @@ def test_gpu_lowering_matches_reference(name: str) -> None:
         assert_close(got, want, reduction=reduction)
 
 
-def test_partition_puts_contractions_on_the_host(tmp_path) -> None:
+def test_contraction_is_a_cublas_product_then_its_epilogue(tmp_path) -> None:
     program = build_gpu_program(ffn_graph(7, 16, 9), dump_dir=tmp_path)
-    kinds = [(type(s).__name__, s.group.kind.value) for s in program.steps]
-    assert ("HostGroup", "contraction") in kinds
-    assert any(isinstance(s, GpuKernel) for s in program.steps)
+    kinds = [type(s).__name__ for s in program.steps]
+    assert kinds == ["GemmStep", "GpuKernel", "GpuKernel"]
+    gemm, epilogue = program.steps[0], program.steps[1]
+    assert (gemm.shape.m, gemm.shape.n, gemm.shape.k, gemm.shape.batch) == (7, 9, 16, 1)
+    assert gemm.out in epilogue.bindings  # the epilogue reads the product
+    assert {n.op.name for n in epilogue.group.nodes} >= {"add"}
     text = (tmp_path / "partition.txt").read_text()
-    assert "host   " in text and "no GPU lowering for contraction" in text
-    assert "download(s)" in text
+    assert "cublas " in text and "m=7 n=9 k=16" in text and "copies per call\nnone" in text
     assert list((tmp_path / "kernels").glob("*.ptx"))
+
+
+def test_batched_product_strides_and_a_host_step() -> None:
+    program = build_gpu_program(batched_graph(3, 5, 16, 7))
+    gemm = program.steps[0]
+    assert isinstance(gemm, GemmStep)
+    assert (gemm.shape.batch, gemm.shape.stride_a, gemm.shape.stride_b) == (3, 5 * 16, 16 * 7)
+    host = [s for s in program.steps if type(s).__name__ == "HostGroup"]
+    assert host and host[0].group.kind.value == "reduction"
+    assert "download(s)" in program.partition_text()
+
+
+def test_shared_weight_folds_the_batch_into_m() -> None:
+    b = GraphBuilder("fold")
+    x = b.input(((4, 3, 8), F32), "x")
+    w = _constant(b, random_array(np.random.default_rng(0), (8, 5), F32))
+    gemm = build_gpu_program(b.build([b.add1("matmul", [x, w])])).steps[0]
+    assert isinstance(gemm, GemmStep)
+    assert (gemm.shape.batch, gemm.shape.m, gemm.shape.n, gemm.shape.k) == (1, 12, 5, 8)
 
 
 def test_elementwise_is_one_flat_parallel_loop() -> None:

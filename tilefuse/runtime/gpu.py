@@ -5,10 +5,11 @@ without a GPU:
 
 1. :func:`build_gpu_program` (no GPU needed): decompose composites, form kernel groups, fold
    constant groups, lower each group with the GPU lowerings (:mod:`tilefuse.kernel.lower_gpu`)
-   and compile it to PTX (:mod:`tilefuse.codegen.llvm_nvptx`). A group with no GPU lowering
-   (contractions today) becomes a *host step* run with the NumPy references; the step's
-   reason is logged on the ``fallback`` topic and the dump's ``partition.txt`` shows every
-   step's device and each copy between device and host.
+   and compile it to PTX (:mod:`tilefuse.codegen.llvm_nvptx`). A matmul group becomes a cuBLAS
+   product (:mod:`tilefuse.runtime.cublas`) followed by its epilogue as a generated elementwise
+   kernel. A group with no GPU lowering becomes a *host step* run with the NumPy references;
+   the step's reason is logged on the ``fallback`` topic and the dump's ``partition.txt``
+   shows every step's device and each copy between device and host.
 2. :class:`CudaExecutable` loads the PTX into the device's primary context, uploads the
    constants once, and per call uploads the inputs, launches the kernels in order (one
    stream, so they run in sequence), runs host steps between downloads and uploads, and
@@ -35,12 +36,14 @@ from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.graph.types import is_static
 from tilefuse.kernel.access import kernel_buffers
-from tilefuse.kernel.fusion import KernelGroup, form_kernels
+from tilefuse.kernel.fusion import KernelGroup, KernelKind, Role, form_kernels
 from tilefuse.kernel.lower_gpu import GPU_KINDS, lower_group_gpu
+from tilefuse.kernel.lower_matmul import matmul_node, matmul_shape
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import LoopFunction
 from tilefuse.loop.printer import format_function
 from tilefuse.passes.decompose import decompose_composites
+from tilefuse.runtime.cublas import Cublas, GemmShape
 from tilefuse.runtime.cuda_driver import CudaContext, DeviceBuffer
 
 
@@ -58,6 +61,27 @@ class GpuKernel:
     simt_width: int = 1
 
 
+    @property
+    def outputs(self) -> tuple[Value, ...]:
+        return self.group.outputs
+
+
+@dataclass(frozen=True)
+class GemmStep:
+    """A contraction's product through cuBLAS (:mod:`tilefuse.runtime.cublas`): ``out = a @ b``
+    (its epilogue, if any, is the next step: a generated elementwise kernel)."""
+
+    group: KernelGroup
+    a: Value
+    b: Value
+    out: Value
+    shape: GemmShape
+
+    @property
+    def outputs(self) -> tuple[Value, ...]:
+        return (self.out,)
+
+
 @dataclass(frozen=True)
 class HostGroup:
     """A group run on the host with the references (no GPU lowering, or it failed)."""
@@ -65,8 +89,12 @@ class HostGroup:
     group: KernelGroup
     reason: str
 
+    @property
+    def outputs(self) -> tuple[Value, ...]:
+        return self.group.outputs
 
-GpuStep = GpuKernel | HostGroup
+
+GpuStep = GpuKernel | GemmStep | HostGroup
 
 
 @dataclass
@@ -96,6 +124,10 @@ class GpuProgram:
             if isinstance(step, GpuKernel):
                 lines.append(f"device {step.group.name} [{step.group.kind.value}] ({ops}) "
                              f"grid={step.grid} block={step.block} simt={step.simt_width}")
+            elif isinstance(step, GemmStep):
+                sh = step.shape
+                lines.append(f"cublas {step.group.name} [matmul] batch={sh.batch} m={sh.m} "
+                             f"n={sh.n} k={sh.k} {sh.dtype}")
             else:
                 lines.append(f"host   {step.group.name} [{step.group.kind.value}] ({ops}): "
                              f"{step.reason}")
@@ -131,9 +163,13 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
             _evaluate(group.nodes, constants)
             continue
         try:
-            program.steps.append(_compile_group(group, target))
+            if group.kind is KernelKind.CONTRACTION:
+                program.steps.extend(_contraction_steps(group, target))
+                log.debug("kernel %s: product through cuBLAS, epilogue generated", group.name)
+            else:
+                program.steps.append(_compile_group(group, target))
         except CompileError as err:
-            reason = str(err) if group.kind in GPU_KINDS else \
+            reason = str(err) if group.kind in GPU_KINDS | {KernelKind.CONTRACTION} else \
                 f"no GPU lowering for {group.kind.value} kernels yet"
             log.debug("kernel %s runs on the host: %s", group.name, reason)
             program.steps.append(HostGroup(group, reason))
@@ -157,6 +193,39 @@ def _compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
     return GpuKernel(group, fn, compile_ptx(fn, target, lowered.simt_width),
                      tuple(by_name[b.name] for b in fn.buffers), grid, block,
                      lowered.simt_width)
+
+
+def _contraction_steps(group: KernelGroup, target: GpuTarget) -> list[GpuStep]:
+    """A matmul group as a cuBLAS product and (when it has one) its epilogue as a generated
+    elementwise kernel reading the product. CompileError for prologues (operands computed in
+    the group) and mixed dtypes: the group then runs on the host."""
+    node = matmul_node(group)
+    roles = set(group.roles)
+    a, b = node.inputs
+    if roles & {Role.PROLOGUE, Role.PROLOGUE_B} or a not in group.inputs \
+            or b not in group.inputs:
+        raise CompileError(f"kernel {group.name}: matmul operands computed inside the kernel "
+                           f"(a prologue) have no GPU lowering yet")
+    if not a.dtype is b.dtype is node.output.dtype:
+        raise CompileError(f"kernel {group.name}: cuBLAS needs one dtype, got {a.dtype}, "
+                           f"{b.dtype} -> {node.output.dtype}")
+    ms = matmul_shape(node)
+    if ms.b_batched:
+        shape = GemmShape(ms.batch_size, ms.m, ms.n, ms.k,
+                          ms.m * ms.k if ms.a_batched else 0, ms.k * ms.n, a.dtype)
+    else:  # a shared B: A's batch folds into M
+        rows = ms.m * (ms.batch_size if ms.a_batched else 1)
+        shape = GemmShape(1, rows, ms.n, ms.k, 0, 0, a.dtype)
+    steps: list[GpuStep] = [GemmStep(group, a, b, node.output, shape)]
+    rest = tuple(n for n in group.nodes if n is not node)
+    if rest:
+        made = {v for n in rest for v in n.outputs}
+        inputs = tuple(dict.fromkeys(v for n in rest for v in n.inputs if v not in made))
+        outputs = tuple(v for v in group.outputs if v is not node.output)
+        epilogue = KernelGroup(f"{group.name}_epilogue", KernelKind.ELEMENTWISE, rest, inputs,
+                               outputs, None, node.output.shape)
+        steps.append(_compile_group(epilogue, target))
+    return steps
 
 
 def _evaluate(nodes: Sequence[Node], env: dict[Value, np.ndarray]) -> None:
@@ -183,8 +252,10 @@ class CudaExecutable:
                            for v, a in program.constants.items()}
         self._buffers: dict[Value, DeviceBuffer] = {}
         for step in program.steps:
-            for v in step.group.outputs:
+            for v in step.outputs:
                 self._buffers[v] = self.context.alloc(_nbytes(v))
+        self._cublas = Cublas(self.context) if any(isinstance(s, GemmStep)
+                                                   for s in program.steps) else None
         for v in self.graph.inputs:
             self._buffers.setdefault(v, self.context.alloc(_nbytes(v)))
 
@@ -258,6 +329,10 @@ class CudaExecutable:
                 _, function = self._functions[step.fn.name]
                 self.context.launch(function, step.grid, step.block,
                                     [self._bound_ptr(v) for v in step.bindings])
+            elif isinstance(step, GemmStep):
+                assert self._cublas is not None
+                self._cublas.gemm(step.shape, self._bound_ptr(step.a), self._bound_ptr(step.b),
+                                  self._buffer(step.out).ptr)
             else:
                 self._run_on_host(step)
 
