@@ -99,7 +99,8 @@ GRAPHS = {
     "layer_norm_warp": (lambda: layer_norm_graph(3, 96), True),
     "layer_norm_bf16": (lambda: layer_norm_graph(4, 512, DType.bf16), True),
     "ffn": (lambda: ffn_graph(7, 16, 9), True),
-    "ffn_3d": (lambda: ffn_graph(513, 32, 33), True),
+    "ffn_513": (lambda: ffn_graph(513, 32, 33), True),
+    "ffn_bias_vectors": (lambda: ffn_graph(7, 16, 12), True),
     "bmm": (lambda: batched_graph(3, 5, 16, 7), True),
 }
 
@@ -147,6 +148,14 @@ def test_contraction_is_a_cublas_product_then_its_epilogue(tmp_path) -> None:
     text = (tmp_path / "partition.txt").read_text()
     assert "cublas " in text and "m=7 n=9 k=16" in text and "copies per call\nnone" in text
     assert list((tmp_path / "kernels").glob("*.ptx"))
+
+
+def test_bias_broadcast_along_rows_keeps_vector_loads() -> None:
+    epilogue = build_gpu_program(ffn_graph(7, 16, 12)).steps[1]
+    assert isinstance(epilogue, GpuKernel)
+    assert "ld.global.v4" in epilogue.ptx and "st.global.v4" in epilogue.ptx
+    odd = build_gpu_program(ffn_graph(7, 16, 9)).steps[1]
+    assert "ld.global.v4" not in odd.ptx  # 9 % 4: a run would cross a row
 
 
 def test_batched_product_strides_and_a_host_step() -> None:

@@ -95,28 +95,47 @@ def lower_elementwise_gpu(group: KernelGroup) -> LoopFunction:
             body.extend(ctx.store_body(outputs, (), 1, 0))
             continue
         count = math.prod(shape)
-        lanes = _vector_lanes(group, outputs, shape)
+        lanes, block_axes = _vector_plan(group, outputs, shape)
         whole = count - count % lanes
         for start, stop, width in ((0, whole, lanes), (whole, count, 1)):
             if stop <= start:
                 continue
             i = ctx.names.fresh("i")
             stores = ctx.store_body(outputs, unflatten(var(i), shape), width,
-                                    len(shape) if width > 1 else 0)
+                                    block_axes if width > 1 else 0)
             body.append(loop(i, start, stop, stores, width, kind=LoopKind.PARALLEL))
     return ctx.function(body)
 
 
-def _vector_lanes(group: KernelGroup, outputs: list[Value], shape: tuple[int, ...]) -> int:
-    """16 bytes of the widest output's elements when the vector accesses are provably
-    lane-aligned: pure elementwise nodes, every input either of ``shape`` or one element."""
+def _vector_plan(group: KernelGroup, outputs: list[Value], shape: tuple[int, ...]
+                 ) -> tuple[int, int]:
+    """(lanes, block axes) for the flat loop: 16 bytes of the widest output's elements when the
+    vector accesses are provably lane-aligned, else scalars. Pure elementwise nodes whose inputs
+    all have ``shape`` (or one element) run vectors over the flat index (block = every axis);
+    inputs broadcast along leading axes only (a bias ``[n]`` of ``[m, n]``) allow vectors along
+    the last axis when ``n`` is a multiple of the lanes (a run never crosses a row, and starts
+    at a lane multiple of every operand)."""
     pure = all(n.op.kind is OpKind.ELEMENTWISE or n.op.name == "constant" for n in group.nodes)
-    same = all(tuple(dims(v.shape)) == shape or math.prod(dims(v.shape)) == 1
-               for v in group.inputs)
-    if not (pure and same):
-        return 1
-    itemsize = max(v.dtype.itemsize for v in outputs)
-    return max(1, GPU_VECTOR_BYTES // itemsize)
+    lanes = max(1, GPU_VECTOR_BYTES // max(v.dtype.itemsize for v in outputs))
+    sizes = [dims(v.shape) for v in group.inputs]
+    if not pure or lanes == 1:
+        return 1, 0
+    if all(d == shape or math.prod(d) == 1 for d in sizes):
+        return lanes, len(shape)
+    if shape[-1] % lanes == 0 and all(d == shape or math.prod(d) == 1
+                                      or _leading_broadcast(d, shape) for d in sizes):
+        return lanes, 1
+    return 1, 0
+
+
+def _leading_broadcast(operand: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether ``operand`` is ``shape``'s trailing dims (after leading 1s): broadcast along
+    leading axes only."""
+    trimmed = operand
+    while trimmed and trimmed[0] == 1:
+        trimmed = trimmed[1:]
+    return bool(trimmed) and len(trimmed) <= len(shape) \
+        and shape[len(shape) - len(trimmed):] == trimmed
 
 
 def lower_group_gpu(group: KernelGroup, row_unroll: int = 4) -> GpuLowered:
