@@ -43,7 +43,7 @@ Buckets, one per test:
   with the reason. An excluded test that passes fails as a stale entry.
 - **load error / run error / result differs**: fail the suite unless excluded.
 
-Runtime: the whole suite (2,034 tests, every data set) took about 6 minutes on the shared
+Runtime: the whole suite (2,033 tests, every data set) took about 6 minutes on the shared
 2-core dev machine at the last regeneration, most of it compiling the nine light models' kernels
 (their convolutions run natively through im2col + matmul); the compile-free "not implemented"
 tests are fast. There is no subset rule and no environment variable for a fuller run; `-k` picks
