@@ -114,6 +114,11 @@ class SpecializedGraph:
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
+            if self._cache:
+                get_logger("recompiles").debug(
+                    "%s: compiling for new input signature %d (tilefuse specialises torch "
+                    "graphs per shape; dynamic torch dims are not symbolic yet): %s",
+                    self._name, len(self._cache) + 1, _describe_key(key))
             traced = trace_to_core_aten(self._gm, args)
             placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
             constants = {placeholders[i]: t.detach() for i, t in self._constants.items()}
@@ -135,6 +140,12 @@ class SpecializedGraph:
                                         debug=options.debug)
             return build_executable(optimized, options.target, where)
         return compile_graph
+
+
+def _describe_key(key: Key) -> str:
+    return ", ".join(f"{str(part[1]).replace('torch.', '')}{list(part[0])}"
+                     if isinstance(part[0], tuple) else f"{part[0]} {part[1]!r}"
+                     for part in key)
 
 
 def trace_to_core_aten(gm: fx.GraphModule, args: Sequence[Any]) -> fx.GraphModule:
