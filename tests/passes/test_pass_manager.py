@@ -24,7 +24,9 @@ from tilefuse.passes import (
     simplify_algebra,
 )
 from tilefuse.passes.attention import fuse_attention
+from tilefuse.passes.constant_fold import constant_fold
 from tilefuse.passes.conv_lowering import conv_to_matmul
+from tilefuse.passes.eqsat import equality_saturation
 from tilefuse.testing import assert_close, random_array
 
 BEFORE = textwrap.dedent("""
@@ -50,9 +52,13 @@ AFTER = textwrap.dedent("""
 
 def test_graph_pipeline_is_the_documented_list():
     assert [p.name for p in GRAPH_PIPELINE] == ["shape_infer", "decompose", "algebra",
-                                                "conv_lowering", "dce", "cse", "attention", "dce"]
+                                                "conv_lowering", "dce", "cse", "constant_fold",
+                                                "eqsat", "constant_fold", "dce", "attention",
+                                                "dce"]
     assert [p.fn for p in GRAPH_PIPELINE] == [shape_infer, decompose_composites, simplify_algebra,
-                                              conv_to_matmul, dce, cse, fuse_attention, dce]
+                                              conv_to_matmul, dce, cse, constant_fold,
+                                              equality_saturation, constant_fold, dce,
+                                              fuse_attention, dce]
     assert all(p.doc for p in GRAPH_PIPELINE)
 
 
@@ -70,8 +76,10 @@ def test_pipeline_result_and_numbers():
             for r in report.records]
     assert rows == [(1, "shape_infer", False, 5, 5), (2, "decompose", False, 5, 5),
                     (3, "algebra", False, 5, 5), (4, "conv_lowering", False, 5, 5),
-                    (5, "dce", True, 5, 4), (6, "cse", True, 4, 3), (7, "attention", False, 3, 3),
-                    (8, "dce", False, 3, 3)]
+                    (5, "dce", True, 5, 4), (6, "cse", True, 4, 3),
+                    (7, "constant_fold", False, 3, 3), (8, "eqsat", False, 3, 3),
+                    (9, "constant_fold", False, 3, 3), (10, "dce", False, 3, 3),
+                    (11, "attention", False, 3, 3), (12, "dce", False, 3, 3)]
     assert all(r.seconds >= 0 for r in report.records)
     assert report.total_seconds == pytest.approx(sum(r.seconds for r in report.records))
     assert report.changed == ("dce", "cse")
@@ -79,14 +87,26 @@ def test_pipeline_result_and_numbers():
     assert "05 dce" in shown and "changed" in shown and "total" in shown
 
 
+def _without_header(text: str) -> str:
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("#"))
+
+
 def test_dumps_only_changed_passes(tmp_path):
     graph = parse_graph(BEFORE)
     run_pipeline(graph, GRAPH_PIPELINE, dump_dir=tmp_path / "dump")
     files = sorted(p.name for p in (tmp_path / "dump").iterdir())
-    assert files == ["00-captured.graph", "05-after-dce.graph", "06-after-cse.graph"]
+    assert files == ["00-captured.graph", "05-after-dce.graph", "06-after-cse.graph",
+                     "passes.report"]
     assert (tmp_path / "dump" / "00-captured.graph").read_text() == BEFORE
-    assert (tmp_path / "dump" / "05-after-dce.graph").read_text() == print_graph(dce(graph)[0])
-    assert (tmp_path / "dump" / "06-after-cse.graph").read_text() == AFTER
+    after_dce = (tmp_path / "dump" / "05-after-dce.graph").read_text()
+    assert _without_header(after_dce) == print_graph(dce(graph)[0])
+    # the header gives kernels and bytes moved before and after: kernel formation already
+    # ignored the dead neg, so two kernels (add+exp, add+tanh), each reading x (24 bytes) and
+    # b (12) and writing 24
+    assert after_dce.startswith("# kernels 2 -> 2, bytes moved 120 -> 120\n")
+    assert _without_header((tmp_path / "dump" / "06-after-cse.graph").read_text()) == AFTER
+    report = (tmp_path / "dump" / "passes.report").read_text()
+    assert "08 eqsat" in report and "kernels 2 -> 2" in report
     # a dump is graph text: it parses back
     assert structurally_equal(parse_graph(AFTER),
                               parse_graph((tmp_path / "dump" / "06-after-cse.graph").read_text()))
@@ -97,7 +117,7 @@ def test_dumps_accept_a_writer_and_number_by_position(tmp_path):
     passes = (PassSpec("cse", cse, ""), PassSpec("cse", cse, ""), PassSpec("dce", dce, ""))
     run_pipeline(graph, passes, dump_dir=DumpWriter(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "00-captured.graph", "01-after-cse.graph", "03-after-dce.graph"]
+        "00-captured.graph", "01-after-cse.graph", "03-after-dce.graph", "passes.report"]
 
 
 def _dangling(graph: Graph) -> tuple[Graph, bool]:
@@ -148,5 +168,5 @@ def test_each_pass_is_logged_on_the_passes_topic(caplog):
     records = [r for r in caplog.records if r.name == "tilefuse.passes"]
     assert [r.getMessage().split(":")[0] for r in records] == [
         "01 shape_infer", "02 decompose", "03 algebra", "04 conv_lowering", "05 dce", "06 cse",
-        "07 attention", "08 dce"]
+        "07 constant_fold", "08 eqsat", "09 constant_fold", "10 dce", "11 attention", "12 dce"]
     assert "changed, 5 -> 4 nodes" in records[4].getMessage()

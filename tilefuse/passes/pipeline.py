@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from tilefuse.passes.algebra import simplify_algebra
 from tilefuse.passes.attention import fuse_attention
+from tilefuse.passes.constant_fold import constant_fold
 from tilefuse.passes.conv_lowering import conv_to_matmul
 from tilefuse.passes.cse import cse
 from tilefuse.passes.dce import dce
 from tilefuse.passes.decompose import decompose_composites
+from tilefuse.passes.eqsat import equality_saturation
 from tilefuse.passes.manager import PassSpec
 from tilefuse.passes.shape_infer import shape_infer
 
@@ -33,6 +35,19 @@ GRAPH_PIPELINE: tuple[PassSpec, ...] = (
     PassSpec("dce", dce, "drop nodes whose outputs reach no graph output"),
     # Merges repeated (op, inputs, attrs); drops the duplicates itself.
     PassSpec("cse", cse, "merge repeated computations (commutative inputs in any order)"),
+    # After CSE (equal constants already one value): transpose(W), reshape(W), ... of constants
+    # become constants, so equality saturation sees plain weights (a merge or scale rule needs
+    # a constant leaf) and kernel formation no transposes of weights.
+    PassSpec("constant_fold", constant_fold,
+             "all-constant nodes -> constants (results <= 64 MiB, not growing the constant data)"),
+    # The rule sets (identity, layout, matmul) to saturation under node/time limits, extracted
+    # by bytes moved + FLOPs; before attention recognition, which matches on the simplified
+    # graph (merged Q/K/V projections reach it as slices of one matmul).
+    PassSpec("eqsat", equality_saturation,
+             "equality saturation (egglog): identities, transposes, matmul merges and folds"),
+    # eqsat moves work onto constants (concat of Q/K/V weights, W*c): fold it once here.
+    PassSpec("constant_fold", constant_fold, "fold what eqsat moved onto constants"),
+    PassSpec("dce", dce, "drop what eqsat and folding replaced"),
     # After CSE (one value per score tensor), before the last DCE (which drops the replaced ops).
     PassSpec("attention", fuse_attention, "softmax(q·kᵀ·s + mask)·v -> one attention node"),
     # Cleanup for whatever the passes above (and those later inserted before it) left unused.

@@ -1,0 +1,88 @@
+"""Layout rules: transposes move through elementwise ops and matmuls, both ways, so that
+extraction can put them where they cost least (or cancel them against each other).
+
+- ``transpose(f(x), p)`` <-> ``f(transpose(x, p))`` for unary ``f`` and casts;
+- ``transpose(a op b, p)`` -> ``transpose(a, p) op transpose(b, p)`` when ``a`` and ``b`` have
+  the result's shape, or ``b`` (``a``) is a scalar; ``transpose(a, p) op transpose(b, p)`` ->
+  ``transpose(a op b, p)`` (same rank, so broadcasting commutes with the permutation);
+- ``transpose(a @ b, s)`` <-> ``transpose(b, s) @ transpose(a, s)`` for a permutation ``s`` that
+  swaps the last two axes (a, b and the result of one rank).
+
+The cost model charges a transpose as a full memory pass, so a transpose only survives
+extraction where it is cheapest; pushing one onto a constant is free (folded at compile time).
+"""
+
+from __future__ import annotations
+
+from egglog import String, eq, i64, rule, ruleset, set_, union, var
+
+from tilefuse.passes.eqsat.lang import (
+    Term,
+    perm_inverse,
+    perm_swaps_last_two,
+    scalar_type,
+    shape_of,
+    transposed,
+    ty,
+)
+
+layout_rules = ruleset(name="layout")
+
+e, x, a, b, c = (var(n, Term) for n in ("e", "x", "a", "b", "c"))
+t, ta, tb, tc, p, pi = (var(n, i64) for n in ("t", "ta", "tb", "tc", "p", "pi"))
+op = var("op", String)
+
+
+def _typed(term: Term, type_id: i64) -> object:
+    return set_(ty(term)).to(type_id)
+
+
+layout_rules.register(
+    rule(eq(e).to(Term.transpose(Term.unary(op, x), p)), eq(t).to(ty(e)),
+         eq(ta).to(transposed(ty(x), p)), name="transpose_into_unary")
+    .then(union(e).with_(Term.unary(op, Term.transpose(x, p))),
+          _typed(Term.transpose(x, p), ta), _typed(Term.unary(op, Term.transpose(x, p)), t)),
+    rule(eq(e).to(Term.unary(op, Term.transpose(x, p))), eq(pi).to(perm_inverse(p)),
+         eq(tb).to(transposed(ty(e), pi)), eq(t).to(ty(e)), name="transpose_out_of_unary")
+    .then(union(e).with_(Term.transpose(Term.unary(op, x), p)),
+          _typed(Term.unary(op, x), tb), _typed(Term.transpose(Term.unary(op, x), p), t)),
+    rule(eq(e).to(Term.transpose(Term.cast(x, tc), p)), eq(t).to(ty(e)),
+         eq(ta).to(transposed(ty(x), p)), name="transpose_into_cast")
+    .then(union(e).with_(Term.cast(Term.transpose(x, p), t)),
+          _typed(Term.transpose(x, p), ta), _typed(Term.cast(Term.transpose(x, p), t), t)),
+    rule(eq(e).to(Term.transpose(Term.binary(op, a, b), p)), eq(t).to(ty(e)),
+         eq(shape_of(ty(a))).to(shape_of(ty(Term.binary(op, a, b)))),
+         eq(shape_of(ty(b))).to(shape_of(ty(Term.binary(op, a, b)))),
+         eq(ta).to(transposed(ty(a), p)), eq(tb).to(transposed(ty(b), p)),
+         name="transpose_into_binary")
+    .then(union(e).with_(Term.binary(op, Term.transpose(a, p), Term.transpose(b, p))),
+          _typed(Term.transpose(a, p), ta), _typed(Term.transpose(b, p), tb),
+          _typed(Term.binary(op, Term.transpose(a, p), Term.transpose(b, p)), t)),
+    rule(eq(e).to(Term.transpose(Term.binary(op, a, c), p)), eq(t).to(ty(e)),
+         scalar_type(ty(c)), eq(shape_of(ty(a))).to(shape_of(ty(Term.binary(op, a, c)))),
+         eq(ta).to(transposed(ty(a), p)), name="transpose_into_binary_scalar_right")
+    .then(union(e).with_(Term.binary(op, Term.transpose(a, p), c)),
+          _typed(Term.transpose(a, p), ta), _typed(Term.binary(op, Term.transpose(a, p), c), t)),
+    rule(eq(e).to(Term.transpose(Term.binary(op, c, a), p)), eq(t).to(ty(e)),
+         scalar_type(ty(c)), eq(shape_of(ty(a))).to(shape_of(ty(Term.binary(op, c, a)))),
+         eq(ta).to(transposed(ty(a), p)), name="transpose_into_binary_scalar_left")
+    .then(union(e).with_(Term.binary(op, c, Term.transpose(a, p))),
+          _typed(Term.transpose(a, p), ta), _typed(Term.binary(op, c, Term.transpose(a, p)), t)),
+    rule(eq(e).to(Term.binary(op, Term.transpose(a, p), Term.transpose(b, p))), eq(t).to(ty(e)),
+         eq(pi).to(perm_inverse(p)), eq(tb).to(transposed(t, pi)), name="transpose_out_of_binary")
+    .then(union(e).with_(Term.transpose(Term.binary(op, a, b), p)),
+          _typed(Term.binary(op, a, b), tb), _typed(Term.transpose(Term.binary(op, a, b), p), t)),
+    rule(eq(e).to(Term.transpose(Term.matmul(a, b), p)), perm_swaps_last_two(p), eq(t).to(ty(e)),
+         eq(ta).to(transposed(ty(a), p)), eq(tb).to(transposed(ty(b), p)),
+         name="transpose_into_matmul")
+    .then(union(e).with_(Term.matmul(Term.transpose(b, p), Term.transpose(a, p))),
+          _typed(Term.transpose(a, p), ta), _typed(Term.transpose(b, p), tb),
+          _typed(Term.matmul(Term.transpose(b, p), Term.transpose(a, p)), t)),
+    rule(eq(e).to(Term.matmul(Term.transpose(a, p), Term.transpose(b, p))),
+         perm_swaps_last_two(p), eq(t).to(ty(e)), eq(tb).to(transposed(t, p)),
+         name="transpose_out_of_matmul")
+    .then(union(e).with_(Term.transpose(Term.matmul(b, a), p)),
+          _typed(Term.matmul(b, a), tb), _typed(Term.transpose(Term.matmul(b, a), p), t)),
+)
+
+__all__ = ["layout_rules"]
