@@ -205,8 +205,10 @@ class LoopLowering:
         else:
             self.serial(st, s.var, start, stop, s.step, s.body)
 
-    def serial(self, st: FnState, var: str, start: Value, stop: Value, step: int,
+    def serial(self, st: FnState, var: str, start: Value, stop: Value, step: int | Value,
                body: Stmt) -> None:
+        """``for var in start..stop step step`` (``step`` a constant or a loop-invariant
+        value)."""
         b = st.b
         before = b.block
         head = st.fn.append_basic_block(f"{var}.head")
@@ -220,7 +222,8 @@ class LoopLowering:
         b.position_at_end(body_bb)
         st.env[var] = i
         self.stmt(st, body)
-        i.add_incoming(b.add(i, ir.Constant(I64, step)), b.block)
+        stride = ir.Constant(I64, step) if isinstance(step, int) else step
+        i.add_incoming(b.add(i, stride), b.block)
         b.branch(head)
         b.position_at_end(done)
 

@@ -269,21 +269,7 @@ class NvptxLowering(LoopLowering):
         step = ir.Constant(I64, s.step)
         first = b.add(start, b.mul(self.global_id, step))
         stride = b.mul(self.grid_threads, step)
-        before = b.block
-        head = st.fn.append_basic_block(f"{s.var}.head")
-        body = st.fn.append_basic_block(f"{s.var}.body")
-        done = st.fn.append_basic_block(f"{s.var}.done")
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(I64, name=s.var)
-        i.add_incoming(first, before)
-        b.cbranch(b.icmp_signed("<", i, stop), body, done)
-        b.position_at_end(body)
-        st.env[s.var] = i
-        self.stmt(st, s.body)
-        i.add_incoming(b.add(i, stride), b.block)
-        b.branch(head)
-        b.position_at_end(done)
+        self.serial(st, s.var, first, stop, stride, s.body)
 
     def access_align(self, buf: BufferParam, lanes: int) -> int:
         """Vector accesses are lane-aligned on the GPU (module docstring): 128-bit loads."""
