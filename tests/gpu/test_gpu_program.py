@@ -150,6 +150,26 @@ def test_contraction_is_a_cublas_product_then_its_epilogue(tmp_path) -> None:
     assert list((tmp_path / "kernels").glob("*.ptx"))
 
 
+def test_device_arena_reuses_dead_intermediates() -> None:
+    from tilefuse.runtime.gpu import plan_values
+    from tilefuse.runtime.memory import value_names, verify_plan
+
+    b = GraphBuilder("chain")
+    rng = np.random.default_rng(0)
+    y = b.input(((64, 256), F32), "x")
+    for _ in range(3):  # product, relu epilogue, product, ...: a chain of dying values
+        w = _constant(b, random_array(rng, (256, 256), F32))
+        y = b.add1("relu", [b.add1("matmul", [y, w])])
+    program = build_gpu_program(b.build([y]))
+    plan = program.memory_plan()
+    values = list(plan_values(program))
+    assert len(values) == 6
+    assert list(plan.offsets) == list(value_names(values).values())
+    verify_plan(plan, list(plan.buffers))
+    assert plan.arena_bytes <= 2 * 64 * 256 * 4 < plan.sum_bytes
+    assert "# device memory" in program.partition_text()
+
+
 def test_bias_broadcast_along_rows_keeps_vector_loads() -> None:
     epilogue = build_gpu_program(ffn_graph(7, 16, 12)).steps[1]
     assert isinstance(epilogue, GpuKernel)

@@ -172,12 +172,22 @@ class CudaModule:
 
 
 class DeviceBuffer:
-    """``nbytes`` of device memory, freed when the object goes."""
+    """``nbytes`` of device memory, freed when the object goes (unless it is a view of
+    another buffer, which it keeps alive)."""
 
-    def __init__(self, context: CudaContext, ptr: int, nbytes: int):
+    def __init__(self, context: CudaContext, ptr: int, nbytes: int,
+                 owner: DeviceBuffer | None = None):
         self.context = context
         self.ptr = ptr
         self.nbytes = nbytes
+        self.owner = owner
+
+    def view(self, offset: int, nbytes: int) -> DeviceBuffer:
+        """``nbytes`` at ``offset`` of this buffer (an arena slot)."""
+        if offset < 0 or offset + nbytes > self.nbytes:
+            raise CudaError(f"view of {nbytes} bytes at {offset} outside a {self.nbytes}-byte "
+                            f"buffer")
+        return DeviceBuffer(self.context, self.ptr + offset, nbytes, owner=self)
 
     def copy_from(self, array: np.ndarray) -> None:
         array = np.ascontiguousarray(array)
@@ -194,6 +204,8 @@ class DeviceBuffer:
         return array
 
     def __del__(self) -> None:
+        if self.owner is not None:
+            return
         try:
             with self.context:
                 _call("cuMemFree", self.ptr)

@@ -15,7 +15,8 @@ without a GPU:
    stream, so they run in sequence), runs host steps between downloads and uploads, and
    downloads the outputs into fresh NumPy arrays.
 
-Every value lives in its own device buffer (no arena reuse yet: a known gap).
+Values the steps write share one device arena, placed by liveness (:mod:`tilefuse.runtime.memory`,
+the CPU's planner); graph inputs and constants have buffers of their own.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from tilefuse.loop.printer import format_function
 from tilefuse.passes.decompose import decompose_composites
 from tilefuse.runtime.cublas import Cublas, GemmShape
 from tilefuse.runtime.cuda_driver import CudaContext, DeviceBuffer
+from tilefuse.runtime.memory import MemoryPlan, plan_from_liveness, value_names
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,22 @@ class GpuProgram:
                              f"{len(step.group.outputs)} upload(s), {nbytes} bytes")
         return lines
 
+    def memory_plan(self) -> MemoryPlan:
+        """The device arena: every value a step writes, placed by its liveness over the steps
+        (graph outputs live to the end); graph inputs and constants have buffers of their own."""
+        produced = {v: i for i, step in enumerate(self.steps) for v in step.outputs}
+        last = dict(produced)
+        for i, step in enumerate(self.steps):
+            for v in _reads(step):
+                if v in produced:
+                    last[v] = max(last[v], i)
+        for v in self.graph.outputs:
+            if v in produced:
+                last[v] = len(self.steps)
+        values = list(plan_values(self))
+        liveness = {v: (produced[v], last[v]) for v in values}
+        return plan_from_liveness(values, liveness, _nbytes)
+
     def partition_text(self) -> str:
         lines = [f"# {self.graph.name} on {self.target}"]
         for step in self.steps:
@@ -132,6 +150,7 @@ class GpuProgram:
                 lines.append(f"host   {step.group.name} [{step.group.kind.value}] ({ops}): "
                              f"{step.reason}")
         lines += ["# copies per call", *(self.copies() or ["none"])]
+        lines += ["# device memory", self.memory_plan().summary()]
         return "\n".join(lines) + "\n"
 
     def dump(self, directory: Path | str) -> None:
@@ -141,6 +160,14 @@ class GpuProgram:
             if isinstance(step, GpuKernel):
                 writer.write(f"kernels/{step.fn.name}.loop", format_function(step.fn) + "\n")
                 writer.write(f"kernels/{step.fn.name}.ptx", step.ptx)
+
+
+def _reads(step: GpuStep) -> tuple[Value, ...]:
+    if isinstance(step, GpuKernel):
+        return step.bindings
+    if isinstance(step, GemmStep):
+        return (step.a, step.b)
+    return step.group.inputs
 
 
 def _nbytes(value: Value) -> int:
@@ -193,6 +220,11 @@ def _compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
     return GpuKernel(group, fn, compile_ptx(fn, target, lowered.simt_width),
                      tuple(by_name[b.name] for b in fn.buffers), grid, block,
                      lowered.simt_width)
+
+
+def plan_values(program: GpuProgram) -> dict[Value, None]:
+    """The values :meth:`GpuProgram.memory_plan` places, in its order."""
+    return dict.fromkeys(v for step in program.steps for v in step.outputs)
 
 
 def _contraction_steps(group: KernelGroup, target: GpuTarget) -> list[GpuStep]:
@@ -250,10 +282,11 @@ class CudaExecutable:
                 self._functions[step.fn.name] = (module, module.function(step.fn.name))
         self._constants = {v: self.context.upload(np.ascontiguousarray(a))
                            for v, a in program.constants.items()}
-        self._buffers: dict[Value, DeviceBuffer] = {}
-        for step in program.steps:
-            for v in step.outputs:
-                self._buffers[v] = self.context.alloc(_nbytes(v))
+        plan = program.memory_plan()
+        self.arena = self.context.alloc(plan.arena_bytes)
+        names = value_names(list(plan_values(program)))
+        self._buffers: dict[Value, DeviceBuffer] = {
+            v: self.arena.view(plan.offsets[names[v]], _nbytes(v)) for v in names}
         self._cublas = Cublas(self.context) if any(isinstance(s, GemmStep)
                                                    for s in program.steps) else None
         for v in self.graph.inputs:
