@@ -165,3 +165,35 @@ def test_random_permutations_and_reshapes(shape, data, seed) -> None:
     if unknown >= 0 and 0 not in target:
         target = (*target[:unknown], -1, *target[unknown + 1:])
     assert_close(run1("reshape", [x], {"shape": target}), x.reshape(target))
+
+
+@pytest.mark.parametrize("dtype", [DType.f32, DType.bf16, DType.i32], ids=lambda d: d.value)
+@pytest.mark.parametrize("kernel,strides,dilations", [((3, 3), (1, 1), (1, 1)),
+                                                      ((7, 7), (2, 2), (1, 1)),
+                                                      ((2, 3), (2, 1), (2, 1)),
+                                                      ((1, 1), (1, 1), (1, 1))])
+def test_window_patches_is_every_window(dtype, kernel, strides, dilations) -> None:
+    x = _x(dtype, (2, 13, 11, 3), kernel)
+    got = run1("window_patches", [x], {"kernel": kernel, "strides": strides,
+                                       "dilations": dilations})
+    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
+    oh, ow = (13 - dh * (kh - 1) - 1) // sh + 1, (11 - dw * (kw - 1) - 1) // sw + 1
+    want = np.empty((2, oh, ow, kh, kw, 3), x.dtype)
+    for i in range(oh):
+        for j in range(ow):
+            for a in range(kh):
+                for b in range(kw):
+                    want[:, i, j, a, b] = x[:, i * sh + a * dh, j * sw + b * dw]
+    assert_close(got, want)
+
+
+def test_window_patches_rejects_bad_windows() -> None:
+    from tilefuse.errors import AttrError
+
+    x = _x(DType.f32, (1, 4, 4, 2))
+    with pytest.raises(ShapeError, match="needs H >= 5"):
+        run1("window_patches", [x], {"kernel": (3, 3), "dilations": (2, 1)})
+    with pytest.raises(ShapeError, match="NHWC"):
+        run1("window_patches", [x.reshape(4, 4, 2)], {"kernel": (1, 1)})
+    with pytest.raises(AttrError, match="positive"):
+        run1("window_patches", [x], {"kernel": (0, 1)})

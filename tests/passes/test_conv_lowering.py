@@ -19,7 +19,9 @@ from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph, Literal
 from tilefuse.graph.parser import parse_graph
 from tilefuse.graph.printer import print_graph
+from tilefuse.kernel.fusion import KernelKind, form_kernels
 from tilefuse.passes.conv_lowering import conv_to_matmul
+from tilefuse.passes.decompose import decompose_composites
 from tilefuse.passes.manager import run_pipeline
 from tilefuse.passes.pipeline import GRAPH_PIPELINE
 from tilefuse.runtime.native import build_native
@@ -44,18 +46,16 @@ AFTER = text("""
       %0 = constant() {value=array<f32[3,2,2,1]>[[[[1.0],[2.0]],[[3.0],[4.0]]],[[[5.0],[6.0]],[[7.0],[8.0]]],[[[9.0],[10.0]],[[11.0],[12.0]]]]} : f32[3,2,2,1]
       %1 = transpose(%x) {perm=[0,2,3,1]} : f32[1,4,5,2]  # m.py:7
       %2 = pad(%1) {mode="constant", pads=[0,0,1,0,0,0,0,0], value=0.0} : f32[1,5,5,2]  # m.py:7
-      %3 = slice(%2) {starts=[0,0,0,0], steps=[1,2,1,1], stops=[1,3,5,2]} : f32[1,2,5,2]  # m.py:7
-      %4 = slice(%2) {starts=[0,1,0,0], steps=[1,2,1,1], stops=[1,4,5,2]} : f32[1,2,5,2]  # m.py:7
-      %5 = stack(%3, %4) {axis=4} : f32[1,2,5,2,2]  # m.py:7
-      %6 = reshape(%5) {shape=[10,4]} : f32[10,4]  # m.py:7
-      %7 = reshape(%0) {shape=[3,4]} : f32[3,4]  # m.py:7
-      %8 = transpose(%7) {perm=[1,0]} : f32[4,3]  # m.py:7
-      %9 = matmul(%6, %8) : f32[10,3]  # m.py:7
-      %10 = add(%9, %b) : f32[10,3]  # m.py:7
-      %11 = reshape(%10) {shape=[1,2,5,3]} : f32[1,2,5,3]  # m.py:7
-      %12 = transpose(%11) {perm=[0,3,1,2]} : f32[1,3,2,5]  # m.py:7
-      %13 = slice(%12) {starts=[0,0,0,0], steps=[1,1,1,1], stops=[1,3,2,4]} : f32[1,3,2,4]
-      return %13
+      %3 = window_patches(%2) {dilations=[1,1], kernel=[2,1], strides=[2,1]} : f32[1,2,5,2,1,2]  # m.py:7
+      %4 = reshape(%3) {shape=[10,4]} : f32[10,4]  # m.py:7
+      %5 = transpose(%0) {perm=[2,3,1,0]} : f32[2,1,2,3]  # m.py:7
+      %6 = reshape(%5) {shape=[4,3]} : f32[4,3]  # m.py:7
+      %7 = matmul(%4, %6) : f32[10,3]  # m.py:7
+      %8 = add(%7, %b) : f32[10,3]  # m.py:7
+      %9 = reshape(%8) {shape=[1,2,5,3]} : f32[1,2,5,3]  # m.py:7
+      %10 = transpose(%9) {perm=[0,3,1,2]} : f32[1,3,2,5]  # m.py:7
+      %11 = slice(%10) {starts=[0,0,0,0], steps=[1,1,1,1], stops=[1,3,2,4]} : f32[1,3,2,4]
+      return %11
     }
     """)
 
@@ -123,6 +123,23 @@ def test_native_matches_the_reference(n, c, hw, k, stride, padding, dilation, bi
     exe = build_native(lowered)
     assert exe.fallbacks == []
     rng = np.random.default_rng(11)
+    args = [random_array(rng, tuple(int(d) for d in v.shape), v.dtype) for v in graph.inputs]
+    for got, want in zip(exe(*args), interpret(graph, *args), strict=True):
+        assert_close(got, want, reduction=True)
+
+
+def test_im2col_is_the_matmul_prologue():
+    """The patches are gathered while A is packed: no slices, no stack, no im2col kernel of
+    their own."""
+    graph = conv_graph(1, 16, (9, 7), 3, 1, (1, 1, 1, 1), 1, True, seed=3, after="relu")
+    lowered, _ = run_pipeline(graph, GRAPH_PIPELINE)
+    exe = build_native(lowered)
+    assert exe.fallbacks == []
+    plan = form_kernels(decompose_composites(lowered)[0])
+    (conv,) = [g for g in plan.groups if g.kind is KernelKind.CONTRACTION]
+    assert [n.op.name for n in conv.nodes][:2] == ["window_patches", "reshape"]
+    assert not any(n.op.name in ("slice", "stack") for n in lowered.nodes)
+    rng = np.random.default_rng(4)
     args = [random_array(rng, tuple(int(d) for d in v.shape), v.dtype) for v in graph.inputs]
     for got, want in zip(exe(*args), interpret(graph, *args), strict=True):
         assert_close(got, want, reduction=True)

@@ -89,7 +89,8 @@ MAX_RECOMPUTE_OPS = 8
 """The most scalar ops per element a value's cone may cost for it to be recomputed in each
 reader instead of being written and read back (rule 8)."""
 
-CHEAP_MOVEMENT = frozenset({"broadcast_to", "expand_dims", "squeeze", "reshape", "transpose"})
+CHEAP_MOVEMENT = frozenset({"broadcast_to", "expand_dims", "squeeze", "reshape", "transpose",
+                            "window_patches"})
 ORDER_PRESERVING = frozenset({"reshape", "expand_dims", "squeeze"})  # row-major order kept
 TRANSCENDENTAL = frozenset({"exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "gelu",
                             "silu", "softplus", "sin", "cos", "pow"})

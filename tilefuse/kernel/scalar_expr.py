@@ -347,8 +347,20 @@ class ElementBuilder:
             u_index = self._reindex(name, attrs, index, shape, out)
             run = reshaped_run(shape, out, block) if lanes > 1 else 1
             return self.value(u, u_index, lanes, run)
+        if name == "window_patches":
+            return self._window(attrs, u, index, lanes, block)
         raise self.fail(f"movement op {name} is not an index remapping the kernel lowering "
                         "supports (it must be its own kernel)")
+
+    def _window(self, attrs: Mapping[str, Any], u: Value, index: tuple[Expr, ...], lanes: int,
+                block: int) -> Expr:
+        """im2col as a remap: ``out[n, i, j, a, b, c] = u[n, i·sh + a·dh, j·sw + b·dw, c]``;
+        lanes may run along C only (the one axis both share contiguously)."""
+        if lanes > 1 and block > 1:
+            raise NotVectorizable("window_patches runs vectors along C only")
+        n, i, j, a, b, c = index
+        (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
+        return self.value(u, (n, i * sh + a * dh, j * sw + b * dw, c), lanes, 1)
 
     @staticmethod
     def _reindex(name: str, attrs: Mapping[str, Any], index: tuple[Expr, ...],

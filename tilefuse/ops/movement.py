@@ -405,7 +405,51 @@ FULL = OpDef("full", _SOURCE, 0, lambda shapes, attrs: (check_shape_attr(attrs["
                     attr("dtype", AttrType.DTYPE)),
              doc="a tensor of one value (cast to dtype)")
 
+# ---- window_patches (im2col) -----------------------------------------------------------------
+
+
+def _window_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
+    (shape,) = shapes
+    if len(shape) != 4:
+        raise ShapeError(f"window_patches takes an NHWC input [N, H, W, C], got "
+                         f"{format_shape(shape)}")
+    kernel, strides, dilations = attrs["kernel"], attrs["strides"], attrs["dilations"]
+    if not len(kernel) == len(strides) == len(dilations) == 2 or \
+            min(*kernel, *strides, *dilations) < 1:
+        raise AttrError(f"kernel, strides and dilations must be 2 positive ints each, got "
+                        f"{list(kernel)}, {list(strides)}, {list(dilations)}")
+    n, h, w, c = shape
+    out = []
+    for size, k, s, d, what in ((h, kernel[0], strides[0], dilations[0], "H"),
+                                (w, kernel[1], strides[1], dilations[1], "W")):
+        span = d * (k - 1) + 1
+        extent = static_dim(size, f"the {what} of a window_patches input")
+        if extent < span:
+            raise ShapeError(f"a {k}-tap window of dilation {d} needs {what} >= {span}, got "
+                             f"{extent}")
+        out.append((extent - span) // s + 1)
+    return ((n, out[0], out[1], kernel[0], kernel[1], c),)
+
+
+def _window_ref(x: np.ndarray, kernel: tuple[int, ...], strides: tuple[int, ...],
+                dilations: tuple[int, ...]) -> np.ndarray:
+    (_, h, w, _), (kh, kw), (sh, sw), (dh, dw) = x.shape, kernel, strides, dilations
+    oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+    rows = np.arange(oh)[:, None] * sh + np.arange(kh)[None, :] * dh     # [oh, kh]
+    cols = np.arange(ow)[:, None] * sw + np.arange(kw)[None, :] * dw     # [ow, kw]
+    return x[:, rows[:, None, :, None], cols[None, :, None, :], :]       # [n, oh, ow, kh, kw, c]
+
+
+WINDOW_PATCHES = OpDef(
+    "window_patches", _MOVE, 1, _window_rule, same_dtype, _window_ref,
+    attrs=(attr("kernel", AttrType.INTS), attr("strides", AttrType.INTS, (1, 1)),
+           attr("dilations", AttrType.INTS, (1, 1))),
+    doc="every KH×KW window of an NHWC input (im2col): out[n, i, j, a, b, c] = "
+        "x[n, i·sh + a·dh, j·sw + b·dw, c]; an index remap, so it fuses into the kernel that "
+        "reads it (a matmul packs its A operand through it)")
+
+
 DEFINITIONS: tuple[OpDef, ...] = (
     RESHAPE, TRANSPOSE, BROADCAST_TO, EXPAND_DIMS, SQUEEZE, SLICE, CONCAT, STACK, SPLIT, PAD,
-    TAKE, TAKE_ALONG_AXIS, CONSTANT, ARANGE, FULL,
+    TAKE, TAKE_ALONG_AXIS, CONSTANT, ARANGE, FULL, WINDOW_PATCHES,
 )

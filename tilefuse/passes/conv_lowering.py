@@ -6,14 +6,15 @@ the native backend runs (the conv itself would be a host fallback):
 1. ``transpose`` x to NHWC [N, H, W, C] (the small tensor; the im2col tensor is KH·KW/stride²
    times larger, so its layout comes straight out of the slices, never from a transpose);
 2. ``pad`` H and W by the conv's (top, bottom, left, right), when any is non-zero;
-3. for each (kh, kw) of the window a strided ``slice`` [N, OH, OW, C] of the padded input
-   (dilation in its start, stride in its step; one that covers everything is left out);
-4. ``stack`` them on a new last axis [N, OH, OW, C, KH·KW] and ``reshape`` to the im2col matrix
-   [N·OH·OW, C·KH·KW] (column order c, kh, kw: the order of an OIHW weight's flattened rows);
-5. ``matmul`` with the weight ``reshape`` d to [O, C·KH·KW] and ``transpose`` d to
-   [C·KH·KW, O]: computed from a constant alone, so the build folds it and packs it once;
-6. ``add`` the bias [O] (broadcast over rows: a contraction epilogue);
-7. ``reshape`` to [N, OH, OW, O] and ``transpose`` back to NCHW [N, O, OH, OW].
+3. ``window_patches`` [N, OH, OW, KH, KW, C] of the padded input (im2col as one index remap,
+   so kernel formation makes it the matmul's A prologue: the pack kernel of A gathers the
+   patches; no slices, no stack) and ``reshape`` to the im2col matrix [N·OH·OW, KH·KW·C]
+   (a 1×1 stride-1 conv needs neither: the NHWC input is already that matrix);
+4. ``matmul`` with the weight ``transpose`` d to [KH, KW, C, O] and ``reshape`` d to
+   [KH·KW·C, O] (rows in the patches' order): computed from a constant alone, so the build
+   folds it and packs it once;
+5. ``add`` the bias [O] (broadcast over rows: a contraction epilogue);
+6. ``reshape`` to [N, OH, OW, O] and ``transpose`` back to NCHW [N, O, OH, OW].
 
 Every new node keeps the conv's source location.
 
@@ -74,25 +75,16 @@ def _lower(b: GraphBuilder, node: Node, inputs: list[Value]) -> Value:
     nhwc = b.add1("transpose", [x], {"perm": (0, 2, 3, 1)}, loc)
     if top or left or bottom or right:
         nhwc = b.add1("pad", [nhwc], {"pads": (0, 0, top, bottom, left, right, 0, 0)}, loc)
-    hp, wp = nhwc.shape[1], nhwc.shape[2]
-    columns = []
-    for i in range(kh):
-        for j in range(kw):
-            r0, c0 = i * dh, j * dw
-            r1, c1 = r0 + (oh - 1) * sh + 1, c0 + (ow - 1) * sw + 1
-            whole = (r0, c0) == (0, 0) and (r1, c1) == (hp, wp) and (sh, sw) == (1, 1)
-            if whole:
-                columns.append(nhwc)
-                continue
-            columns.append(b.add1("slice", [nhwc], {"starts": (0, r0, c0, 0),
-                                                    "stops": (n, r1, c1, c),
-                                                    "steps": (1, sh, sw, 1)}, loc))
-    patches = (b.add1("stack", columns, {"axis": 4}, loc) if len(columns) > 1
-               else columns[0])
     depth = c * kh * kw
-    cols = b.add1("reshape", [patches], {"shape": (n * oh * ow, depth)}, loc)
-    w2 = b.add1("reshape", [w], {"shape": (o, depth)}, loc)
-    wt = b.add1("transpose", [w2], {"perm": (1, 0)}, loc)
+    if (kh, kw, sh, sw) == (1, 1, 1, 1):
+        cols = b.add1("reshape", [nhwc], {"shape": (n * oh * ow, depth)}, loc)
+    else:
+        patches = b.add1("window_patches", [nhwc], {"kernel": (kh, kw), "strides": (sh, sw),
+                                                    "dilations": (dh, dw)}, loc)
+        cols = b.add1("reshape", [patches], {"shape": (n * oh * ow, depth)}, loc)
+    # the OIHW weight as [KH·KW·C, O], rows in the patches' (kh, kw, c) order: folded at build
+    w_hwio = b.add1("transpose", [w], {"perm": (2, 3, 1, 0)}, loc)
+    wt = b.add1("reshape", [w_hwio], {"shape": (depth, o)}, loc)
     y = b.add1("matmul", [cols, wt], {}, loc)
     if len(inputs) == 3:
         y = b.add1("add", [y, inputs[2]], {}, loc)
