@@ -56,12 +56,19 @@ class _Decoder:
         if node.op == "leaf":
             return self._leaf(self.enc.leaves[node.params[0]])
         args = [self.built[c] for c in node.children]
+        if node.op in ("transpose", "reshape", "cast", "broadcast") and args[0].type == expected \
+                and (node.op != "transpose" or self._identity(node.params[0])):
+            return args[0]      # an identity the run stopped before removing
         op, attrs = self._op_attrs(node, expected, args)
         value = self.builder.add1(op, args, attrs)
         if value.type != expected:
             raise VerifyError(f"eqsat: {node.op} rebuilt as {value.type}, its e-class has type "
                               f"{expected}", op=op, inputs=tuple(str(a.type) for a in args))
         return value
+
+    def _identity(self, perm_id: int) -> bool:
+        perm = self.enc.perms[perm_id]
+        return perm == tuple(range(len(perm)))
 
     def _op_attrs(self, node: ENode, expected, args: list[Value]) -> tuple[object, dict]:
         op = node.op

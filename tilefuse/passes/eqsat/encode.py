@@ -195,6 +195,7 @@ def _tables(rows: Rows, enc: Encoding, graph: Graph) -> None:
     """Permutation closure, transposed types, shapes, casts, scales, matmul and merge types."""
     _perm_tables(rows, enc)
     _matmul_tables(rows, enc, graph)
+    _ranked_constants(rows, enc)
     for tid, t in list(enumerate(enc.types)):
         for pid, perm in enumerate(enc.perms):
             if len(perm) == t.rank:
@@ -207,11 +208,22 @@ def _tables(rows: Rows, enc: Encoding, graph: Graph) -> None:
             rows.add(lang.scalar_type, tid)
         if t.rank == 2:
             rows.add(lang.rank2_type, tid)
+        rows.add(lang.rank_of, tid, t.rank)
         if t.rank and isinstance(t.shape[-1], int):
             rows.add(lang.last_dim, tid, t.shape[-1])
     for (ia, a), (ib, b) in itertools.product(enumerate(enc.types), repeat=2):
         if a.shape == b.shape and b.dtype in _EXACT_INTO[a.dtype]:
             rows.add(lang.exact_cast, ia, ib)
+
+
+def _ranked_constants(rows: Rows, enc: Encoding) -> None:
+    """``ranked`` for each constant's type and each higher rank a permutation has."""
+    ranks = {len(p) for p in enc.perms}
+    for t in {enc.leaves[i].type for i in enc.constant_leaves}:
+        for rank in ranks:
+            if rank >= t.rank:
+                full = TensorType((1,) * (rank - t.rank) + tuple(t.shape), t.dtype)
+                rows.add(lang.ranked, enc.type_id(t), rank, enc.type_id(full))
 
 
 def _perm_tables(rows: Rows, enc: Encoding) -> None:

@@ -141,6 +141,15 @@ def concat_last_type(a: i64Like, b: i64Like) -> i64:
 def last_dim(type_id: i64Like) -> i64: ...
 
 
+@function
+def rank_of(type_id: i64Like) -> i64: ...
+
+
+@function
+def ranked(type_id: i64Like, rank: i64Like) -> i64:
+    """A constant's type with leading 1s up to ``rank`` (how it broadcasts against that rank)."""
+
+
 @function(merge=lambda old, new: old)
 def group_first(weight: Term) -> i64:
     """Position of the first weight in a chain of parallel-matmul weights (see rules_matmul)."""

@@ -3,7 +3,10 @@ extraction can put them where they cost least (or cancel them against each other
 
 - ``transpose(f(x), p)`` <-> ``f(transpose(x, p))`` for unary ``f`` and casts;
 - ``transpose(a op b, p)`` -> ``transpose(a, p) op transpose(b, p)`` when ``a`` and ``b`` have
-  the result's shape, or ``b`` (``a``) is a scalar; ``transpose(a, p) op transpose(b, p)`` ->
+  the result's shape, or ``b`` (``a``) is a scalar; when ``b`` is a constant that broadcasts
+  (a per-channel scale ``[C,1,1]`` against NCHW), it is reshaped to the full rank and transposed
+  too, which folding does at compile time: so ``conv -> batch-norm scale/shift -> relu -> conv``
+  lowered through NHWC matmuls loses its NCHW round trip; ``transpose(a, p) op transpose(b, p)`` ->
   ``transpose(a op b, p)`` (same rank, so broadcasting commutes with the permutation);
 - ``transpose(a @ b, s)`` <-> ``transpose(b, s) @ transpose(a, s)`` for a permutation ``s`` that
   swaps the last two axes (a, b and the result of one rank).
@@ -18,8 +21,11 @@ from egglog import String, eq, i64, rule, ruleset, set_, union, var
 
 from tilefuse.passes.eqsat.lang import (
     Term,
+    is_const,
     perm_inverse,
     perm_swaps_last_two,
+    rank_of,
+    ranked,
     scalar_type,
     shape_of,
     transposed,
@@ -35,6 +41,20 @@ op = var("op", String)
 
 def _typed(term: Term, type_id: i64) -> object:
     return set_(ty(term)).to(type_id)
+
+
+def _with_constant(op, a: Term, c: Term, p, full, *, right: bool) -> Term:
+    moved = Term.transpose(Term.reshape(c, full), p)
+    pushed = Term.transpose(a, p)
+    return Term.binary(op, pushed, moved) if right else Term.binary(op, moved, pushed)
+
+
+def _typed_constant(a: Term, c: Term, p, ta, tb, tc, t, *, right: bool) -> list:
+    reshaped = Term.reshape(c, tb)
+    return [_typed(reshaped, tb), _typed(Term.transpose(reshaped, p), tc),
+            _typed(Term.transpose(a, p), ta),
+            _typed(_with_constant(op, a, c, p, tb, right=right), t), is_const(reshaped),
+            is_const(Term.transpose(reshaped, p))]
 
 
 layout_rules.register(
@@ -68,6 +88,18 @@ layout_rules.register(
          eq(ta).to(transposed(ty(a), p)), name="transpose_into_binary_scalar_left")
     .then(union(e).with_(Term.binary(op, c, Term.transpose(a, p))),
           _typed(Term.transpose(a, p), ta), _typed(Term.binary(op, c, Term.transpose(a, p)), t)),
+    rule(eq(e).to(Term.transpose(Term.binary(op, a, c), p)), eq(t).to(ty(e)), is_const(c),
+         eq(shape_of(ty(a))).to(shape_of(ty(Term.binary(op, a, c)))),
+         eq(ta).to(transposed(ty(a), p)), eq(tb).to(ranked(ty(c), rank_of(ty(a)))),
+         eq(tc).to(transposed(tb, p)), name="transpose_into_binary_constant_right")
+    .then(union(e).with_(_with_constant(op, a, c, p, tb, right=True)),
+          *_typed_constant(a, c, p, ta, tb, tc, t, right=True)),
+    rule(eq(e).to(Term.transpose(Term.binary(op, c, a), p)), eq(t).to(ty(e)), is_const(c),
+         eq(shape_of(ty(a))).to(shape_of(ty(Term.binary(op, c, a)))),
+         eq(ta).to(transposed(ty(a), p)), eq(tb).to(ranked(ty(c), rank_of(ty(a)))),
+         eq(tc).to(transposed(tb, p)), name="transpose_into_binary_constant_left")
+    .then(union(e).with_(_with_constant(op, a, c, p, tb, right=False)),
+          *_typed_constant(a, c, p, ta, tb, tc, t, right=False)),
     rule(eq(e).to(Term.binary(op, Term.transpose(a, p), Term.transpose(b, p))), eq(t).to(ty(e)),
          eq(pi).to(perm_inverse(p)), eq(tb).to(transposed(t, pi)), name="transpose_out_of_binary")
     .then(union(e).with_(Term.transpose(Term.binary(op, a, b), p)),

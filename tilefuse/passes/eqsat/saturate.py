@@ -24,6 +24,15 @@ from tilefuse.passes.eqsat.rules_layout import layout_rules
 from tilefuse.passes.eqsat.rules_matmul import matmul_rules
 
 ALL_RULES = identity_rules | layout_rules | matmul_rules
+ITERATION = identity_rules.saturate() + ALL_RULES
+"""One iteration: the identity rules to saturation (they only simplify: compositions, cancellations,
+bounded by the permutation closure), then every rule once."""
+
+
+def rule_names() -> frozenset[str]:
+    """The names of every rewrite rule (each rule is named; tests have one case per name)."""
+    return frozenset(decl.name for rules in (identity_rules, layout_rules, matmul_rules)
+                     for decl in rules.__egg_ruleset__.rules)
 
 
 
@@ -92,7 +101,7 @@ def saturate(graph: Graph, limits: Limits | None = None) -> SaturationResult:
     fired: dict[str, int] = {}
     stopped, iterations, enodes = "iteration limit", 0, 0
     while iterations < limits.max_iterations:
-        report = egraph.run(ALL_RULES)
+        report = egraph.run(ITERATION)
         iterations += 1
         for key, count in report.num_matches_per_rule.items():
             fired[_rule_name(key)] = fired.get(_rule_name(key), 0) + count
@@ -119,4 +128,5 @@ def equality_saturation(graph: Graph) -> tuple[Graph, bool, dict[str, object]]:
     return result.graph, result.changed, result.notes()
 
 
-__all__ = ["ALL_RULES", "Limits", "SaturationResult", "equality_saturation", "saturate"]
+__all__ = ["ALL_RULES", "Limits", "SaturationResult", "equality_saturation", "rule_names",
+           "saturate"]
