@@ -170,3 +170,14 @@ def test_each_pass_is_logged_on_the_passes_topic(caplog):
         "01 shape_infer", "02 decompose", "03 algebra", "04 conv_lowering", "05 dce", "06 cse",
         "07 constant_fold", "08 eqsat", "09 constant_fold", "10 dce", "11 attention", "12 dce"]
     assert "changed, 5 -> 4 nodes" in records[4].getMessage()
+
+
+def test_pass_notes_reach_the_report_and_bad_notes_are_errors():
+    graph = parse_graph(AFTER)
+    noting = PassSpec("noting", lambda g: (g, False, {"stopped": "saturated",
+                                                      "rules_fired": {"mul_one": 2}}))
+    _, report = run_pipeline(graph, (noting,))
+    assert report.records[0].notes["rules_fired"] == {"mul_one": 2}
+    assert "stopped: saturated" in str(report) and "rules_fired: mul_one=2" in str(report)
+    with pytest.raises(VerifyError, match="notes"):
+        run_pipeline(graph, (PassSpec("bad", lambda g: (g, False, "notes")),))  # type: ignore

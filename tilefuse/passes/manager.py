@@ -139,7 +139,7 @@ def run_pipeline(graph: Graph, passes: Sequence[PassSpec], *,
     if writer is not None:
         writer.write("00-captured.graph", print_graph(graph))
     measure = writer is not None or log.isEnabledFor(logging.DEBUG)
-    figures = KernelFigures.of(graph) if measure else None
+    figures = _measure(graph, log) if measure else None
     records = []
     for position, spec in enumerate(passes, start=1):
         before = graph
@@ -150,8 +150,10 @@ def run_pipeline(graph: Graph, passes: Sequence[PassSpec], *,
             _check_pass(spec, position, before, graph, changed)
         kernels = None
         if measure and changed:
-            after = KernelFigures.of(graph)
-            kernels, figures = (figures, after), after
+            after = _measure(graph, log)
+            if figures is not None and after is not None:
+                kernels = (figures, after)
+            figures = after
         record = PassRecord(position, spec.name, changed, seconds, len(before.nodes),
                             len(graph.nodes), notes, kernels)
         records.append(record)
@@ -166,6 +168,16 @@ def run_pipeline(graph: Graph, passes: Sequence[PassSpec], *,
     if writer is not None:
         writer.write("passes.report", str(report) + "\n")
     return graph, report
+
+
+def _measure(graph: Graph, log: logging.Logger) -> KernelFigures | None:
+    """Kernel figures for the report, or None (logged) when kernel formation refuses the graph:
+    visibility must never stop a compilation."""
+    try:
+        return KernelFigures.of(graph)
+    except TilefuseError as err:
+        log.debug("no kernel figures for this graph: %s", err)
+        return None
 
 
 def _run_one(spec: PassSpec, graph: Graph) -> tuple[Graph, bool, PassNotes]:
