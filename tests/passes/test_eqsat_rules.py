@@ -298,23 +298,6 @@ CASES.update({
           return %0
         }
         """),
-    "transpose_out_of_unary": (
-        """
-        graph @g(%x: f32[2,3]) -> f32[3,2] {
-          %0 = transpose(%x) {perm=[1,0]} : f32[3,2]
-          %1 = exp(%0) : f32[3,2]
-          %2 = add(%1, %0) : f32[3,2]
-          return %2
-        }
-        """,
-        """
-        graph @g(%x: f32[2,3]) -> f32[3,2] {
-          %0 = exp(%x) : f32[2,3]
-          %1 = add(%0, %x) : f32[2,3]
-          %2 = transpose(%1) {perm=[1,0]} : f32[3,2]
-          return %2
-        }
-        """),
     "transpose_into_cast": (
         """
         graph @g(%x: f32[2,3]) -> f64[2,3] {
