@@ -64,3 +64,14 @@ def test_the_node_limit_bounds_growth():
     assert limited.stopped == "node limit"
     assert limited.enodes < full.enodes
     _check_results(graph, limited.graph)
+
+
+def test_a_graph_of_unmodelled_ops_skips_the_egraph():
+    graph = parse_graph(textwrap.dedent("""
+        graph @g(%x: f32[3,5]) -> f32[3] {
+          %0 = sum(%x) {axes=[1]} : f32[3]
+          return %0
+        }
+        """).lstrip())
+    result = saturate(graph)
+    assert result.stopped == "nothing to rewrite" and result.graph is graph and not result.changed

@@ -17,7 +17,7 @@ from egglog import EGraph
 
 from tilefuse.graph.ir import Graph, Literal
 from tilefuse.passes.eqsat.decode import decode
-from tilefuse.passes.eqsat.encode import encode
+from tilefuse.passes.eqsat.encode import encode, is_modelled
 from tilefuse.passes.eqsat.extract import choose, read_serialized
 from tilefuse.passes.eqsat.rules_identity import identity_rules
 from tilefuse.passes.eqsat.rules_layout import layout_rules
@@ -52,7 +52,7 @@ class SaturationResult:
     rules_fired: dict[str, int] = field(default_factory=dict)
     iterations: int = 0
     enodes: int = 0
-    stopped: str = "saturated"        # saturated | node limit | time limit | iteration limit
+    stopped: str = "saturated"   # saturated | node/time/iteration limit | nothing to rewrite
     seconds: float = 0.0
 
     def notes(self) -> dict[str, object]:
@@ -96,6 +96,8 @@ def saturate(graph: Graph, limits: Limits | None = None) -> SaturationResult:
     """Runs equality saturation on ``graph`` under ``limits``."""
     limits = limits or Limits()
     start = time.perf_counter()
+    if not any(is_modelled(node) for node in graph.nodes):
+        return SaturationResult(graph, False, stopped="nothing to rewrite")
     egraph = EGraph()
     enc = encode(graph, egraph)
     fired: dict[str, int] = {}
