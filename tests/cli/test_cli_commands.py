@@ -40,6 +40,7 @@ def test_explain_reports_work_time_and_bound(small_onnx, tmp_path, capsys):
                  "--plot", str(chart)]) == 0
     out = capsys.readouterr().out
     assert "peaks: 100.0 GFLOP/s, 20.0 GB/s" in out and "% bound" in out
+    assert "graph passes" in out and "kernels " in out and "bytes moved" in out  # per pass
     data = json.loads(report.read_text())
     [kernel] = [k for k in data["kernels"] if k["kind"] == "contraction"]
     assert kernel["flops"] >= 2 * M * N * K

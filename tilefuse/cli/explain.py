@@ -14,8 +14,11 @@ and kept in the tuning database) unless ``--peak-gflops``/``--peak-gbps`` give t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from tilefuse.cli.common import add_model_arguments, note, show_progress, subpar
 from tilefuse.cli.models import CliError, load_model, parse_inputs, quiet_torch_warnings
 from tilefuse.cli.progress import Bar
 from tilefuse.cli.timing import format_seconds
+from tilefuse.log import get_logger
 from tilefuse.tune.roofline import Peaks
 
 EXAMPLE = """  tilefuse explain model.onnx
@@ -182,15 +186,37 @@ def plot(rows: list[KernelRow], peaks: Peaks, path: Path) -> int:
     return len(drawn)
 
 
+@contextlib.contextmanager
+def pass_figures() -> Iterator[None]:
+    """The pass manager computes per-pass kernel and byte figures only when its log topic is
+    on (they cost a kernel formation per changed pass): turn the topic on for this compile,
+    without printing its lines (they go in the report)."""
+    logger = get_logger("passes")
+    saved = logger.level, logger.propagate, list(logger.handlers)
+    quiet = logging.NullHandler()
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    logger.handlers = [quiet]
+    try:
+        yield
+    finally:
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        logger.handlers = saved[2]
+
+
 def run(args: argparse.Namespace) -> int:
     quiet_torch_warnings()
     model = load_model(args.model)
     arrays = parse_inputs(model, args.input, args.seed)
     peaks = peaks_for(args)
     note(args, f"compiling {args.model} ...")
-    lowered = model.lower(arrays)
+    with pass_figures():
+        lowered = model.lower(arrays)
     rows, call_seconds = kernel_rows(lowered, arrays, peaks, args.rounds, show_progress(args))
     print(table(rows, call_seconds, peaks))
+    print(f"\ngraph passes (what each changed: nodes, kernels, bytes moved, rules fired):\n"
+          f"{lowered.report}")
     if args.json is not None:
         data = {"peaks": asdict(peaks), "call_seconds": call_seconds,
                 "kernels": [asdict(r) | {"percent_of_bound": r.percent_of_bound}
