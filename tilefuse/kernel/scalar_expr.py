@@ -356,7 +356,8 @@ class ElementBuilder:
                 block: int) -> Expr:
         """im2col as a remap: ``out[n, i, j, a, b, c] = u[n, i·sh + a·dh, j·sw + b·dw, c]``;
         lanes may run along C only (the one axis both share contiguously)."""
-        if lanes > 1 and block > 1:
+        if lanes > 1 and block > 1 and dims(u.shape)[-1] % lanes:
+            # a lane-aligned run stays inside one C row only when C is a multiple of the lanes
             raise NotVectorizable("window_patches runs vectors along C only")
         n, i, j, a, b, c = index
         (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
@@ -375,7 +376,7 @@ class ElementBuilder:
                        else {a for a, d in enumerate(shape) if d == 1})
             rest = iter(index)
             return tuple(const(0) if a in dropped else next(rest) for a in range(len(shape)))
-        return unflatten(flatten(index, out), shape)
+        return _regrouped(index, out, shape)
 
     # ------------------------------------------------------------------ sources
     def _source(self, node: Node, v: Value, index: tuple[Expr, ...], lanes: int) -> Expr:
@@ -391,6 +392,37 @@ class ElementBuilder:
             wide = attrs["start"] + position * attrs["step"]
             return self.share(cast(wide, v.dtype))
         raise self.fail(f"{node.op.name} with {v.type} inside a kernel: make it a kernel input")
+
+
+def _regrouped(index: tuple[Expr, ...], out: tuple[int, ...], shape: tuple[int, ...]
+               ) -> tuple[Expr, ...]:
+    """The operand index of a reshape from ``shape`` to ``out``, group by group: consecutive
+    axes of each side whose sizes multiply to the same number map through each other alone
+    (a merge of [N, OH, OW] into M is ``unflatten(m, (N, OH, OW))``, not a division of the
+    whole flat position). Symbolic sizes take the whole flat position."""
+    if not all(isinstance(d, int) for d in (*out, *shape)):
+        return unflatten(flatten(index, out), shape)
+    result: list[Expr] = []
+    i = j = 0
+    while i < len(out) or j < len(shape):
+        o_axes, s_axes = [], []
+        o_size = s_size = 1
+        while True:
+            if o_size <= s_size and i < len(out) and (o_size < s_size or not o_axes):
+                o_axes.append(i)
+                o_size *= out[i]
+                i += 1
+            elif j < len(shape) and (s_size < o_size or not s_axes):
+                s_axes.append(j)
+                s_size *= shape[j]
+                j += 1
+            else:
+                break
+        if o_size != s_size:  # the sizes never meet: one group of everything left
+            return unflatten(flatten(index, out), shape)
+        flat = flatten([index[a] for a in o_axes], [out[a] for a in o_axes])
+        result.extend(unflatten(flat, [shape[b] for b in s_axes]))
+    return tuple(result)
 
 
 def element_expr(group: KernelGroupLike, value: Value, index: Sequence[Expr], lanes: int,
