@@ -533,12 +533,15 @@ def test_unsupported_members_are_compile_errors():
             lower_elementwise(group, None)
 
 
-def test_symbolic_dims_are_compile_errors():
+def test_symbolic_dims_are_runtime_scalars():
+    """Issue 8: a symbolic dim is the kernel's scalar ``dim_<symbol>`` (tests/dynamic runs
+    such kernels on many sizes)."""
     b = GraphBuilder("sym")
     x = b.input(((Sym("n"), 4), F32), "x")
     graph = b.build([b.add1("exp", [x])])
-    with pytest.raises(CompileError, match="symbolic"):
-        lower_elementwise(one_kernel_symbolic(graph), None)
+    fn = lower_elementwise(one_kernel_symbolic(graph), None)
+    assert fn.scalars == ("dim_n",)
+    assert "dim_n" in str(fn.body)
 
 
 def one_kernel_symbolic(graph: Graph) -> KernelGroup:
