@@ -24,6 +24,7 @@ def test_one_compile_serves_several_batch_and_sequence_sizes():
             expected = module(torch.from_numpy(x), torch.from_numpy(mask)).numpy()
         assert_close(layer(x, mask), expected, reduction=True)
     info = layer.cache_info()
-    assert (info.compiles, info.entries, info.specializations) == (1, 1, len(sizes))
+    # one symbolic native build: no per-size pipeline re-run or native build
+    assert (info.compiles, info.entries, info.specializations) == (1, 1, 0)
     optimized = str(layer.lower(*zoo.bert_inputs(1, 5)).optimized)
     assert "f32[batch,seq,768]" in optimized and "attention(" in optimized

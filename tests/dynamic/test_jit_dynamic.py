@@ -41,7 +41,9 @@ def test_explicit_dynamic_dim_compiles_once_for_every_size(target):
         assert_close(f(x), mlp(x), reduction=True)
     info = f.cache_info()
     assert (info.compiles, info.entries) == (1, 1)
-    assert info.specializations == 4          # 1, 7, 513, 2: the second 7 is served again
+    # cpu: one symbolic native build serves every size; reference: per-size specialisations
+    # (1, 7, 513, 2: the second 7 is served again)
+    assert info.specializations == (0 if target == "cpu" else 4)
     assert "f32[batch,16]" in str(f.lower(arr(0, (3, 16))).optimized)
 
 

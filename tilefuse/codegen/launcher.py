@@ -30,10 +30,12 @@ _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 @dataclass(frozen=True)
 class KernelCall:
     """One kernel in the sequence: its buffers, each ``("io", index)`` (the call's ``io[index]``)
-    or ``("fixed", address)``."""
+    or ``("fixed", address)``, and its ``i64`` scalar arguments (a symbolic kernel's runtime
+    extents, baked in: a launcher serves one size binding)."""
 
     kernel: CompiledKernel
     buffers: tuple[tuple[str, int], ...]
+    scalars: tuple[int, ...] = ()
 
 
 def _symbol(kernel: CompiledKernel) -> str:
@@ -53,10 +55,17 @@ def _launcher_ir(calls: Sequence[KernelCall], name: str) -> ir.Module:
     fn = ir.Function(module, ir.FunctionType(VOID, [_I8P.as_pointer()]), name)
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
     (io,) = fn.args
-    scalars = builder.alloca(I64, name="no_scalars")
-    builder.store(ir.Constant(I64, 0), scalars)
+    no_scalars = builder.alloca(I64, name="no_scalars")
+    builder.store(ir.Constant(I64, 0), no_scalars)
     tables = [builder.alloca(ir.ArrayType(_I8P, max(1, len(c.buffers)))) for c in calls]
     for call, table in zip(calls, tables):
+        scalars = no_scalars
+        if call.scalars:
+            values = builder.alloca(ir.ArrayType(I64, len(call.scalars)))
+            for j, value in enumerate(call.scalars):
+                builder.store(ir.Constant(I64, value),
+                              builder.gep(values, [ir.Constant(I32, 0), ir.Constant(I32, j)]))
+            scalars = builder.bitcast(values, I64.as_pointer())
         for j, (kind, value) in enumerate(call.buffers):
             if kind == "io":
                 pointer = builder.load(builder.gep(io, [ir.Constant(I32, value)]))
@@ -75,9 +84,10 @@ class CompiledLauncher:
     def __init__(self, calls: Sequence[KernelCall], io_count: int, *, name: str = "launch",
                  target: CpuTarget | None = None):
         for call in calls:
-            if call.kernel.signature.scalars:
-                raise CompileError(f"kernel {call.kernel.name} takes scalar arguments, which a "
-                                   "launcher does not pass")
+            if len(call.scalars) != len(call.kernel.signature.scalars):
+                raise CompileError(f"kernel {call.kernel.name} takes "
+                                   f"{len(call.kernel.signature.scalars)} scalars, "
+                                   f"got {len(call.scalars)}")
             if len(call.buffers) != len(call.kernel.signature.buffers):
                 raise CompileError(f"kernel {call.kernel.name} takes "
                                    f"{len(call.kernel.signature.buffers)} buffers, "

@@ -23,10 +23,11 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from tilefuse.errors import CompileError, TilefuseError
-from tilefuse.graph.ir import Value
-from tilefuse.graph.types import Shape, static_shape
-from tilefuse.loop.ir import BufferParam, Expr, XOp, broadcast, const
+from tilefuse.errors import CompileError
+from tilefuse.graph.ir import Node, Value
+from tilefuse.graph.types import Shape, Sym
+from tilefuse.loop.ir import BufferParam, Expr, XOp, broadcast, const, var
+from tilefuse.ops.registry import OpKind
 
 LoadInput = Callable[[Value, tuple[Expr, ...], int], Expr]
 """``load_input(value, index, lanes)``: the load of a group input (see :func:`load_contiguous`)."""
@@ -41,11 +42,76 @@ class NotVectorizable(CompileError):
 
 
 def dims(shape: Shape, what: str = "kernel shape") -> tuple[int, ...]:
-    """``shape`` as ints; CompileError when a dim is symbolic (kernels are specialised)."""
-    try:
-        return static_shape(shape, what)
-    except TilefuseError as err:
-        raise CompileError(f"symbolic dims are not lowered yet: {err.message}") from None
+    """``shape`` with each symbolic dim as its runtime extent (:func:`extent_of`, an ``i64``
+    scalar parameter of the kernel); a static shape comes back as its ints, unchanged.
+
+    Lowerings that support symbolic extents compute with the mixed tuple (Exprs take part in
+    ``*``, ``+``, ``//``, ``%``); a Python decision that needs a number must not compare an
+    Expr (that raises TypeError, which :func:`symbolic_lowering` turns into a CompileError)."""
+    if all(isinstance(d, int) for d in shape):
+        return tuple(shape)  # type: ignore[arg-type]
+    return tuple(d if isinstance(d, int) else extent_of(d) for d in shape)  # type: ignore
+
+
+SCALAR_PREFIX = "dim_"
+"""Kernel scalar parameters holding a symbol's runtime size are named ``dim_<symbol>``."""
+
+
+def extent_of(sym: Sym) -> Expr:
+    """The runtime size of ``sym`` inside a kernel: the scalar parameter ``dim_<sym>``."""
+    return var(SCALAR_PREFIX + sym.name)
+
+
+def symbol_scalars(values: Iterable[Value]) -> tuple[str, ...]:
+    """The scalar parameters a kernel over ``values`` takes: one per symbol in their shapes,
+    sorted by name (so the launcher passes them in a known order)."""
+    found = {d.name for v in values for d in v.shape if isinstance(d, Sym)}
+    return tuple(SCALAR_PREFIX + name for name in sorted(found))
+
+
+def symbol_broadcast(nodes: Iterable[Node]) -> str | None:
+    """Why ``nodes`` cannot be lowered with runtime extents, when a symbolic dim of some
+    operand is broadcast against another dim (``f32[b] + f32[5]``: ``b`` is 1 or 5, and only
+    the size says whether the operand is stretched); None when no symbol is."""
+    for node in nodes:
+        if node.op.kind is not OpKind.ELEMENTWISE and node.op.name != "broadcast_to":
+            continue
+        out = node.outputs[0].shape
+        for value in node.inputs:
+            shape = value.shape
+            for d, o in zip(reversed(shape), reversed(out)):
+                if isinstance(d, Sym) and d != o:
+                    return (f"{node.op.name} broadcasts symbol {d} of {value.type} against "
+                            f"{o} (1 or {o} is known only per size)")
+    return None
+
+
+def extent_value(size: int | Expr, sizes: Mapping[str, int]) -> int:
+    """A size that may be a runtime extent (an ``i64`` expression over ``dim_<symbol>``
+    scalars: products, sums, quotients) evaluated for one binding (``sizes`` by scalar name)."""
+    if isinstance(size, int):
+        return size
+    if size.op is XOp.CONST:
+        return int(size.arg)  # type: ignore[arg-type]
+    if size.op is XOp.VAR:
+        return sizes[size.arg]  # type: ignore[index]
+    a, b = (extent_value(x, sizes) for x in size.args)
+    ops = {XOp.ADD: lambda: a + b, XOp.SUB: lambda: a - b, XOp.MUL: lambda: a * b,
+           XOp.FLOORDIV: lambda: a // b if b else 0, XOp.MOD: lambda: a % b if b else 0,
+           XOp.MIN: lambda: min(a, b), XOp.MAX: lambda: max(a, b)}
+    if size.op not in ops:
+        raise CompileError(f"a size {size} that is not integer arithmetic")
+    return ops[size.op]()
+
+
+def is_extent(d: object) -> bool:
+    """True for a runtime extent (an Expr dim), False for a static one."""
+    return isinstance(d, Expr)
+
+
+def as_extent(d: int | Expr) -> Expr:
+    """A dim (static or runtime) as an ``i64`` expression."""
+    return d if isinstance(d, Expr) else const(d)
 
 
 def c_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -114,7 +180,7 @@ def _unflattened_run(index: Sequence[Expr], shape: Sequence[int], axes: list[int
                      k: int) -> tuple[Expr, int] | None:
     """``(flat, j)`` when the indices of ``axes[j..k]`` are ``unflatten(flat, ...)``."""
     last = index[axes[k]]
-    if last.op is not XOp.MOD or last.args[1] != const(shape[axes[k]]):
+    if last.op is not XOp.MOD or last.args[1] != as_extent(shape[axes[k]]):
         return None
     flat = last.args[0]
     inner = shape[axes[k]]

@@ -34,20 +34,24 @@ from tilefuse.kernel.access import (
     LoadInput,
     Namer,
     NotVectorizable,
+    as_extent,
     dims,
     flatten,
     identifier,
+    is_extent,
     kernel_buffers,
     load_contiguous,
     reindex,
     reshaped_run,
     squeezed,
+    symbol_scalars,
     unflatten,
 )
 from tilefuse.kernel.fusion import KernelKind
 from tilefuse.kernel.scalar_expr import ElementBuilder, KernelGroupLike, Override
 from tilefuse.loop.ir import (
     Expr,
+    Let,
     LoopFunction,
     LoopKind,
     Stmt,
@@ -89,7 +93,8 @@ class KernelContext:
         return ElementBuilder(self.group, self.load, overrides, names=self.names)
 
     def function(self, body: Sequence[Stmt]) -> LoopFunction:
-        fn = LoopFunction(identifier(self.group.name), self.buffers.params, (), block(*body))
+        fn = LoopFunction(identifier(self.group.name), self.buffers.params,
+                          group_scalars(self.group), block(*body))
         return simplify(fn)[0]
 
     def store_body(self, outputs: Sequence[Value], index: tuple[Expr, ...], lanes: int,
@@ -108,6 +113,14 @@ class KernelContext:
             stores.append(Store(self.buffers.outputs[v].name, flatten(at, own),
                                 b.value(v, at, lanes, run)))
         return [*b.lets, *stores]
+
+
+def group_scalars(group: KernelGroupLike) -> tuple[str, ...]:
+    """The kernel's runtime extents: one ``dim_<symbol>`` scalar per symbol in the shapes of
+    the group's values (none for a static group, which lowers exactly as before)."""
+    values = [*group.inputs, *group.outputs,
+              *(o for n in getattr(group, "nodes", ()) for o in n.outputs)]
+    return symbol_scalars(values)
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -130,8 +143,8 @@ def parallel_tile(schedule: Schedule | None, axis: str) -> int | None:
 def fit_lanes(lanes: int, count: int) -> int:
     """The vector width for runs of ``count`` elements: ``lanes``, or the largest power of two
     that fits when ``count`` is shorter (1: scalars)."""
-    if count >= lanes:
-        return lanes
+    if is_extent(count) or count >= lanes:
+        return lanes  # a runtime count: full vectors, the tail loop takes the rest
     return 1 << (count.bit_length() - 1) if count > 1 else 1
 
 
@@ -144,6 +157,12 @@ def run_loops(names: Namer, start: int, stop: int, lanes: int, body: Body) -> li
     the vector part, before anything is emitted."""
     split = stop - (stop - start) % lanes if lanes > 1 else start
     stmts: list[Stmt] = []
+    if is_extent(stop) or is_extent(start):  # runtime bounds: both loops, either may be empty
+        if lanes > 1:
+            i = names.fresh("i")
+            stmts.append(loop(i, start, split, body(var(i), lanes), lanes, LoopKind.VECTORIZED))
+        i = names.fresh("i")
+        return [*stmts, loop(i, split, stop, body(var(i), 1))]
     if split > start:
         i = names.fresh("i")
         stmts.append(loop(i, start, split, body(var(i), lanes), lanes, LoopKind.VECTORIZED))
@@ -153,14 +172,21 @@ def run_loops(names: Namer, start: int, stop: int, lanes: int, body: Body) -> li
     return stmts
 
 
-def outer_loop(names: Namer, count: int, tile: int | None,
+def outer_loop(names: Namer, count: int, tile: int | Expr | None,
                body: Callable[[Expr], list[Stmt]]) -> list[Stmt]:
     """``body(r)`` for each ``r`` in ``[0, count)``: no loop for one iteration, a parallel loop
-    when ``tile`` is not None (over tiles of ``tile`` iterations when that is smaller)."""
+    when ``tile`` is not None (over tiles of ``tile`` iterations when that is smaller). With a
+    runtime ``count``, ``tile`` may be a runtime expression too (evaluated at loop entry)."""
     if count == 1:
         return body(const(0))
     r = names.fresh("r")
-    if tile is None or not 0 < tile < count:
+    if is_extent(count) and (is_extent(tile) or tile):  # tiles, the last one clipped
+        g, t = names.fresh("g"), names.fresh("tile")
+        start = var(g) * var(t)
+        inner = loop(r, start, minimum(start + var(t), count), body(var(r)))
+        chunks = loop(g, 0, (count + (var(t) - 1)) // var(t), [inner], kind=LoopKind.PARALLEL)
+        return [Let(t, as_extent(tile)), chunks]
+    if tile is None or is_extent(count) or not 0 < tile < count:
         kind = LoopKind.SERIAL if tile is None else LoopKind.PARALLEL
         return [loop(r, 0, count, body(var(r)), kind=kind)]
     g = names.fresh("g")
@@ -174,6 +200,8 @@ def chunked_runs(names: Namer, count: int, lanes: int, tile: int | None,
     """:func:`run_loops` over ``[0, count)``, with the vector part split into parallel chunks
     of ``tile`` elements (rounded up to whole vectors) when ``tile`` is set."""
     whole = count - count % lanes if lanes > 1 else 0
+    if is_extent(count):
+        return _runtime_chunked_runs(names, count, lanes, tile, body)
     if tile is None or whole == 0:
         return run_loops(names, 0, count, lanes, body)
     tile = max(lanes, -(-(tile or DEFAULT_CHUNK) // lanes) * lanes)
@@ -185,6 +213,24 @@ def chunked_runs(names: Namer, count: int, lanes: int, tile: int | None,
     inner = loop(i, start, minimum(start + tile, whole), vector, lanes, LoopKind.VECTORIZED)
     chunks = loop(g, 0, -(-whole // tile), [inner], kind=LoopKind.PARALLEL)
     return [chunks, *run_loops(names, whole, count, 1, body)]
+
+
+def _runtime_chunked_runs(names: Namer, count: Expr, lanes: int, tile: int | None,
+                          body: Body) -> list[Stmt]:
+    """:func:`chunked_runs` for a runtime ``count``: the chunk count is computed at loop entry
+    (``ceil(whole / tile)``, zero chunks when there is no whole vector) and the scalar tail
+    loop runs from ``whole`` (empty when ``count`` is a multiple of ``lanes``)."""
+    if tile is None or lanes == 1:
+        return run_loops(names, 0, count, lanes, body)
+    tile = max(lanes, -(-(tile or DEFAULT_CHUNK) // lanes) * lanes)
+    whole = count - count % lanes
+    i, g = names.fresh("i"), names.fresh("g")
+    vector = body(var(i), lanes)
+    start = var(g) * tile
+    inner = loop(i, start, minimum(start + tile, whole), vector, lanes, LoopKind.VECTORIZED)
+    chunks = loop(g, 0, (whole + (tile - 1)) // tile, [inner], kind=LoopKind.PARALLEL)
+    t = names.fresh("i")
+    return [chunks, loop(t, whole, count, body(var(t), 1))]
 
 
 def with_lanes(ctx: KernelContext, lanes: int,
@@ -253,7 +299,8 @@ def _block_nest(ctx: KernelContext, shape: tuple[int, ...], outputs: list[Value]
         def body(i: Expr, n: int) -> list[Stmt]:
             return ctx.store_body(outputs, prefix + unflatten(i, inner), n, b)
 
-        return run_loops(ctx.names, 0, size, lanes, body) if count > 1 or tile is None \
+        many = is_extent(count) or count > 1
+        return run_loops(ctx.names, 0, size, lanes, body) if many or tile is None \
             else chunked_runs(ctx.names, size, lanes, tile, body)
 
     return outer_loop(ctx.names, count, None if tile is None else 0, runs)

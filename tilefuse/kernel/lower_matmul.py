@@ -25,6 +25,7 @@ run K in one block.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,14 +40,16 @@ from tilefuse.kernel.access import (
     NotVectorizable,
     dims,
     identifier,
+    is_extent,
     kernel_buffers,
     load_contiguous,
+    symbol_scalars,
     unflatten,
 )
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.packing import pack_b, pack_kernel, packed_shape
 from tilefuse.kernel.scalar_expr import element_expr
-from tilefuse.kernel.schedule import Schedule
+from tilefuse.kernel.schedule import SYMBOLIC_DIM_HINT, Schedule
 from tilefuse.loop.ir import (
     BufferParam,
     Expr,
@@ -127,7 +130,14 @@ class MatmulShape:
 
     @property
     def batch_size(self) -> int:
+        if any(is_extent(d) for d in self.batch):
+            return math.prod(self.batch)  # a runtime extent (an Expr)
         return int(np.prod(self.batch, dtype=np.int64))
+
+    @property
+    def symbolic(self) -> bool:
+        """True when M or a batch dim is a runtime extent (N and K are always static)."""
+        return is_extent(self.m) or any(is_extent(d) for d in self.batch)
 
 
 #: an epilogue: (accumulator, output index (batch dims..., row, column), lanes) -> stored value
@@ -182,7 +192,11 @@ def matmul_body(shape: MatmulShape, dtype: DType, params: MatmulParams,
         raise CompileError(f"the matmul kernel computes in f32 or f64, not {dtype}")
     if not outputs:
         raise CompileError("a matmul kernel needs at least one output")
-    if min(shape.m, shape.n, shape.k, shape.batch_size) <= 0:
+    if is_extent(shape.n) or is_extent(shape.k):
+        raise CompileError("a matmul takes runtime extents only in M and the batch dims, "
+                           f"got N={shape.n}, K={shape.k}")
+    static = [d for d in (shape.m, shape.n, shape.k, *shape.batch) if not is_extent(d)]
+    if min(static) <= 0:
         raise CompileError(f"empty matmul {shape}: nothing to lower")
     return _NestBuilder(shape, dtype, params, tuple(outputs), a, b).build()
 
@@ -195,14 +209,18 @@ class _NestBuilder:
         self.s, self.dtype, self.p, self.outputs = shape, dtype, params, outputs
         self.a, self.b = a, b
         self.nr = params.nr
-        self.mr = min(params.mr, shape.m)
+        # a runtime M: the register tile and M block are the schedule's (the block for the
+        # hint size when it asks for all of M); tails cover every runtime remainder
+        m = SYMBOLIC_DIM_HINT if is_extent(shape.m) else shape.m
+        self.mr = min(params.mr, m)
         self.nc = _block(params.nc or params.nr, shape.n, self.nr)
-        self.mc = _block(params.mc, shape.m, self.mr)
+        self.mc = _block(params.mc, m, self.mr)
         single = len(outputs) == 1 and outputs[0].buffer.dtype is dtype
         self.kc = params.kc if single and 0 < params.kc < shape.k else shape.k
         self.m_full = shape.m // self.mr * self.mr
         self.n_full = shape.n // self.nr * self.nr
-        batched = shape.batch_size > 1 or params.parallel == "b"
+        count = shape.batch_size
+        batched = (is_extent(count) or count > 1) or params.parallel == "b"
         self.bt: Expr = var("bt") if batched else const(0)
         self.kc_var: Expr = var("kc") if self.kc < shape.k else const(0)
         self.tags = 0  # numbers the micro-kernels, so that their names are unique
@@ -249,10 +267,26 @@ class _NestBuilder:
             ir = var(f"ir_{tag}")
             stmts.append(loop(f"ir_{tag}", ic, minimum(ic + self.mc, self.m_full),
                               self.micro(self.mr, ir, j0, chunks), step=self.mr))
-        if self.s.m > self.m_full:
+        if is_extent(self.s.m):
+            stmts.extend(self.runtime_m_tail(ic, j0, chunks))
+        elif self.s.m > self.m_full:
             tail = self.micro(self.s.m - self.m_full, const(self.m_full), j0, chunks)
             stmts.append(If(_ge(ic + self.mc, self.s.m), block(*tail)))
         return stmts
+
+    def runtime_m_tail(self, ic: Expr, j0: Expr, chunks: list[tuple[int, int]]) -> list[Stmt]:
+        """The last rows of a runtime M (``M % MR`` of them, in the last M block): one
+        micro-kernel per power of two below MR, each run when that bit of the remainder is
+        set (7 rows: 4, 2, 1), at the rows above the bits already covered."""
+        rem = self.s.m - self.m_full
+        pieces: list[Stmt] = []
+        size = 1 << ((self.mr - 1).bit_length() - 1) if self.mr > 1 else 0
+        while size >= 1:
+            first = self.m_full + (rem - rem % (2 * size))
+            tail = self.micro(size, first, j0, chunks)
+            pieces.append(If(binary(XOp.EQ, rem // size % 2, 1), block(*tail)))
+            size //= 2
+        return [If(_ge(ic + self.mc, self.s.m), block(*pieces))] if pieces else []
 
     # ---------------------------------------------------------------- micro-kernel
     def micro(self, rows: int, i0: Expr, j0: Expr, chunks: list[tuple[int, int]]) -> list[Stmt]:
@@ -450,7 +484,7 @@ class LoweredMatmul:
 
     functions: tuple[LoopFunction, ...]
     bindings: Mapping[str, Value]
-    scratch: Mapping[str, int]
+    scratch: Mapping[str, int | Expr]  # bytes; an Expr over runtime extents when symbolic
     constant_b: str | None
     params: MatmulParams
     shape: MatmulShape
@@ -479,7 +513,9 @@ class _GroupLowering:
         self.load: LoadInput = load_contiguous(self.buffers.inputs)
         self.name = identifier(group.name, "matmul")
         self.functions: list[LoopFunction] = []
-        self.scratch: dict[str, int] = {}
+        self.scratch: dict[str, int | Expr] = {}
+        self.scalars = symbol_scalars([*group.inputs, *group.outputs,
+                                       *(o for n in group.nodes for o in n.outputs)])
 
     def operand(self, value: Value, hint: str, nr: int | None) -> BufferParam:
         """The buffer the matmul reads operand ``value`` from: the group input itself (when
@@ -491,21 +527,26 @@ class _GroupLowering:
         *batch, rows, cols = shape
         width = cols if nr is None else nr
         dst = BufferParam(self.namer.fresh(hint), self.dtype, align=64)
-        self.scratch[dst.name] = int(np.prod(packed_shape(tuple(shape), width))) * \
-            self.dtype.itemsize
+        if self.scalars:  # a runtime size: an Expr over the kernel's scalars
+            self.scratch[dst.name] = math.prod(packed_shape(tuple(shape), width)) * \
+                self.dtype.itemsize
+        else:
+            self.scratch[dst.name] = int(np.prod(packed_shape(tuple(shape), width))) * \
+                self.dtype.itemsize
         inputs = self.operand_inputs(value)
 
         def element(row: Expr, col: Expr, lanes: int) -> Expr:
             index = (*unflatten(row, (*batch, rows)), col)
             return element_expr(self.group, value, index, lanes, self.load)
 
-        count = int(np.prod(shape[:-1]))
+        count = math.prod(shape[:-1]) if self.scalars else int(np.prod(shape[:-1]))
         name = f"{self.name}_{dst.name}"
         try:
             kernel = pack_kernel(name, count, rows, cols, width, dst, element, inputs,
-                                 self.params.lanes)
+                                 self.params.lanes, self.scalars)
         except NotVectorizable:  # lanes strided in some input (a transposed weight): gather
-            kernel = pack_kernel(name, count, rows, cols, width, dst, element, inputs, 1)
+            kernel = pack_kernel(name, count, rows, cols, width, dst, element, inputs, 1,
+                                 self.scalars)
         self.functions.append(kernel)
         return BufferParam(dst.name, self.dtype, readonly=True, align=64)
 
@@ -559,7 +600,7 @@ def lower_matmul(group: KernelGroup, schedule: Schedule, *,
     body = matmul_body(low.shape, low.dtype, params, outputs, a, b)
     used = _loaded(body)
     extra = tuple(p for p in low.buffers.inputs.values() if p.name in used and p not in (a, b))
-    main = _assemble(low.name, body, a, b, outputs, extra)
+    main = _assemble(low.name, body, a, b, outputs, extra, low.scalars)
     bindings = {p.name: v for v, p in low.buffers.inputs.items()}
     bindings.update({p.name: v for v, p in low.buffers.outputs.items()})
     functions = (*low.functions, main)
@@ -569,9 +610,11 @@ def lower_matmul(group: KernelGroup, schedule: Schedule, *,
 
 
 def _assemble(name: str, body: Stmt, a: BufferParam, b: BufferParam,
-              outputs: Sequence[TileOutput], extra: Sequence[BufferParam]) -> LoopFunction:
+              outputs: Sequence[TileOutput], extra: Sequence[BufferParam],
+              scalars: tuple[str, ...] = ()) -> LoopFunction:
+    """The kernel; ``scalars``: its runtime extents (``dim_<symbol>``), none when static."""
     buffers = tuple(dict.fromkeys((a, b, *(o.buffer for o in outputs), *extra)))
-    return fold_constants(LoopFunction(name, buffers, (), body))[0]
+    return fold_constants(LoopFunction(name, buffers, scalars, body))[0]
 
 
 def _loaded(body: Stmt) -> set[str]:

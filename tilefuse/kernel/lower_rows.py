@@ -44,7 +44,7 @@ from tilefuse.errors import CompileError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Node, Value
 from tilefuse.graph.types import normalize_axes
-from tilefuse.kernel.access import Namer, dims, flatten, squeezed, unflatten
+from tilefuse.kernel.access import Namer, dims, flatten, is_extent, squeezed, unflatten
 from tilefuse.kernel.lower_elementwise import (
     KernelContext,
     fit_lanes,
@@ -57,6 +57,7 @@ from tilefuse.kernel.lower_elementwise import (
 )
 from tilefuse.kernel.row_store import RowShape, StoredValue, choose_stores
 from tilefuse.kernel.scalar_expr import ElementBuilder, KernelGroupLike, Override, work_dtype
+from tilefuse.kernel.schedule import PARALLEL_MIN_ELEMENTS, SYMBOLIC_DIM_HINT
 from tilefuse.loop.ir import (
     Expr,
     Let,
@@ -73,6 +74,8 @@ from tilefuse.loop.ir import (
     cast,
     const,
     loop,
+    maximum,
+    minimum,
     reduce,
     var,
     walk_expr,
@@ -297,8 +300,24 @@ def lower_rows(group: KernelGroupLike, schedule: Schedule | None = None, *,
                                                                      n, reads, held))
         return stmts + _row_stores(ctx, plan, r, overrides)
 
-    body = outer_loop(ctx.names, math.prod(plan.rows), parallel_tile(schedule, "r"), row_body)
+    count = math.prod(plan.rows)
+    tile = parallel_tile(schedule, "r")
+    if is_extent(count) and tile:
+        tile = runtime_row_tile(count, plan, tile)
+    body = outer_loop(ctx.names, count, tile, row_body)
     return ctx.function(body)
+
+
+def runtime_row_tile(count: Expr, plan: RowPlan, tile: int) -> Expr:
+    """Rows per parallel chunk when the row count is a runtime extent: the default rule (a
+    thread per ``PARALLEL_MIN_ELEMENTS`` elements, at most as many threads as the schedule
+    made for the hint size) evaluated at loop entry, so each size splits as its static
+    compile would."""
+    hint = math.prod(SYMBOLIC_DIM_HINT if is_extent(d) else d for d in plan.rows)
+    most = max(1, -(-hint // tile))
+    row = math.prod(plan.row)
+    threads = minimum(maximum(count * row // PARALLEL_MIN_ELEMENTS, 1), most)
+    return (count + (threads - 1)) // threads
 
 
 def row_shape(group: KernelGroupLike, plan: RowPlan) -> RowShape:

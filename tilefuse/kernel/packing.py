@@ -91,13 +91,17 @@ def pack_b_kernel(name: str, batch: int, k: int, n: int, nr: int, dtype: DType,
 
 
 def pack_kernel(name: str, rows: int, k: int, n: int, nr: int, dst: BufferParam,
-                source: Source, inputs: Sequence[BufferParam], lanes: int) -> LoopFunction:
+                source: Source, inputs: Sequence[BufferParam], lanes: int,
+                scalars: tuple[str, ...] = ()) -> LoopFunction:
     """A kernel ``name(*inputs, dst)`` writing ``rows = batch*K`` rows of ``n`` elements, given
     by ``source``, into ``dst`` in the packed layout (``nr = n`` is plain row-major order).
     Full panels are copied in vectors of ``lanes`` (``lanes`` 1: element by element) with a
     scalar remainder; the partial last panel element by element, then zero-filled. Parallel
-    over the rows when there is enough to copy."""
-    if min(rows, k, n) <= 0 or rows % k:
+    over the rows when there is enough to copy. ``rows`` and ``k`` may be runtime extents
+    (Exprs over the kernel's ``scalars``): the row loop then runs in parallel, as it would for
+    the hint size."""
+    runtime = isinstance(rows, Expr) or isinstance(k, Expr)
+    if isinstance(n, Expr) or (not runtime and (min(rows, k, n) <= 0 or rows % k)):
         raise CompileError(f"cannot pack {rows} rows of {n} into panels of {k} rows")
     panels, full = panel_count(n, nr), n // nr
     row = var("pk_row")
@@ -121,6 +125,8 @@ def pack_kernel(name: str, rows: int, k: int, n: int, nr: int, dst: BufferParam,
         tail = panel_row + full * k * nr
         body.append(loop("pk_t", 0, rem, [dst.store(tail + t, source(row, full * nr + t, 1))]))
         body.append(loop("pk_z", rem, nr, [dst.store(tail + z, const(0, dst.dtype))]))
-    kind = LoopKind.PARALLEL if rows * n >= PARALLEL_PACK_ELEMENTS else LoopKind.SERIAL
-    fn = LoopFunction(name, (*inputs, dst), (), loop("pk_row", 0, rows, block(*body), kind=kind))
+    kind = LoopKind.PARALLEL if runtime or rows * n >= PARALLEL_PACK_ELEMENTS \
+        else LoopKind.SERIAL
+    fn = LoopFunction(name, (*inputs, dst), scalars,
+                      loop("pk_row", 0, rows, block(*body), kind=kind))
     return fold_constants(fn)[0]

@@ -8,10 +8,13 @@ graph, and the target builds it: for "cpu" the kernels come from the kernel cach
 process has compiled them before), memoised per binding, and the oldest is dropped beyond
 ``max_sizes``. Each specialisation is logged on the ``recompiles`` topic with the binding.
 
-So the native code itself is specialised per size (loop extents are constants in it): what is
-done once is the trace, the graph pipeline on the symbolic graph, the guard and the cache key.
-A specialised build runs exactly what a static compile of that size runs, so per-size speed is
-a static compile's.
+**One build first.** Before any of that, ``build`` is tried once on the symbolic graph itself:
+when the target builds it (the "cpu" target makes a
+:class:`~tilefuse.runtime.native_symbolic.SymbolicNativeExecutable`, whose kernels take the
+symbols as runtime extents), every call runs that one build with the bound sizes and nothing is
+re-run per size (the graph pipeline, the native build); only kernel kinds without runtime
+extents yet are specialised per size inside it. When that build raises CompileError (another
+target, say), the per-size path above serves the entry, logged with the reason.
 
 **Guards** (before any native code): count, dtype, rank, every static dim exact, C order (on
 ``__call__``; ``run_trusted`` trusts its caller for those), one size per symbol across all
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tilefuse.errors import GuardError, TilefuseError
+from tilefuse.errors import CompileError, GuardError, TilefuseError
 from tilefuse.graph.ir import Graph
 from tilefuse.graph.types import Sym, TensorType, is_static
 from tilefuse.log import get_logger
@@ -91,7 +94,30 @@ class DynamicExecutable:
         self._lock = threading.Lock()
         self._log = get_logger("recompiles")
         self.specializations = 0
-        """How many specialisations were built (evicted ones included)."""
+        """How many per-size builds ran (evicted ones included); 0 with a symbolic build."""
+        self.symbolic = self._build_symbolic()
+        """The one build serving every size (None: specialised per size)."""
+
+    def _build_symbolic(self) -> object | None:
+        """The target's build of the symbolic graph itself, when it serves every size."""
+        try:
+            exe = self._build(self.graph, self._dump)
+        except CompileError as err:
+            self._log.info("@%s: no symbolic build (%s); each size is built on its own",
+                           self.graph.name, err)
+            return None
+        if not hasattr(exe, "run_bound") or getattr(exe, "symbols", None) != self.symbols:
+            self._log.info("@%s: the target's build does not bind symbols; each size is "
+                           "built on its own", self.graph.name)
+            return None
+        self._log.debug("@%s: one build serves every size of %s", self.graph.name,
+                        ", ".join(map(str, self.symbols)))
+        return exe
+
+    @property
+    def kernel_specializations(self) -> int:
+        """Kernels a symbolic build compiled for one size (kinds without runtime extents)."""
+        return getattr(self.symbolic, "kernel_specializations", 0)
 
     def __repr__(self) -> str:
         return (f"DynamicExecutable(@{self.graph.name}: symbols "
@@ -105,6 +131,8 @@ class DynamicExecutable:
     def specialization(self, arrays: Sequence[np.ndarray]) -> object:
         """The static executable that a call with ``arrays`` runs (built if needed)."""
         sizes = self.bind(arrays)
+        if self.symbolic is not None:
+            return self.symbolic.for_sizes(sizes)  # type: ignore[attr-defined]
         found = self._specialized.get(sizes)
         return found if found is not None else self._specialize(sizes)
 
@@ -123,6 +151,8 @@ class DynamicExecutable:
     def run_trusted(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """A call whose caller has checked count, dtypes, ranks, static dims and C order."""
         sizes = self.bind(arrays)
+        if self.symbolic is not None:
+            return self.symbolic.run_bound(arrays, sizes)  # type: ignore[attr-defined]
         exe = self._specialized.get(sizes)
         if exe is None:
             exe = self._specialize(sizes)

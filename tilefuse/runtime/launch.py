@@ -35,21 +35,27 @@ def resolve(slot: Slot, table: Sequence[np.ndarray]) -> np.ndarray:
 
 class KernelLaunch:
     """One call of a compiled kernel, its buffer arguments given as slots (in the kernel's
-    buffer order). Fixed arrays are checked once, here; the call's own arrays (inputs, checked
-    by the executable's guard, and fresh outputs) are only looked up."""
+    buffer order), its scalars (runtime extents of a symbolic kernel) as ints. Fixed arrays are
+    checked once, here; the call's own arrays (inputs, checked by the executable's guard, and
+    fresh outputs) are only looked up."""
 
     __slots__ = ("_arrays", "_buffers", "_call", "_dynamic", "_pointers", "_scalars", "args",
-                 "kernel")
+                 "kernel", "scalars")
 
-    def __init__(self, kernel: CompiledKernel, args: Sequence[Slot]):
+    def __init__(self, kernel: CompiledKernel, args: Sequence[Slot],
+                 scalars: Sequence[int] = ()):
         buffers = kernel.signature.buffers
         self.kernel = kernel
         self.args = tuple(args)
+        self.scalars = tuple(int(n) for n in scalars)
+        if len(self.scalars) != len(kernel.signature.scalars):
+            raise CompileError(f"kernel {kernel.name} takes {len(kernel.signature.scalars)} "
+                               f"scalars, got {len(self.scalars)}")
         # the call's own arrays are stood in for by aligned scratch of the right dtype
         probe = [aligned_empty(1, b.dtype.np) if isinstance(a, int) else a
                  for a, b in zip(self.args, buffers)]
         try:
-            check_arguments(kernel.name, buffers, (), probe)
+            check_arguments(kernel.name, buffers, (), probe)  # scalars: i64 sizes, checked above
         except GuardError as err:
             raise CompileError(f"a build-time array does not suit its kernel: {err}") from None
         self._arrays = tuple(a for a in self.args if not isinstance(a, int))  # kept alive
@@ -57,7 +63,7 @@ class KernelLaunch:
         self._dynamic = tuple((pos, a) for pos, a in enumerate(self.args) if isinstance(a, int))
         entry, buffer_table, scalar_table = kernel.raw_entry()
         self._buffers = buffer_table(*self._pointers)   # kept alive; dynamic slots rewritten
-        self._scalars = scalar_table()
+        self._scalars = scalar_table(*self.scalars)
         buffers_at, scalars_at = ctypes.addressof(self._buffers), ctypes.addressof(self._scalars)
         self._call = functools.partial(entry, buffers_at, scalars_at, 0)
 
@@ -66,7 +72,7 @@ class KernelLaunch:
         dynamic = dict(self._dynamic)
         buffers = tuple(("io", dynamic[pos]) if pos in dynamic else ("fixed", address)
                         for pos, address in enumerate(self._pointers))
-        return KernelCall(self.kernel, buffers)
+        return KernelCall(self.kernel, buffers, self.scalars)
 
     def run(self, table: Sequence[np.ndarray]) -> None:
         self.run_addresses([a.ctypes.data for a in table])

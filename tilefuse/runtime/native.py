@@ -33,6 +33,7 @@ from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,8 +44,13 @@ from tilefuse.dump import DumpWriter
 from tilefuse.errors import CompileError, GuardError, TilefuseError
 from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Graph, Node, Value
-from tilefuse.graph.types import is_static
-from tilefuse.kernel.access import kernel_buffers
+from tilefuse.graph.types import Sym, is_static
+from tilefuse.kernel.access import (
+    SCALAR_PREFIX,
+    extent_value,
+    kernel_buffers,
+    symbol_broadcast,
+)
 from tilefuse.kernel.expr_printer import format_group_expr
 from tilefuse.kernel.fusion import (
     KernelGroup,
@@ -61,15 +67,34 @@ from tilefuse.kernel.lower_pool import is_pool_group, lower_pool
 from tilefuse.kernel.plan_printer import print_plan, value_names
 from tilefuse.kernel.schedule import Schedule, as_cpu_target, default_schedule
 from tilefuse.log import get_logger
-from tilefuse.loop.ir import LoopFunction
+from tilefuse.loop.ir import Expr, LoopFunction
 from tilefuse.passes.decompose import decompose_composites
 from tilefuse.runtime.kernel_cache import KernelArtifact, KernelCache, KernelCacheStats
 from tilefuse.runtime.launch import HostStep, KernelLaunch, NativeStep, Slot, Step
 from tilefuse.runtime.memory import BufferRequest, MemoryPlan, plan_memory
 from tilefuse.runtime.schedules import ScheduleSource
 
+if TYPE_CHECKING:
+    from tilefuse.runtime.native_symbolic import SymbolicNativeExecutable
+
 NATIVE_KINDS = frozenset({KernelKind.CONTRACTION, KernelKind.ELEMENTWISE,
                           KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT, KernelKind.ATTENTION})
+SYMBOLIC_KINDS = frozenset({KernelKind.ELEMENTWISE, KernelKind.ROW_REDUCTION,
+                            KernelKind.CONTRACTION, KernelKind.MOVEMENT})
+"""Kinds whose lowering takes symbolic dims as runtime extents (the others, in a symbolic
+build, are specialised per size binding: :mod:`tilefuse.runtime.native_symbolic`)."""
+
+
+def _remap_chain(group: KernelGroup) -> bool:
+    """A movement group that is a chain of index remaps (reshape + transpose): lowered as one
+    copy loop by the elementwise lowering (runtime extents included)."""
+    return group.kind is KernelKind.MOVEMENT and len(group.nodes) > 1 \
+        and all(is_pointwise(n) for n in group.nodes)
+
+
+def _group_static(group: KernelGroup) -> bool:
+    return all(is_static(v.shape) for v in [*group.inputs, *group.outputs,
+                                            *(o for n in group.nodes for o in n.outputs)])
 
 
 @dataclass(frozen=True)
@@ -77,7 +102,7 @@ class Scratch:
     """A buffer one step needs only while it runs (a packed B): ``nbytes`` in the arena."""
 
     name: str
-    nbytes: int
+    nbytes: int | Expr  # an Expr over the kernels' runtime extents in a symbolic build
     dtype: np.dtype
 
 
@@ -103,23 +128,40 @@ class _Pending:
     schedule: Schedule | None = None
     kernels: list[_Kernel] = field(default_factory=list)
     reason: str | None = None
+    per_size: str | None = None
+    """Symbolic builds: why this group's kernels are built per size binding (None: built
+    once, with runtime extents)."""
+    host: KernelGroup | None = None
+    """Symbolic builds: the group specialised to one size binding, whose nodes a host
+    fallback runs (``group``'s own nodes may hold symbols in their attributes)."""
 
     def scratch(self) -> list[Scratch]:
         found = (b for k in self.kernels for b in k.bindings.values() if isinstance(b, Scratch))
         return list(dict.fromkeys(found))
 
 
-def _nbytes(value: Value) -> int:
-    return math.prod(value.shape) * value.dtype.itemsize
+Sizes = Mapping[Sym, int]
+"""A symbolic build's size binding (empty for a static build)."""
+
+
+def bound_shape(value: Value, sizes: Sizes) -> tuple[int, ...]:
+    """``value``'s shape with its symbols replaced by their sizes."""
+    return tuple(sizes[d] if isinstance(d, Sym) else d for d in value.shape)
+
+
+def _nbytes(value: Value, sizes: Sizes = {}) -> int:  # noqa: B006 (read only)
+    return math.prod(bound_shape(value, sizes)) * value.dtype.itemsize
 
 
 class _Builder:
     """Everything :class:`NativeExecutable` does once: plan, lower, compile, place buffers."""
 
     def __init__(self, graph: Graph, target: CpuTarget, cache: KernelCache,
-                 schedules: ScheduleSource | None = None):
+                 schedules: ScheduleSource | None = None, *, symbolic: bool = False):
+        """``symbolic``: the graph may have symbolic dims; groups whose kind lowers with runtime
+        extents are lowered once, the others are left for :meth:`lower` per size binding."""
         for v in [*graph.inputs, *(o for n in graph.nodes for o in n.outputs)]:
-            if not is_static(v.shape):
+            if not symbolic and not is_static(v.shape):
                 raise CompileError(f"the native executable needs static shapes, got {v.type}")
         self.target = target
         self.cache = cache
@@ -135,6 +177,8 @@ class _Builder:
         for group in self.plan.groups:
             if all(v in self.constants for v in group.inputs):
                 self.evaluate(group.nodes)
+            elif symbolic and not _group_static(group):
+                self.pending.append(self.lower_symbolic(group))
             else:
                 self.pending.append(self.lower(group))
 
@@ -179,8 +223,7 @@ class _Builder:
         :func:`~tilefuse.kernel.access.kernel_buffers` (inputs, then outputs)."""
         if is_pool_group(group):
             fn = lower_pool(group, schedule)
-        elif group.kind is KernelKind.MOVEMENT and len(group.nodes) > 1 \
-                and all(is_pointwise(n) for n in group.nodes):
+        elif _remap_chain(group):
             # A chain of index remaps (reshape + transpose after an im2col matmul): one copy
             # loop, which the elementwise lowering emits with the remaps as index arithmetic.
             fn = lower_elementwise(group, default_schedule(
@@ -197,6 +240,31 @@ class _Builder:
             raise CompileError(f"kernel {fn.name} has buffers no group value is bound to: "
                                f"{', '.join(unknown)}")
         return fn, bindings
+
+    def lower_symbolic(self, group: KernelGroup) -> _Pending:
+        """A group with symbolic dims: lowered once with runtime extents when its kind
+        supports them, else marked for a per-size build (``per_size`` says why)."""
+        pending = _Pending(group)
+        pending.per_size = symbol_broadcast(group.nodes)
+        if group.kind not in SYMBOLIC_KINDS or is_pool_group(group) or (
+                group.kind is KernelKind.MOVEMENT and not _remap_chain(group)):
+            pending.per_size = f"{group.kind.value} kernels take static extents only"
+        if pending.per_size is not None:
+            return pending
+        try:
+            pending.schedule = self.schedules.schedule(group, self.constants)
+            if group.kind is KernelKind.CONTRACTION:
+                made = self.lower_contraction(group, pending.schedule)
+            else:
+                made = [self.lower_generic(group, pending.schedule)]
+        except (CompileError, TypeError) as err:
+            # TypeError: the lowering compared a runtime extent with a number (not supported)
+            pending.per_size = f"no runtime-extent lowering: {err}"
+            return pending
+        pending.kernels = [_Kernel(fn, self.cache.compile(fn, pending.schedule,
+                                                          f"{self.graph.name}/{fn.name}"),
+                                   bindings) for fn, bindings in made]
+        return pending
 
     def fall_back(self, pending: _Pending, reason: str) -> _Pending:
         group = pending.group
@@ -238,9 +306,11 @@ class _Builder:
         return [(fn, bindings) for fn in lowered.functions]
 
     # ---------------------------------------------------------------- buffers
-    def place(self) -> tuple[MemoryPlan, dict[object, Slot], np.ndarray]:
+    def place(self, pendings: Sequence[_Pending] | None = None, sizes: Sizes = {}  # noqa: B006
+              ) -> tuple[MemoryPlan, dict[object, Slot], np.ndarray]:
         """Slots for every value and scratch buffer: graph inputs and outputs index the call's
-        table, constants are themselves, the rest are views into one planned arena."""
+        table, constants are themselves, the rest are views into one planned arena (sized for
+        the binding ``sizes`` in a symbolic build)."""
         graph = self.graph
         slots: dict[object, Slot] = {}
         for i, v in enumerate(graph.inputs):
@@ -248,7 +318,7 @@ class _Builder:
         slots.update(self.constants)
         for j, v in enumerate(graph.outputs):
             slots.setdefault(v, len(graph.inputs) + j)
-        requests, keys = self.requests(slots)
+        requests, keys = self.requests(slots, pendings, sizes)
         memory = plan_memory(requests)
         try:
             arena = aligned_empty(max(memory.arena_bytes, 1), np.uint8)
@@ -261,49 +331,58 @@ class _Builder:
             slots[key] = arena[offset:offset + request.nbytes].view(dtype).reshape(shape)
         return memory, slots, arena
 
-    def requests(self, slots: Mapping[object, Slot]
+    def requests(self, slots: Mapping[object, Slot], pendings: Sequence[_Pending] | None = None,
+                 sizes: Sizes = {}  # noqa: B006 (read only)
                  ) -> tuple[list[BufferRequest], dict[str, tuple[object, tuple, np.dtype]]]:
         """Arena requests for the intermediates (live from the step writing them to their last
         reader) and each step's scratch buffers (live during that step)."""
+        pendings = self.pending if pendings is None else pendings
+        scalars = {SCALAR_PREFIX + s.name: n for s, n in sizes.items()}
         last_use: dict[Value, int] = {}
-        for step, pending in enumerate(self.pending):
+        for step, pending in enumerate(pendings):
             last_use.update(dict.fromkeys(pending.group.inputs, step))
         requests: list[BufferRequest] = []
         keys: dict[str, tuple[object, tuple, np.dtype]] = {}
-        for step, pending in enumerate(self.pending):
+        for step, pending in enumerate(pendings):
             for v in pending.group.outputs:
                 if v not in slots:
                     name = self.names[v]
-                    requests.append(BufferRequest(name, _nbytes(v), step,
+                    requests.append(BufferRequest(name, _nbytes(v, sizes), step,
                                                   max(step, last_use.get(v, step))))
-                    keys[name] = (v, tuple(v.shape), v.dtype.np)
+                    keys[name] = (v, bound_shape(v, sizes), v.dtype.np)
             for scratch in pending.scratch():
-                requests.append(BufferRequest(scratch.name, scratch.nbytes, step, step))
-                count = scratch.nbytes // scratch.dtype.itemsize
+                nbytes = extent_value(scratch.nbytes, scalars)
+                requests.append(BufferRequest(scratch.name, nbytes, step, step))
+                count = nbytes // scratch.dtype.itemsize
                 keys[scratch.name] = (scratch, (count,), scratch.dtype)
         return requests, keys
 
-    def steps(self, slots: Mapping[object, Slot]) -> list[Step]:
+    def steps(self, slots: Mapping[object, Slot], pendings: Sequence[_Pending] | None = None,
+              sizes: Sizes = {}) -> list[Step]:  # noqa: B006 (read only)
         made: list[Step] = []
-        for pending in self.pending:
+        by_name = {SCALAR_PREFIX + s.name: n for s, n in sizes.items()}
+        for pending in self.pending if pendings is None else pendings:
             group = pending.group
             if pending.reason is not None:
-                made.append(HostStep(group.name, group.nodes,
-                                     {v: slots[v] for v in group.inputs},
-                                     {v: slots[v] for v in group.outputs}, pending.reason))
+                host = pending.host or group
+                made.append(HostStep(group.name, host.nodes,
+                                     {h: slots[v] for v, h in zip(group.inputs, host.inputs)},
+                                     {h: slots[v] for v, h in zip(group.outputs, host.outputs)},
+                                     pending.reason))
                 continue
             launches = []
             for kernel in pending.kernels:
                 args = [_slot(kernel.bindings[b.name], slots) for b in kernel.fn.buffers]
-                launches.append(KernelLaunch(kernel.compiled, args))
+                launches.append(KernelLaunch(kernel.compiled, args,
+                                             [by_name[name] for name in kernel.fn.scalars]))
             made.append(NativeStep(group.name, tuple(launches)))
         return made
 
-    def aligned_inputs(self) -> dict[int, int]:
+    def aligned_inputs(self, pendings: Sequence[_Pending] | None = None) -> dict[int, int]:
         """Graph input position -> the alignment some kernel declares for it."""
         need: dict[int, int] = {}
         position = {v: i for i, v in enumerate(self.graph.inputs)}
-        for pending in self.pending:
+        for pending in self.pending if pendings is None else pendings:
             for kernel in pending.kernels:
                 for b in kernel.fn.buffers:
                     value = kernel.bindings[b.name]
@@ -381,16 +460,33 @@ class NativeExecutable:
     def __init__(self, graph: Graph, dump_dir: Path | str | None = None, *,
                  target: CpuTarget | None = None, cache: KernelCache | None = None,
                  schedules: ScheduleSource | None = None):
-        self.graph = graph
         target = target or host_target()
         build = _Builder(graph, target, cache or KernelCache.from_env(target), schedules)
+        self._assemble(graph, build, build.pending, {})
+        if dump_dir is not None:
+            build.dump(dump_dir, self.memory_plan)
+
+    @classmethod
+    def for_sizes(cls, graph: Graph, build: _Builder, pendings: Sequence[_Pending],
+                  sizes: Sizes) -> NativeExecutable:
+        """The executable of a symbolic build for one size binding: ``graph`` is the graph
+        specialised to ``sizes`` (its guard checks those shapes), ``pendings`` the build's
+        groups with the per-size ones lowered for ``sizes``. Only the arena, the launches and
+        the launcher are made here; the runtime-extent kernels are shared."""
+        made = cls.__new__(cls)
+        made._assemble(graph, build, pendings, sizes)
+        return made
+
+    def _assemble(self, graph: Graph, build: _Builder, pendings: Sequence[_Pending],
+                  sizes: Sizes) -> None:
+        self.graph = graph
         self.cache_stats: KernelCacheStats = build.cache.stats
         """How many kernels were loaded from the disk cache, compiled, stored."""
-        self.memory_plan, slots, self._arena = build.place()
-        self._steps = tuple(build.steps(slots))
+        self.memory_plan, slots, self._arena = build.place(pendings, sizes)
+        self._steps = tuple(build.steps(slots, pendings, sizes))
         self._inputs = tuple((v.name or f"#{i}", tuple(v.shape), v.dtype.np)
                              for i, v in enumerate(graph.inputs))
-        self._align = build.aligned_inputs()
+        self._align = build.aligned_inputs(pendings)
         self._outputs = tuple((tuple(v.shape), v.dtype.np) for v in graph.outputs)
         first = len(graph.inputs)
         self._copies = tuple((j, slots[v]) for j, v in enumerate(build.graph.outputs)
@@ -407,8 +503,6 @@ class NativeExecutable:
         self._launcher = _launcher(self._steps, len(self._inputs) + len(self._outputs),
                                    graph.name)
         self._lock = threading.Lock()
-        if dump_dir is not None:
-            build.dump(dump_dir, self.memory_plan)
 
     def __repr__(self) -> str:
         native = sum(isinstance(s, NativeStep) for s in self._steps)
@@ -543,6 +637,12 @@ def _describe(array: object) -> str:
     return f"{array.dtype}{list(array.shape)}{order}"
 
 
-def build_native(graph: Graph, dump_dir: Path | str | None = None) -> NativeExecutable:
-    """The native CPU executable of ``graph`` (what ``build_executable(graph, "cpu")`` makes)."""
+def build_native(graph: Graph, dump_dir: Path | str | None = None
+                 ) -> NativeExecutable | SymbolicNativeExecutable:
+    """The native CPU executable of ``graph`` (what ``build_executable(graph, "cpu")`` makes):
+    with symbolic input dims, one :class:`SymbolicNativeExecutable` serving every size."""
+    if any(not is_static(v.shape) for v in graph.inputs):
+        from tilefuse.runtime.native_symbolic import SymbolicNativeExecutable
+
+        return SymbolicNativeExecutable(graph, dump_dir)
     return NativeExecutable(graph, dump_dir)
