@@ -156,20 +156,56 @@ def test_w1_at_two_sizes_builds_its_kernel_once():
     assert exe.cache_stats.misses == 1
 
 
-def test_bert_layer_at_two_sizes_builds_each_kernel_once_but_attention():
+def test_bert_layer_at_two_sizes_builds_each_kernel_once():
     pytest.importorskip("torch")   # zoo builds the layer's weights with torch
     from tilefuse import zoo
 
     layer = zoo.bert_layer_numpy(zoo.bert_layer())
     exe = build(layer, {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 3: "seq"}},
                 *zoo.bert_inputs(1, 3))
-    assert [reason for _, reason in exe.per_size_groups] == [
-        "attention kernels take static extents only"]
+    assert exe.per_size_groups == []
     once = exe.cache_stats.misses
-    assert len(exe.runtime_extent_kernels) == once >= 10
+    assert len(exe.runtime_extent_kernels) == once >= 12
     for size in [(1, 7), (2, 33)]:
         x, mask = zoo.bert_inputs(*size)
         assert_close(exe(x, mask)[0], interpret(exe.graph, x, mask)[0], reduction=True)
-    # the attention group's prep and main kernels, per size; nothing else compiled again
-    assert exe.kernel_specializations == 4
-    assert exe.cache_stats.misses == once + exe.kernel_specializations
+    assert exe.kernel_specializations == 0
+    assert exe.cache_stats.misses == once      # no kernel was compiled for a size
+
+
+def attention(q, k, v, mask=None):
+    s = q @ k.transpose(0, 1, 3, 2) * 0.25
+    if mask is not None:
+        s = s + mask
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+ATTENTION_SIZES = [(1, 1, 1), (2, 7, 65), (1, 130, 33), (3, 64, 128)]
+
+
+@pytest.mark.parametrize("mask_rows", [None, "one", "per_query"])
+def test_fused_attention_takes_batch_and_both_sequences_at_run_time(mask_rows):
+    """q [b,2,sq,16], k [b,2,sk,16], v [b,2,sk,20] (Dv padded), mask [b,1,1|sq,sk] or none."""
+    dynamic = {"q": {0: "b", 2: "sq"}, "k": {0: "b", 2: "sk"}, "v": {0: "b", 2: "sk"},
+               "mask": {0: "b", 3: "sk"}}
+    if mask_rows == "per_query":
+        dynamic["mask"][2] = "sq"
+
+    def make(seed, size):
+        b, sq, sk = size
+        args = [arr(seed, (b, 2, sq, 16)), arr(seed + 1, (b, 2, sk, 16)),
+                arr(seed + 2, (b, 2, sk, 20))]
+        if mask_rows is not None:
+            mask = np.where(arr(seed + 3, (b, 1, sq if mask_rows == "per_query" else 1, sk))
+                            > 1.0, -np.inf, 0.0).astype(np.float32)
+            mask[..., 0] = 0.0   # every query sees at least one key
+            args.append(mask)
+        return args
+
+    fn = attention if mask_rows is not None else (lambda q, k, v: attention(q, k, v))
+    names = ["q", "k", "v", "mask"][:len(make(0, (1, 2, 3)))]
+    exe = build(fn, {n: dynamic[n] for n in names}, *make(0, (2, 3, 5)))
+    assert "attention(" in str(exe.graph)
+    assert exe.per_size_groups == [] and len(exe.runtime_extent_kernels) == 2  # prep, main
+    check_sizes(exe, make, ATTENTION_SIZES)

@@ -20,6 +20,13 @@ Two loop functions per ATTENTION group (one launch step; the scratch lives only 
    and finally ``out[i] = O[i] / l``. Every block size is static: the last query and key blocks
    and the last rows of a block are emitted as their own code with their exact sizes.
 
+*Runtime extents* (batch dims, Sq, Sk symbolic: ``dim_<symbol>`` scalars; D and Dv static): kt
+is padded to whole key blocks and the prep kernel writes ``mpad``, the mask (0 without one)
+with -inf on the padded keys, so every key block is the static full-block code and P·V reads
+only the real keys; the remaining ``Sq % BQ`` rows are one more block per batch·head, its last
+``rows % MR`` rows one static register tile per possible remainder. Static shapes lower as
+before.
+
 The scratch is ``O(T·BQ·(BK + Dv))`` plus the linear prep buffers: the arena never holds
 ``Sq × Sk``. Rounding differs from the plain graph only by reassociation (the scale applied to
 k, the division by the row sum applied to the output instead of the probabilities).
@@ -34,12 +41,22 @@ from typing import Any
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
 from tilefuse.graph.ir import Node, Value
-from tilefuse.kernel.access import Namer, c_strides, dims, identifier, unflatten
+from tilefuse.kernel.access import (
+    Namer,
+    as_extent,
+    c_strides,
+    dims,
+    identifier,
+    is_extent,
+    symbol_scalars,
+    unflatten,
+)
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.schedule import Schedule, as_cpu_target
 from tilefuse.loop.ir import (
     BufferParam,
     Expr,
+    If,
     Let,
     Local,
     LoopFunction,
@@ -108,6 +125,11 @@ class AttentionShape:
     def bh(self) -> int:
         return math.prod(self.batch)
 
+    @property
+    def runtime(self) -> bool:
+        """True when the batch dims, Sq or Sk are runtime extents (D and Dv never are)."""
+        return any(is_extent(d) for d in (*self.batch, self.sq, self.sk))
+
     @staticmethod
     def of(node: Node) -> AttentionShape:
         q, k, v = (dims(x.shape, f"attention {name}") for x, name in
@@ -121,6 +143,13 @@ class AttentionShape:
         if len(node.inputs) == 4:
             m = dims(node.inputs[3].shape, "attention mask")
             mask = (1,) * (len(out) - len(m)) + m
+        if is_extent(q[-1]) or is_extent(v[-1]):
+            raise CompileError("attention head dims must be static, got "
+                               f"D={q[-1]}, Dv={v[-1]}")
+        scores = (*batch, q[-2], k[-2])
+        if mask is not None and any(is_extent(m) and m != d for m, d in zip(mask, scores)):
+            raise CompileError(f"attention mask {list(mask)} broadcasts a symbol against the "
+                               f"scores {list(scores)} (1 or not is known only per size)")
         return AttentionShape(batch, q[-2], k[-2], q[-1], v[-1], mask)
 
 
@@ -145,24 +174,37 @@ class AttentionSizes:
 
 def attention_sizes(shape: AttentionShape, schedule: Schedule, threads: int) -> AttentionSizes:
     w = schedule.vector_width
-    block_q = min(schedule.tile("q") or BLOCK_Q, max(shape.sq, 1))
+    block_q = schedule.tile("q") or BLOCK_Q
+    if not is_extent(shape.sq):
+        block_q = min(block_q, max(shape.sq, 1))
     block_k = schedule.tile("k") or BLOCK_K
     if block_k % w:
         raise CompileError(f"attention key block {block_k} is not a multiple of the vector "
                            f"width {w}")
     rows = dict(schedule.unroll).get("q", MICRO_ROWS)
+    # runtime keys: kt padded to whole key blocks, so every block is a full one (the padded
+    # keys get -inf from the padded mask, ``mpad``)
+    unit = block_k if shape.runtime else w
     return AttentionSizes(w, block_q, block_k, rows, max(threads, 1),
-                          -(-shape.sk // w) * w, -(-shape.dv // w) * w)
+                          (shape.sk + (unit - 1)) // unit * unit, -(-shape.dv // w) * w)
 
 
 def attention_scratch_bytes(shape: AttentionShape, sizes: AttentionSizes, itemsize: int
-                            ) -> dict[str, int]:
-    """The scratch buffers of one attention kernel and their bytes (the arena formula)."""
+                            ) -> dict[str, int | Expr]:
+    """The scratch buffers of one attention kernel and their bytes (the arena formula; Exprs
+    over the runtime extents when the shape has some)."""
     scratch = {"kt": shape.bh * shape.d * sizes.sk_pad,
                "work": sizes.threads * sizes.per_thread}
     if sizes.dv_pad != shape.dv:
         scratch["vp"] = shape.bh * shape.sk * sizes.dv_pad
+    if shape.runtime:
+        scratch["mpad"] = mask_rows(shape) * sizes.sk_pad
     return {name: count * itemsize for name, count in scratch.items()}
+
+
+def mask_rows(shape: AttentionShape) -> int | Expr:
+    """Rows of the padded mask ``mpad`` (runtime extents): the mask's rows, 1 without one."""
+    return 1 if shape.mask is None else math.prod(shape.mask[:-1])
 
 
 @dataclass(frozen=True)
@@ -171,7 +213,7 @@ class LoweredAttention:
 
     functions: tuple[LoopFunction, ...]
     bindings: dict[str, Value]
-    scratch: dict[str, int]
+    scratch: dict[str, int | Expr]
 
 
 def lower_attention(group: KernelGroup, schedule: Schedule, threads: int) -> LoweredAttention:
@@ -205,7 +247,11 @@ class _Lowering:
         self.work = BufferParam("work", dtype)
         self.padded_v = sizes.dv_pad != shape.dv
         self.vp = BufferParam("vp", dtype) if self.padded_v else None
-        self.namer.taken |= {*self.inputs, "out", "kt", "work", "vp"}
+        self.runtime = shape.runtime
+        self.mpad = BufferParam("mpad", dtype)
+        self.mpad_read = BufferParam("mpad", dtype, readonly=True)
+        self.scalars = symbol_scalars([*node.inputs, *node.outputs])
+        self.namer.taken |= {*self.inputs, "out", "kt", "work", "vp", "mpad", *self.scalars}
 
     # ---- small helpers ------------------------------------------------------------------
     def fresh(self, prefix: str) -> str:
@@ -223,11 +269,15 @@ class _Lowering:
         bindings["out"] = self.node.outputs[0]
         prep_buffers = (self.inputs["k"], self.inputs["v"], self.kt) + \
             ((self.vp,) if self.vp is not None else ())
-        prep = LoopFunction(f"{self.name}_prep", prep_buffers, (), self.prep())
+        mask = self.inputs.get("mask")
+        if self.runtime:
+            prep_buffers += ((mask,) if mask is not None else ()) + (self.mpad,)
+            mask = self.mpad_read
+        prep = LoopFunction(f"{self.name}_prep", prep_buffers, self.scalars, self.prep())
         main_buffers = tuple(b for b in (self.inputs["q"], self.kt_read, self.v_source()[0],
-                                         self.inputs.get("mask"), self.work, self.out)
+                                         mask, self.work, self.out)
                              if b is not None)
-        main = LoopFunction(self.name, main_buffers, (), self.main())
+        main = LoopFunction(self.name, main_buffers, self.scalars, self.main())
         scratch = attention_scratch_bytes(self.shape, self.sizes, self.dtype.itemsize)
         functions = tuple(fold_constants(fn)[0] for fn in (prep, main))
         return LoweredAttention(functions, bindings, scratch)
@@ -247,7 +297,7 @@ class _Lowering:
         k_elem = self.inputs["k"].load((bv * s.sk + jv) * s.d + dv)
         body: list[Stmt] = [loop(j, 0, s.sk, [loop(d, 0, s.d, [
             self.kt.store((bv * s.d + dv) * z.sk_pad + jv, k_elem * scale)])])]
-        if z.sk_pad > s.sk:
+        if self.runtime or z.sk_pad > s.sk:
             j2, d2 = self.fresh("j"), self.fresh("d")
             body.append(loop(d2, 0, s.d, [loop(j2, s.sk, z.sk_pad, [
                 self.kt.store((bv * s.d + var(d2)) * z.sk_pad + var(j2), self.f(0.0))])]))
@@ -258,11 +308,31 @@ class _Lowering:
                 loop(d3, 0, s.dv, [self.vp.store(row + var(d3), self.inputs["v"].load(
                     (bv * s.sk + var(j3)) * s.dv + var(d3)))]),
                 loop(d4, s.dv, z.dv_pad, [self.vp.store(row + var(d4), self.f(0.0))])]))
-        return loop(b, 0, s.bh, body, kind=LoopKind.PARALLEL)
+        per_head = loop(b, 0, s.bh, body, kind=LoopKind.PARALLEL)
+        return block(per_head, self.pad_mask()) if self.runtime else per_head
+
+    def pad_mask(self) -> Stmt:
+        """Runtime extents: ``mpad[row, j]`` = the mask (0 without one) for keys below Sk,
+        -inf for the padding up to ``sk_pad``, so every key block runs whole."""
+        s, z = self.shape, self.sizes
+        r, j, e = self.fresh("mr"), self.fresh("j"), self.fresh("j")
+        rv = var(r)
+        row = rv * z.sk_pad
+        if s.mask is None:
+            value = self.f(0.0)
+        else:
+            mk = s.mask[-1]
+            mask = self.inputs["mask"]
+            value = mask.load(rv) if not is_extent(mk) and mk == 1 else mask.load(rv * mk + var(j))
+        return loop(r, 0, mask_rows(s), [
+            loop(j, 0, s.sk, [self.mpad.store(row + var(j), value)]),
+            loop(e, s.sk, z.sk_pad, [self.mpad.store(row + var(e), self.f(float("-inf")))])])
 
     # ---- main: work items in T slices ----------------------------------------------------
     def main(self) -> Stmt:
         s, z = self.shape, self.sizes
+        if self.runtime:
+            return self.runtime_main()
         full_blocks, tail_rows = divmod(s.sq, z.block_q)
         stmts: list[Stmt] = []
         if full_blocks:
@@ -273,17 +343,32 @@ class _Lowering:
             stmts.append(self.slices(s.bh, lambda w: (w, const(start)), tail_rows))
         return block(*stmts)
 
+    def runtime_main(self) -> Stmt:
+        """:meth:`main` for runtime extents: the full query blocks, then (when Sq is not a
+        multiple of the block) one block of the remaining rows per batch·head."""
+        s, z = self.shape, self.sizes
+        full_blocks = s.sq // z.block_q
+        tail_rows = s.sq - full_blocks * z.block_q
+        full = self.slices(s.bh * full_blocks, lambda w: (
+            w // full_blocks, (w % full_blocks) * z.block_q), z.block_q)
+        tail = self.slices(s.bh, lambda w: (w, full_blocks * z.block_q), tail_rows)
+        return block(full, If(binary(XOp.NE, tail_rows, 0), tail))
+
     def slices(self, items: int, locate: Any, rows: int) -> Stmt:
         """``parallel for t < T: for w in slice t: query_block(locate(w), rows)``."""
-        threads = min(self.sizes.threads, items)
-        chunk = -(-items // threads)
+        if is_extent(items):  # T slices of a runtime count (some may be empty)
+            threads, chunk = self.sizes.threads, (items + (self.sizes.threads - 1)) // \
+                self.sizes.threads
+        else:
+            threads = min(self.sizes.threads, items)
+            chunk = -(-items // threads)
         t, w = self.fresh("t"), self.fresh("w")
         tv, wv = var(t), var(w)
         bh, q0 = locate(wv)
         let_bh, bh_ref = self.let("bh", bh)
         let_q0, q0_ref = self.let("q0", q0)
         body = [let_bh, let_q0, *self.query_block(bh_ref, q0_ref, rows, tv)]
-        inner = loop(w, tv * chunk, minimum(tv * chunk + chunk, const(items)), body)
+        inner = loop(w, tv * chunk, minimum(tv * chunk + chunk, as_extent(items)), body)
         return loop(t, 0, threads, [inner], kind=LoopKind.PARALLEL)
 
     def query_block(self, bh: Expr, q0: Expr, rows: int, t: Expr) -> list[Stmt]:
@@ -291,6 +376,13 @@ class _Lowering:
         let_base, base = self.let("base", t * z.per_thread)
         blk = _Block(self, bh, q0, rows, base)
         stmts: list[Stmt] = [let_base, *blk.mask_base(), *blk.init()]
+        if self.runtime:  # whole key blocks over the padded keys; P·V reads the real ones
+            kb = self.fresh("kb")
+            k0 = var(kb) * z.block_k
+            stmts.append(loop(kb, 0, z.sk_pad // z.block_k, blk.key_block(
+                k0, z.block_k, minimum(s.sk - k0, z.block_k))))
+            stmts.extend(blk.finish())
+            return stmts
         full, tail = divmod(s.sk, z.block_k)
         if full:
             kb = self.fresh("kb")
@@ -325,6 +417,8 @@ class _Block:
     def mask_base(self) -> list[Stmt]:
         """``mbase``: the mask offset of this block's batch index (broadcast dims stride 0)."""
         mask = self.low.shape.mask
+        if self.low.runtime:  # the padded mask: rows of sk_pad
+            mask = (1, 1) if mask is None else (*mask[:-1], self.low.sizes.sk_pad)
         if mask is None:
             return []
         batch = self.low.shape.batch
@@ -369,16 +463,38 @@ class _Block:
         return [self.rows_loop(body)]
 
     # ---- one key block ------------------------------------------------------------------
-    def key_block(self, k0: Expr, nk: int) -> list[Stmt]:
+    def key_block(self, k0: Expr, nk: int, nk_pv: Expr | None = None) -> list[Stmt]:
+        """Scores, softmax update and P·V of ``nk`` keys from ``k0`` (P·V over ``nk_pv`` of
+        them when given: the real keys of a padded block)."""
         mr = self.low.sizes.rows
+        if is_extent(self.rows):
+            return self.runtime_key_block(k0, nk, nk_pv)
         full, tail = divmod(self.rows, mr)
         stmts: list[Stmt] = []
         for tile in (self.scores_tile, self.pv_tile):
+            n = nk if tile == self.scores_tile or nk_pv is None else nk_pv
             if full:
                 it = self.low.fresh("it")
-                stmts.append(loop(it, 0, full, tile(var(it) * mr, mr, k0, nk)))
+                stmts.append(loop(it, 0, full, tile(var(it) * mr, mr, k0, n)))
             if tail:
-                stmts.extend(tile(const(full * mr), tail, k0, nk))
+                stmts.extend(tile(const(full * mr), tail, k0, n))
+            if tile == self.scores_tile:
+                stmts.append(self.rows_loop(lambda i: self.softmax_update(i, k0, nk)))
+        return stmts
+
+    def runtime_key_block(self, k0: Expr, nk: int, nk_pv: Expr | None) -> list[Stmt]:
+        """:meth:`key_block` for a runtime row count: whole register tiles, then the last
+        ``rows % MR`` rows by one static tile per possible remainder."""
+        mr = self.low.sizes.rows
+        full = self.rows // mr
+        rest = self.rows - full * mr
+        stmts: list[Stmt] = []
+        for tile in (self.scores_tile, self.pv_tile):
+            n = nk if tile == self.scores_tile or nk_pv is None else nk_pv
+            it = self.low.fresh("it")
+            stmts.append(loop(it, 0, full, tile(var(it) * mr, mr, k0, n)))
+            for t in range(1, mr):
+                stmts.append(If(binary(XOp.EQ, rest, t), block(*tile(full * mr, t, k0, n))))
             if tile == self.scores_tile:
                 stmts.append(self.rows_loop(lambda i: self.softmax_update(i, k0, nk)))
         return stmts
@@ -412,6 +528,12 @@ class _Block:
         """The mask at (row, key .. key+lanes-1) of this block's batch index, or None."""
         low, s = self.low, self.low.shape
         mask = s.mask
+        if low.runtime:  # the padded mask (-inf beyond Sk), whole vectors
+            mq = 1 if mask is None else mask[-2]
+            index = self.mask_offset if self.mask_offset is not None else const(0)
+            if is_extent(mq) or mq != 1:
+                index = index + row * low.sizes.sk_pad
+            return low.mpad_read.load(index + key, lanes)
         if mask is None or self.mask_offset is None:
             return None
         mq, mk = mask[-2:]

@@ -125,8 +125,11 @@ class DynamicExecutable:
 
     @property
     def sizes(self) -> list[dict[str, int]]:
-        """The bindings with a specialisation now, oldest first."""
-        return [dict(zip((s.name for s in self.symbols), key)) for key in self._specialized]
+        """The bindings with a specialisation (or, with the symbolic build, a prepared arena
+        and launcher) now, oldest first."""
+        keys = self._specialized if self.symbolic is None else \
+            self.symbolic.bindings  # type: ignore[attr-defined]
+        return [dict(zip((s.name for s in self.symbols), key)) for key in keys]
 
     def specialization(self, arrays: Sequence[np.ndarray]) -> object:
         """The static executable that a call with ``arrays`` runs (built if needed)."""

@@ -80,7 +80,7 @@ if TYPE_CHECKING:
 NATIVE_KINDS = frozenset({KernelKind.CONTRACTION, KernelKind.ELEMENTWISE,
                           KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT, KernelKind.ATTENTION})
 SYMBOLIC_KINDS = frozenset({KernelKind.ELEMENTWISE, KernelKind.ROW_REDUCTION,
-                            KernelKind.CONTRACTION, KernelKind.MOVEMENT})
+                            KernelKind.CONTRACTION, KernelKind.MOVEMENT, KernelKind.ATTENTION})
 """Kinds whose lowering takes symbolic dims as runtime extents (the others, in a symbolic
 build, are specialised per size binding: :mod:`tilefuse.runtime.native_symbolic`)."""
 
@@ -252,10 +252,14 @@ class _Builder:
         if pending.per_size is not None:
             return pending
         try:
-            pending.schedule = self.schedules.schedule(group, self.constants)
-            if group.kind is KernelKind.CONTRACTION:
+            if group.kind is KernelKind.ATTENTION:
+                pending.schedule = default_attention_schedule(group, self.target)
+                made = self.lower_attention(group, pending.schedule)
+            elif group.kind is KernelKind.CONTRACTION:
+                pending.schedule = self.schedules.schedule(group, self.constants)
                 made = self.lower_contraction(group, pending.schedule)
             else:
+                pending.schedule = self.schedules.schedule(group, self.constants)
                 made = [self.lower_generic(group, pending.schedule)]
         except (CompileError, TypeError) as err:
             # TypeError: the lowering compared a runtime extent with a number (not supported)

@@ -100,6 +100,12 @@ class SymbolicNativeExecutable:
                 for k in p.kernels if k.fn.scalars]
 
     @property
+    def bindings(self) -> list[tuple[int, ...]]:
+        """The size bindings prepared now (sizes in the order of :attr:`symbols`), oldest
+        first."""
+        return list(self._sized)
+
+    @property
     def per_size_groups(self) -> list[tuple[str, str]]:
         """(group, reason) for every group whose kernels are built per size binding."""
         return [(p.group.name, p.per_size) for p in self._builder.pending if p.per_size]
