@@ -209,3 +209,36 @@ def test_fused_attention_takes_batch_and_both_sequences_at_run_time(mask_rows):
     assert "attention(" in str(exe.graph)
     assert exe.per_size_groups == [] and len(exe.runtime_extent_kernels) == 2  # prep, main
     check_sizes(exe, make, ATTENTION_SIZES)
+
+
+def test_dynamic_executable_builds_once_or_falls_back_per_size_on_compile_error(caplog):
+    import logging
+
+    from tilefuse.errors import CompileError
+    from tilefuse.runtime.dynamic import DynamicExecutable
+    from tilefuse.runtime.executable import build_executable
+
+    graph = jit(mlp, dynamic={"x": {0: "m"}}).lower(arr(0, (3, 96))).optimized
+    built: list[str] = []
+
+    def cpu(g, where):
+        built.append("symbolic" if g is graph else "static")
+        return build_executable(g, "cpu", where)
+
+    def static_only(g, where):
+        if g is graph:
+            raise CompileError("this target needs static shapes")
+        return cpu(g, where)
+
+    once = DynamicExecutable(graph, cpu)
+    caplog.set_level(logging.INFO, logger="tilefuse.recompiles")
+    per_size = DynamicExecutable(graph, static_only)
+    assert any("no symbolic build (this target needs static shapes)" in r.getMessage()
+               for r in caplog.records)
+    for seed, n in enumerate((1, 7, 513, 7)):
+        x = arr(seed, (n, 96))
+        assert_close(once(x)[0], mlp(x), reduction=True)
+        assert_close(per_size(x)[0], mlp(x), reduction=True)
+    assert built == ["symbolic", "static", "static", "static"]
+    assert (once.specializations, per_size.specializations) == (0, 3)
+    assert [b["m"] for b in once.sizes] == [1, 7, 513]

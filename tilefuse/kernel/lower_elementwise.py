@@ -49,6 +49,7 @@ from tilefuse.kernel.access import (
 )
 from tilefuse.kernel.fusion import KernelKind
 from tilefuse.kernel.scalar_expr import ElementBuilder, KernelGroupLike, Override
+from tilefuse.kernel.schedule import PARALLEL_MIN_ELEMENTS, SYMBOLIC_DIM_HINT
 from tilefuse.loop.ir import (
     Expr,
     Let,
@@ -59,6 +60,7 @@ from tilefuse.loop.ir import (
     block,
     const,
     loop,
+    maximum,
     minimum,
     var,
 )
@@ -196,12 +198,14 @@ def outer_loop(names: Namer, count: int, tile: int | Expr | None,
 
 
 def chunked_runs(names: Namer, count: int, lanes: int, tile: int | None,
-                 body: Body) -> list[Stmt]:
+                 body: Body, hint: int | None = None) -> list[Stmt]:
     """:func:`run_loops` over ``[0, count)``, with the vector part split into parallel chunks
-    of ``tile`` elements (rounded up to whole vectors) when ``tile`` is set."""
+    of ``tile`` elements (rounded up to whole vectors) when ``tile`` is set. A runtime
+    ``count`` is chunked at loop entry (``hint``: the count the schedule's tile was chosen
+    for, which bounds the threads)."""
     whole = count - count % lanes if lanes > 1 else 0
     if is_extent(count):
-        return _runtime_chunked_runs(names, count, lanes, tile, body)
+        return _runtime_chunked_runs(names, count, lanes, tile, body, hint)
     if tile is None or whole == 0:
         return run_loops(names, 0, count, lanes, body)
     tile = max(lanes, -(-(tile or DEFAULT_CHUNK) // lanes) * lanes)
@@ -216,21 +220,25 @@ def chunked_runs(names: Namer, count: int, lanes: int, tile: int | None,
 
 
 def _runtime_chunked_runs(names: Namer, count: Expr, lanes: int, tile: int | None,
-                          body: Body) -> list[Stmt]:
-    """:func:`chunked_runs` for a runtime ``count``: the chunk count is computed at loop entry
-    (``ceil(whole / tile)``, zero chunks when there is no whole vector) and the scalar tail
-    loop runs from ``whole`` (empty when ``count`` is a multiple of ``lanes``)."""
+                          body: Body, hint: int | None) -> list[Stmt]:
+    """:func:`chunked_runs` for a runtime ``count``: the default rule evaluated at loop entry
+    (a thread per ``PARALLEL_MIN_ELEMENTS`` elements, at most as many threads as the schedule
+    made for ``hint`` elements), chunks of whole vectors, and the scalar tail loop from
+    ``whole`` (empty when ``count`` is a multiple of ``lanes``)."""
     if tile is None or lanes == 1:
         return run_loops(names, 0, count, lanes, body)
     tile = max(lanes, -(-(tile or DEFAULT_CHUNK) // lanes) * lanes)
+    most = max(1, -(-(hint or tile) // tile))
     whole = count - count % lanes
-    i, g = names.fresh("i"), names.fresh("g")
+    i, g, c = names.fresh("i"), names.fresh("g"), names.fresh("chunk")
+    threads = minimum(maximum(whole // PARALLEL_MIN_ELEMENTS, 1), most)
+    chunk = maximum(((whole + (threads - 1)) // threads + (lanes - 1)) // lanes * lanes, lanes)
     vector = body(var(i), lanes)
-    start = var(g) * tile
-    inner = loop(i, start, minimum(start + tile, whole), vector, lanes, LoopKind.VECTORIZED)
-    chunks = loop(g, 0, (whole + (tile - 1)) // tile, [inner], kind=LoopKind.PARALLEL)
+    start = var(g) * var(c)
+    inner = loop(i, start, minimum(start + var(c), whole), vector, lanes, LoopKind.VECTORIZED)
+    chunks = loop(g, 0, (whole + (var(c) - 1)) // var(c), [inner], kind=LoopKind.PARALLEL)
     t = names.fresh("i")
-    return [chunks, loop(t, whole, count, body(var(t), 1))]
+    return [Let(c, chunk), chunks, loop(t, whole, count, body(var(t), 1))]
 
 
 def with_lanes(ctx: KernelContext, lanes: int,
@@ -300,8 +308,9 @@ def _block_nest(ctx: KernelContext, shape: tuple[int, ...], outputs: list[Value]
             return ctx.store_body(outputs, prefix + unflatten(i, inner), n, b)
 
         many = is_extent(count) or count > 1
+        hint = math.prod(SYMBOLIC_DIM_HINT if is_extent(d) else d for d in inner)
         return run_loops(ctx.names, 0, size, lanes, body) if many or tile is None \
-            else chunked_runs(ctx.names, size, lanes, tile, body)
+            else chunked_runs(ctx.names, size, lanes, tile, body, hint)
 
     return outer_loop(ctx.names, count, None if tile is None else 0, runs)
 

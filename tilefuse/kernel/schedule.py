@@ -492,8 +492,8 @@ def _default_contraction(axes: Extents, sizes: dict[str, int], lanes: int,
         nr = width * max(nr // width, vectors)
     threads = _threads(target, 2 * batch * m * n * k, PARALLEL_MIN_FLOPS, target.cores)
     nc_target, mc_target, parallel = CACHE_TILES["n"], CACHE_TILES["m"], ()
-    if threads > 1 and "b" in axes and batch >= threads:
-        parallel = ("b",)
+    if threads > 1 and "b" in axes and axes["b"] is not None and batch >= threads:
+        parallel = ("b",)   # a symbolic batch may be 1 at run time: threads go over N or M
     elif threads > 1 and n >= threads * nr:
         nc_target = min(nc_target, -(-n // threads // nr) * nr)
         parallel = ("n",)
