@@ -275,17 +275,12 @@ class _NestBuilder:
         return stmts
 
     def runtime_m_tail(self, ic: Expr, j0: Expr, chunks: list[tuple[int, int]]) -> list[Stmt]:
-        """The last rows of a runtime M (``M % MR`` of them, in the last M block): one
-        micro-kernel per power of two below MR, each run when that bit of the remainder is
-        set (7 rows: 4, 2, 1), at the rows above the bits already covered."""
+        """The last rows of a runtime M (``M % MR`` of them, in the last M block): one static
+        micro-kernel per possible remainder, the one for this size chosen at run time (what a
+        static compile of the size emits, so small M runs as fast)."""
         rem = self.s.m - self.m_full
-        pieces: list[Stmt] = []
-        size = 1 << ((self.mr - 1).bit_length() - 1) if self.mr > 1 else 0
-        while size >= 1:
-            first = self.m_full + (rem - rem % (2 * size))
-            tail = self.micro(size, first, j0, chunks)
-            pieces.append(If(binary(XOp.EQ, rem // size % 2, 1), block(*tail)))
-            size //= 2
+        pieces = [If(binary(XOp.EQ, rem, rows), block(*self.micro(rows, self.m_full, j0, chunks)))
+                  for rows in range(1, self.mr)]
         return [If(_ge(ic + self.mc, self.s.m), block(*pieces))] if pieces else []
 
     # ---------------------------------------------------------------- micro-kernel

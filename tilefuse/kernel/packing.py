@@ -24,9 +24,12 @@ from tilefuse.errors import CompileError
 from tilefuse.loop.ir import (
     BufferParam,
     Expr,
+    If,
     LoopFunction,
     LoopKind,
     Stmt,
+    XOp,
+    binary,
     block,
     const,
     loop,
@@ -98,35 +101,43 @@ def pack_kernel(name: str, rows: int, k: int, n: int, nr: int, dst: BufferParam,
     Full panels are copied in vectors of ``lanes`` (``lanes`` 1: element by element) with a
     scalar remainder; the partial last panel element by element, then zero-filled. Parallel
     over the rows when there is enough to copy. ``rows`` and ``k`` may be runtime extents
-    (Exprs over the kernel's ``scalars``): the row loop then runs in parallel, as it would for
-    the hint size."""
+    (Exprs over the kernel's ``scalars``): that test is then made at run time."""
     runtime = isinstance(rows, Expr) or isinstance(k, Expr)
     if isinstance(n, Expr) or (not runtime and (min(rows, k, n) <= 0 or rows % k)):
         raise CompileError(f"cannot pack {rows} rows of {n} into panels of {k} rows")
     panels, full = panel_count(n, nr), n // nr
-    row = var("pk_row")
-    panel_row = ((row // k) * (panels * k) + row % k) * nr  # element (batch, p=0, row % k, 0)
-    body: list[Stmt] = []
-    if full:
-        p, c, cs = var("pk_p"), var("pk_c"), var("pk_cs")
-        width = (nr // lanes) * lanes if lanes > 1 else 0
-        copy: list[Stmt] = []
-        if width:
-            copy.append(loop("pk_c", 0, width, [dst.store(
-                panel_row + p * (k * nr) + c, source(row, p * nr + c, lanes))],
-                step=lanes, kind=LoopKind.VECTORIZED))
-        if width < nr:
-            copy.append(loop("pk_cs", width, nr, [dst.store(
-                panel_row + p * (k * nr) + cs, source(row, p * nr + cs, 1))]))
-        body.append(loop("pk_p", 0, full, copy))
-    rem = n - full * nr
-    if rem:
-        t, z = var("pk_t"), var("pk_z")
-        tail = panel_row + full * k * nr
-        body.append(loop("pk_t", 0, rem, [dst.store(tail + t, source(row, full * nr + t, 1))]))
-        body.append(loop("pk_z", rem, nr, [dst.store(tail + z, const(0, dst.dtype))]))
-    kind = LoopKind.PARALLEL if runtime or rows * n >= PARALLEL_PACK_ELEMENTS \
-        else LoopKind.SERIAL
-    fn = LoopFunction(name, (*inputs, dst), scalars,
-                      loop("pk_row", 0, rows, block(*body), kind=kind))
+
+    def row_loop(kind: LoopKind, tag: str = "") -> Stmt:
+        """The loop over the rows (its names end in ``tag``)."""
+        row = var("pk_row" + tag)
+        panel_row = ((row // k) * (panels * k) + row % k) * nr  # element (b, p=0, row % k, 0)
+        body: list[Stmt] = []
+        if full:
+            p, c, cs = var("pk_p" + tag), var("pk_c" + tag), var("pk_cs" + tag)
+            width = (nr // lanes) * lanes if lanes > 1 else 0
+            copy: list[Stmt] = []
+            if width:
+                copy.append(loop("pk_c" + tag, 0, width, [dst.store(
+                    panel_row + p * (k * nr) + c, source(row, p * nr + c, lanes))],
+                    step=lanes, kind=LoopKind.VECTORIZED))
+            if width < nr:
+                copy.append(loop("pk_cs" + tag, width, nr, [dst.store(
+                    panel_row + p * (k * nr) + cs, source(row, p * nr + cs, 1))]))
+            body.append(loop("pk_p" + tag, 0, full, copy))
+        rem = n - full * nr
+        if rem:
+            t, z = var("pk_t" + tag), var("pk_z" + tag)
+            tail = panel_row + full * k * nr
+            body.append(loop("pk_t" + tag, 0, rem, [dst.store(tail + t, source(
+                row, full * nr + t, 1))]))
+            body.append(loop("pk_z" + tag, rem, nr, [dst.store(tail + z, const(0, dst.dtype))]))
+        return loop("pk_row" + tag, 0, rows, block(*body), kind=kind)
+
+    if runtime:  # threads only when this call's copy is large enough, as a static compile
+        nest = If(binary(XOp.GE, rows * n, PARALLEL_PACK_ELEMENTS),
+                  row_loop(LoopKind.PARALLEL), row_loop(LoopKind.SERIAL, "_1"))
+    else:
+        nest = row_loop(LoopKind.PARALLEL if rows * n >= PARALLEL_PACK_ELEMENTS
+                        else LoopKind.SERIAL)
+    fn = LoopFunction(name, (*inputs, dst), scalars, nest)
     return fold_constants(fn)[0]

@@ -399,9 +399,17 @@ def _regrouped(index: tuple[Expr, ...], out: tuple[int, ...], shape: tuple[int, 
     """The operand index of a reshape from ``shape`` to ``out``, group by group: consecutive
     axes of each side whose sizes multiply to the same number map through each other alone
     (a merge of [N, OH, OW] into M is ``unflatten(m, (N, OH, OW))``, not a division of the
-    whole flat position). Symbolic sizes take the whole flat position."""
+    whole flat position). Runtime sizes (Exprs) map through a common leading run of equal
+    axes one to one ([B,S,768] -> [B,S,12,64]: B and S stay, 768 splits with constant
+    divisors); past that run they take the flat position of what is left."""
     if not all(isinstance(d, int) for d in (*out, *shape)):
-        return unflatten(flatten(index, out), shape)
+        lead = 0
+        while lead < min(len(out), len(shape)) and out[lead] == shape[lead] \
+                and not (isinstance(out[lead], int) and out[lead] == 1):
+            lead += 1
+        if lead == 0:
+            return unflatten(flatten(index, out), shape)
+        return (*index[:lead], *_regrouped(index[lead:], out[lead:], shape[lead:]))
     result: list[Expr] = []
     i = j = 0
     while i < len(out) or j < len(shape):
