@@ -104,3 +104,28 @@ def test_fallback_region_is_cut_in_two() -> None:
     (report,) = graphs[0].reports
     assert len(report.graphs) == 2
     assert [op for op, _ in report.fallbacks] == ["aten.sort.default"]
+
+
+def test_parameters_are_frozen_into_the_compiled_graph() -> None:
+    """Weights and biases reach the tilefuse graph as constants (so B is packed once at build
+    time), not as runtime inputs: only the activation is a graph input."""
+    from tilefuse.frontend.torch.backend import SpecializedGraph, tilefuse_backend
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.GELU(),
+                                torch.nn.Linear(24, 7)).eval()
+    graphs: list[SpecializedGraph] = []
+
+    def spy(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], **kw: object) -> object:
+        compiled = tilefuse_backend(gm, inputs, **kw)
+        graphs.append(compiled)
+        return compiled
+
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        actual = torch.compile(model, backend=spy, dynamic=False)(x)
+        expected = model(x)
+    assert_close(actual.numpy(), expected.numpy(), reduction=True)
+    (report,) = graphs[0].reports
+    (graph,) = report.graphs.values()
+    assert [tuple(v.shape) for v in graph.inputs] == [(5, 16)]
+    assert sum(n.op.name == "constant" for n in graph.nodes) == 4

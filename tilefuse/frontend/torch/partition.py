@@ -169,13 +169,17 @@ def partition_and_compile(gm: fx.GraphModule, constants: Mapping[fx.Node, torch.
     if regions:
         partitioner.fuse_partitions(regions, prefix=PREFIX)
     graphs: dict[str, Graph] = {}
+    # Fusing partitions can rebuild placeholder nodes: match the frozen ones by name as well
+    # (placeholder names are unique in a graph), or weights would become runtime inputs.
+    frozen = {n.name: t for n, t in constants.items()}
     for node in list(gm.graph.nodes):
         if node.op != "call_module" or not str(node.target).startswith(PREFIX):
             continue
         name = str(node.target)
         sub = gm.get_submodule(name)
         assert isinstance(sub, fx.GraphModule)
-        specs = [Placeholder(a, constants.get(a)) for a in node.args]
+        specs = [Placeholder(a, constants.get(a, frozen.get(a.name) if a.op == "placeholder"
+                                              else None)) for a in node.args]
         graph = lower_graph(sub, specs, name, ATEN_CONVERTERS)
         graphs[name] = graph
         out = sub.graph.output_node().args[0]
