@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,55 @@ def is_symbolic(graph: Graph) -> bool:
     return any(not is_static(v.shape) for v in graph.inputs)
 
 
+@dataclass(frozen=True)
+class SymbolBinder:
+    """How a symbolic graph's inputs name its symbols: checks a call's arrays and reads each
+    symbol's size from the first dim that names it (shared by the per-size and the one-build
+    executables)."""
+
+    name: str
+    symbols: tuple[Sym, ...]
+    inputs: tuple[tuple[str, TensorType], ...]
+    binders: tuple[tuple[int, int, int], ...]   # (input, axis, symbol index) per symbolic dim
+
+    @staticmethod
+    def of(graph: Graph) -> SymbolBinder:
+        symbols = symbols_of(graph)
+        index = {s: k for k, s in enumerate(symbols)}
+        binders = tuple((i, axis, index[d]) for i, v in enumerate(graph.inputs)
+                        for axis, d in enumerate(v.shape) if isinstance(d, Sym))
+        inputs = tuple((v.name or f"#{i}", v.type) for i, v in enumerate(graph.inputs))
+        return SymbolBinder(graph.name, symbols, inputs, binders)
+
+    def check(self, arrays: Sequence[np.ndarray]) -> None:
+        """GuardError unless count, dtypes, ranks and static dims are the graph's."""
+        if len(arrays) != len(self.inputs):
+            raise GuardError(f"@{self.name} takes {len(self.inputs)} inputs, "
+                             f"got {len(arrays)}")
+        for array, (name, t) in zip(arrays, self.inputs):
+            if not isinstance(array, np.ndarray) or array.dtype != t.dtype.np \
+                    or array.ndim != t.rank or any(isinstance(d, int) and d != n
+                                                   for d, n in zip(t.shape, array.shape)):
+                got = f"{array.dtype}{list(array.shape)}" if isinstance(array, np.ndarray) \
+                    else type(array).__name__
+                raise GuardError(f"input {name} must be a {t} array, got {got}")
+
+    def bind(self, arrays: Sequence[np.ndarray]) -> tuple[int, ...]:
+        """Each symbol's size in this call; SymbolConflict when one symbol meets two sizes."""
+        sizes: list[int | None] = [None] * len(self.symbols)
+        for i, axis, k in self.binders:
+            n = arrays[i].shape[axis]
+            have = sizes[k]
+            if have is None:
+                sizes[k] = n
+            elif have != n:
+                seen = [f"{self.inputs[j][0]}[{a}] = {arrays[j].shape[a]}"
+                        for j, a, m in self.binders if m == k]
+                raise SymbolConflict(f"@{self.name}: symbol {self.symbols[k]} must be one "
+                                     f"size in every dim it names, got {', '.join(seen)}")
+        return tuple(sizes)  # type: ignore[arg-type]
+
+
 class DynamicExecutable:
     """A symbolic graph served by per-size specialisations (see the module docstring).
 
@@ -85,11 +135,7 @@ class DynamicExecutable:
         self._optimize = optimize or (lambda g: g)
         self._dump = None if dump_dir is None else Path(dump_dir)
         self._max_sizes = max(1, int(max_sizes))
-        index = {s: k for k, s in enumerate(self.symbols)}
-        # (input, axis, symbol index) for every symbolic dim; the first of each symbol binds it
-        self._binders = tuple((i, axis, index[d]) for i, v in enumerate(graph.inputs)
-                              for axis, d in enumerate(v.shape) if isinstance(d, Sym))
-        self._inputs = tuple((v.name or f"#{i}", v.type) for i, v in enumerate(graph.inputs))
+        self._signature = SymbolBinder.of(graph)
         self._specialized: OrderedDict[tuple[int, ...], object] = OrderedDict()
         self._lock = threading.Lock()
         self._log = get_logger("recompiles")
@@ -141,15 +187,7 @@ class DynamicExecutable:
 
     def bind(self, arrays: Sequence[np.ndarray]) -> tuple[int, ...]:
         """Each symbol's size in this call; SymbolConflict when one symbol meets two sizes."""
-        sizes: list[int | None] = [None] * len(self.symbols)
-        for i, axis, k in self._binders:
-            n = arrays[i].shape[axis]
-            have = sizes[k]
-            if have is None:
-                sizes[k] = n
-            elif have != n:
-                raise SymbolConflict(self._conflict(arrays, k))
-        return tuple(sizes)  # type: ignore[arg-type]
+        return self._signature.bind(arrays)
 
     def run_trusted(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """A call whose caller has checked count, dtypes, ranks, static dims and C order."""
@@ -167,16 +205,7 @@ class DynamicExecutable:
 
     def check(self, arrays: Sequence[np.ndarray]) -> None:
         """GuardError unless count, dtypes, ranks and static dims are the graph's."""
-        if len(arrays) != len(self._inputs):
-            raise GuardError(f"@{self.graph.name} takes {len(self._inputs)} inputs, "
-                             f"got {len(arrays)}")
-        for array, (name, t) in zip(arrays, self._inputs):
-            if not isinstance(array, np.ndarray) or array.dtype != t.dtype.np \
-                    or array.ndim != t.rank or any(isinstance(d, int) and d != n
-                                                   for d, n in zip(t.shape, array.shape)):
-                got = f"{array.dtype}{list(array.shape)}" if isinstance(array, np.ndarray) \
-                    else type(array).__name__
-                raise GuardError(f"input {name} must be a {t} array, got {got}")
+        self._signature.check(arrays)
 
     # ------------------------------------------------------------------ specialisation
     def _specialize(self, sizes: tuple[int, ...]) -> object:
@@ -187,7 +216,7 @@ class DynamicExecutable:
             binding = dict(zip(self.symbols, sizes))
             shown = ", ".join(f"{s}={n}" for s, n in binding.items())
             types = [TensorType(tuple(binding.get(d, d) for d in t.shape), t.dtype)
-                     for _, t in self._inputs]
+                     for _, t in self._signature.inputs]
             try:
                 static = specialize(self.graph, types)
             except TilefuseError as err:
@@ -206,13 +235,6 @@ class DynamicExecutable:
                                 self.graph.name, dropped, self._max_sizes)
             return exe
 
-    def _conflict(self, arrays: Sequence[np.ndarray], k: int) -> str:
-        sym = self.symbols[k]
-        seen = [f"{self._inputs[i][0]}[{axis}] = {arrays[i].shape[axis]}"
-                for i, axis, j in self._binders if j == k]
-        return (f"@{self.graph.name}: symbol {sym} must be one size in every dim it names, "
-                f"got {', '.join(seen)}")
 
-
-__all__ = ["DEFAULT_MAX_SIZES", "DynamicExecutable", "SymbolConflict", "SymbolGuardError",
-           "is_symbolic", "symbols_of"]
+__all__ = ["DEFAULT_MAX_SIZES", "DynamicExecutable", "SymbolBinder", "SymbolConflict",
+           "SymbolGuardError", "is_symbolic", "symbols_of"]

@@ -31,13 +31,13 @@ from pathlib import Path
 import numpy as np
 
 from tilefuse.codegen.target import CpuTarget, host_target
-from tilefuse.errors import CompileError, GuardError, TilefuseError
+from tilefuse.errors import CompileError, TilefuseError
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.graph.types import Sym, TensorType
 from tilefuse.kernel.fusion import KernelGroup
 from tilefuse.log import get_logger
 from tilefuse.passes.shape_infer import specialize
-from tilefuse.runtime.dynamic import SymbolConflict, SymbolGuardError, symbols_of
+from tilefuse.runtime.dynamic import SymbolBinder, SymbolGuardError, symbols_of
 from tilefuse.runtime.kernel_cache import KernelCache, KernelCacheStats
 from tilefuse.runtime.native import (
     NativeExecutable,
@@ -67,10 +67,7 @@ class SymbolicNativeExecutable:
         self.symbols: tuple[Sym, ...] = symbols_of(graph)
         self._builder = _Builder(graph, target, cache or KernelCache.from_env(target),
                                  symbolic=True)
-        index = {s: k for k, s in enumerate(self.symbols)}
-        self._binders = tuple((i, axis, index[d]) for i, v in enumerate(graph.inputs)
-                              for axis, d in enumerate(v.shape) if isinstance(d, Sym))
-        self._inputs = tuple((v.name or f"#{i}", v.type) for i, v in enumerate(graph.inputs))
+        self._signature = SymbolBinder.of(graph)
         self._sized: OrderedDict[tuple[int, ...], NativeExecutable] = OrderedDict()
         self._max_sizes = max(1, int(max_sizes))
         self._lock = threading.Lock()
@@ -128,30 +125,11 @@ class SymbolicNativeExecutable:
 
     def bind(self, arrays: Sequence[np.ndarray]) -> tuple[int, ...]:
         """Each symbol's size in this call; SymbolConflict when one symbol meets two sizes."""
-        sizes: list[int | None] = [None] * len(self.symbols)
-        for i, axis, k in self._binders:
-            n = arrays[i].shape[axis]
-            if sizes[k] is None:
-                sizes[k] = n
-            elif sizes[k] != n:
-                seen = [f"{self._inputs[j][0]}[{a}] = {arrays[j].shape[a]}"
-                        for j, a, m in self._binders if m == k]
-                raise SymbolConflict(f"@{self.graph.name}: symbol {self.symbols[k]} must be "
-                                     f"one size in every dim it names, got {', '.join(seen)}")
-        return tuple(sizes)  # type: ignore[arg-type]
+        return self._signature.bind(arrays)
 
     def check(self, arrays: Sequence[np.ndarray]) -> None:
         """GuardError unless count, dtypes, ranks and static dims are the graph's."""
-        if len(arrays) != len(self._inputs):
-            raise GuardError(f"@{self.graph.name} takes {len(self._inputs)} inputs, "
-                             f"got {len(arrays)}")
-        for array, (name, t) in zip(arrays, self._inputs):
-            if not isinstance(array, np.ndarray) or array.dtype != t.dtype.np \
-                    or array.ndim != t.rank or any(isinstance(d, int) and d != n
-                                                   for d, n in zip(t.shape, array.shape)):
-                got = f"{array.dtype}{list(array.shape)}" if isinstance(array, np.ndarray) \
-                    else type(array).__name__
-                raise GuardError(f"input {name} must be a {t} array, got {got}")
+        self._signature.check(arrays)
 
     # ------------------------------------------------------------------ per size binding
     def for_sizes(self, sizes: tuple[int, ...]) -> NativeExecutable:
