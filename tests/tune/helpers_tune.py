@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tilefuse.dtypes import DType
@@ -46,3 +48,20 @@ def rows_graph(shape: tuple[int, ...], op: str = "softmax") -> Graph:
 def tiny_function(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """For the CLI test: one elementwise kernel."""
     return np.tanh(x * y + x)
+
+
+def matmul_candidates(count: int) -> tuple[Any, list[Any]]:
+    """A small matmul kernel's task and ``count`` distinct schedules of its space, the default
+    first (the runners' planted-failure tests use them)."""
+    from tilefuse.tune.space import space_for
+    from tilefuse.tune.task import tasks_from_graph
+
+    [task] = tasks_from_graph(matmul_graph(24, 16, 40))
+    space = space_for(task.group)
+    rng = np.random.default_rng(3)
+    found = [space.default()]
+    while len(found) < count:
+        s = space.sample(rng)
+        if s not in found:
+            found.append(s)
+    return task, found

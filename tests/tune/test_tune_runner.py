@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-from helpers_tune import matmul_graph
+from helpers_tune import matmul_candidates
 
 from tilefuse.tune.cost_model import RandomModel
 from tilefuse.tune.database import MemoryDatabase
@@ -20,27 +19,14 @@ from tilefuse.tune.runner import (
     PlantedFault,
 )
 from tilefuse.tune.search import RandomSearch
-from tilefuse.tune.space import FixedSpace, space_for
-from tilefuse.tune.task import tasks_from_graph
+from tilefuse.tune.space import FixedSpace
 from tilefuse.tune.tuner import Budget, tune_task
 
 FAST = MeasureOptions(warmup=0, repeats=2, min_repeat_seconds=0.0, timeout=20.0)
 
 
-def candidates(count: int):
-    [task] = tasks_from_graph(matmul_graph(24, 16, 40))
-    space = space_for(task.group)
-    rng = np.random.default_rng(3)
-    found = [space.default()]
-    while len(found) < count:
-        s = space.sample(rng)
-        if s not in found:
-            found.append(s)
-    return task, found
-
-
 def test_planted_failures_score_inf_and_workers_are_replaced():
-    task, (good, aborts, hangs, good2) = candidates(4)
+    task, (good, aborts, hangs, good2) = matmul_candidates(4)
     faults = {"abort": aborts, "hang": hangs}
     results = {}
     for kind, victim in faults.items():
@@ -58,7 +44,7 @@ def test_planted_failures_score_inf_and_workers_are_replaced():
 
 
 def test_corrupt_output_is_wrong():
-    task, (good, victim) = candidates(2)
+    task, (good, victim) = matmul_candidates(2)
     with LocalRunner(FAST, PlantedFault("corrupt", frozenset({victim.to_json()}))) as runner:
         ok, bad = runner.measure(task, [good, victim])
         assert ok.status == OK
@@ -67,7 +53,7 @@ def test_corrupt_output_is_wrong():
 
 
 def test_invalid_schedule_is_rejected_before_building():
-    task, (good,) = candidates(1)
+    task, (good,) = matmul_candidates(1)
     import dataclasses
 
     bad = dataclasses.replace(good, micro_tile=(good.micro_tile[0], 7))  # NR not x width
@@ -78,7 +64,7 @@ def test_invalid_schedule_is_rejected_before_building():
 
 
 def test_tuner_goes_on_past_failures():
-    task, found = candidates(5)
+    task, found = matmul_candidates(5)
     aborts = found[1]
     fault_abort = PlantedFault("abort", frozenset({aborts.to_json()}))
     db = MemoryDatabase()

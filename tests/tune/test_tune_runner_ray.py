@@ -5,13 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
 import pytest
-from helpers_tune import matmul_graph
+from helpers_tune import matmul_candidates
 
 from tilefuse.tune.runner import CRASH, INVALID, OK, TIMEOUT, WRONG, MeasureOptions, PlantedFault
-from tilefuse.tune.space import space_for
-from tilefuse.tune.task import tasks_from_graph
 
 ray = pytest.importorskip("ray")
 
@@ -25,20 +22,8 @@ def local_ray():
     ray.shutdown()
 
 
-def _candidates(count: int):
-    [task] = tasks_from_graph(matmul_graph(24, 16, 40))
-    space = space_for(task.group)
-    rng = np.random.default_rng(3)
-    found = [space.default()]
-    while len(found) < count:
-        s = space.sample(rng)
-        if s not in found:
-            found.append(s)
-    return task, found
-
-
 def test_ray_runner_measures_and_survives_planted_failures(local_ray):
-    task, (good, aborts, hangs, corrupt) = _candidates(4)
+    task, (good, aborts, hangs, corrupt) = matmul_candidates(4)
     options = MeasureOptions(warmup=0, repeats=2, min_repeat_seconds=0.0, timeout=20.0)
     invalid = dataclasses.replace(good, micro_tile=(good.micro_tile[0], 7))
     for kind, victim, status in (("abort", aborts, CRASH), ("hang", hangs, TIMEOUT),
