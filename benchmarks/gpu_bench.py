@@ -134,37 +134,62 @@ def _copy_peak(nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3)
 
 
-def run_workload(w: GpuWorkload, rounds: int, repeats: int, quick: bool,
-                 target: GpuTarget) -> dict[str, object]:
-    import torch
-
+def _executable(w: GpuWorkload, shape: tuple[int, ...], target: GpuTarget,
+                arrays: list[np.ndarray] | None):  # type: ignore[no-untyped-def]
     from tilefuse.runtime.gpu import CudaExecutable, build_gpu_program
 
-    shape = tuple(max(1, s // 16) for s in w.shape[:1]) + w.shape[1:] if quick else w.shape
     graph = w.graph(shape, w.dtype)
-    program = build_gpu_program(graph, target)
-    executable = CudaExecutable(program)
-    rng = np.random.default_rng(0)
-    arrays = [rng.standard_normal(tuple(v.shape), dtype=np.float32).astype(v.dtype.np)
-              for v in graph.inputs]
-    for value, a in zip(program.graph.inputs, arrays):
+    executable = CudaExecutable(build_gpu_program(graph, target))
+    if arrays is None:
+        rng = np.random.default_rng(0)
+        arrays = [rng.standard_normal(tuple(v.shape), dtype=np.float32).astype(v.dtype.np)
+                  for v in graph.inputs]
+    for value, a in zip(executable.graph.inputs, arrays):
         executable._buffers[value].copy_from(a)   # inputs stay on the device while timing
+    return executable, arrays
+
+
+def _output(executable) -> np.ndarray:  # type: ignore[no-untyped-def]
+    out = executable.graph.outputs[0]
+    buf = executable._buffer(out)
+    buf.copy_from(np.full(out.shape, np.nan, out.dtype.np))  # poison: every element written
+    executable.launch_all()
+    executable.context.synchronize()
+    return buf.copy_to(np.empty(out.shape, out.dtype.np))
+
+
+def run_workload(w: GpuWorkload, rounds: int, repeats: int, quick: bool,
+                 targets: dict[str, GpuTarget]) -> dict[str, object]:
+    """Times ``w`` on every target variant of ``targets`` (the first is the default), torch
+    eager and Inductor, interleaved; every variant's output is checked against eager first."""
+    import torch
+
+    shape = tuple(max(1, s // 16) for s in w.shape[:1]) + w.shape[1:] if quick else w.shape
+    executables = {}
+    arrays = None
+    for name, target in targets.items():
+        executables[name], arrays = _executable(w, shape, target, arrays)
+    assert arrays is not None
     tdtype = torch.bfloat16 if w.dtype is DType.bf16 else torch.float32
     tensors = [torch.from_numpy(a.astype(np.float32)).to("cuda", tdtype) for a in arrays]
     eager = w.torch_fn(*tensors)
-    executable.launch_all()
-    executable.context.synchronize()
-    out = program.graph.outputs[0]
-    got = executable._buffer(out).copy_to(np.empty(out.shape, out.dtype.np))
-    assert_close(got, eager.float().cpu().numpy().astype(out.dtype.np), reduction=w.reduction)
+    want = eager.float().cpu().numpy()
+    for executable in executables.values():
+        got = _output(executable)
+        assert_close(got, want.astype(got.dtype), reduction=w.reduction)
+    del eager
     compiled = torch.compile(w.torch_fn)
     compiled(*tensors)
-    samples: dict[str, list[float]] = {"tilefuse": [], "eager": [], "inductor": []}
+    samples: dict[str, list[float]] = {"eager": [], "inductor": []}
     for _ in range(rounds):
-        samples["tilefuse"].append(executable.context.time_ms(executable.launch_all, repeats))
+        for name, ex in executables.items():
+            samples.setdefault(name, []).append(ex.context.time_ms(ex.launch_all, repeats))
         samples["eager"].append(_torch_time(lambda: w.torch_fn(*tensors), repeats))
         samples["inductor"].append(_torch_time(lambda: compiled(*tensors), repeats))
     times = {k: statistics.median(v) for k, v in samples.items()}
+    times["tilefuse"] = times[next(iter(targets))]
+    program = executables[next(iter(targets))].program
+    out = program.graph.outputs[0]
     nbytes = sum(a.nbytes for a in arrays) + int(np.prod(out.shape)) * out.dtype.itemsize
     flops = 2.0 * shape[0] * shape[1] * shape[2] if w.name == "G1" else 0.0
     steps = [type(s).__name__ for s in program.steps]
@@ -172,15 +197,57 @@ def run_workload(w: GpuWorkload, rounds: int, repeats: int, quick: bool,
             "bytes": nbytes, "flops": flops, "steps": steps, "target_ms": w.target_ms}
 
 
+def g1_parts(repeats: int = 10, rounds: int = 5) -> dict[str, float]:
+    """Where G1's time goes: cuBLAS alone (with and without a workspace), the generated
+    epilogue alone, torch's matmul and addmm alone (medians of ``rounds`` event timings)."""
+    import torch
+
+    from tilefuse.runtime.cublas import Cublas
+    from tilefuse.runtime.gpu import GemmStep, GpuKernel
+
+    w = WORKLOADS[0]
+    ex, arrays = _executable(w, w.shape, GpuTarget(), None)
+    gemm = next(s for s in ex.program.steps if isinstance(s, GemmStep))
+    epi = next(s for s in ex.program.steps if isinstance(s, GpuKernel))
+    bare = Cublas(ex.context, workspace_bytes=0)
+    a, b, c = ex._buffer(gemm.a).ptr, ex._buffer(gemm.b).ptr, ex._buffer(gemm.out).ptr
+    _, fn = ex._functions[epi.fn.name]
+    args = [ex._buffer(v).ptr for v in epi.bindings]
+    x, wt, bias = [torch.from_numpy(t.astype(np.float32)).to("cuda", torch.bfloat16)
+                   for t in arrays]
+    prod = x @ wt
+    runs: dict[str, Callable[[], object]] = {
+        "cublas (workspace)": lambda: ex._cublas.gemm(gemm.shape, a, b, c),
+        "cublas (no workspace)": lambda: bare.gemm(gemm.shape, a, b, c),
+        "epilogue kernel": lambda: ex.context.launch(fn, epi.grid, epi.block, args),
+        "tilefuse G1": ex.launch_all,
+        "torch x@w": lambda: x @ wt,
+        "torch addmm": lambda: torch.addmm(bias, x, wt),
+        "torch gelu(prod+b)": lambda: torch.nn.functional.gelu(prod + bias),
+    }
+    samples: dict[str, list[float]] = {k: [] for k in runs}
+    for run in runs.values():
+        run()
+    for _ in range(rounds):
+        for name, run in runs.items():
+            samples[name].append(ex.context.time_ms(run, repeats))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1/16 of each size, 3 rounds")
     parser.add_argument("--only", default="", help="comma-separated workload names")
     parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--row-unroll", type=int, default=GpuTarget().row_unroll,
-                        help="accumulators per warp in row kernels")
+    parser.add_argument("--variants", default="",
+                        help="extra tilefuse variants timed beside the default: "
+                             "name:field=value+field=value,... (GpuTarget fields)")
+    parser.add_argument("--g1-parts", action="store_true", help="time G1's pieces alone")
     args = parser.parse_args(argv)
     import torch
+    if args.g1_parts:
+        for name, ms in g1_parts().items():
+            print(f"  G1 part {name}: {ms:.3f} ms")
     rounds, repeats = (3, 3) if args.quick else (7, 10)
     peak = _copy_peak()
     print(f"device: {torch.cuda.get_device_name()}  copy peak {peak / 1e12:.2f} TB/s")
@@ -193,12 +260,14 @@ def main(argv: list[str] | None = None) -> int:
         if only and w.name not in only:
             continue
         try:
-            r = run_workload(w, rounds, repeats, args.quick,
-                             GpuTarget(row_unroll=args.row_unroll))
+            r = run_workload(w, rounds, repeats, args.quick, _targets(args.variants))
         except Exception as exc:  # report and go on: one workload must not hide the others
             print(f"| {w.name} {w.title} | failed: {type(exc).__name__}: {exc} |||||||")
             continue
         t = r["ms"]
+        for name, ms in t.items():  # type: ignore[union-attr]
+            if name not in ("tilefuse", "eager", "inductor"):
+                print(f"  {w.name} variant {name}: {ms:.3f} ms")
         bw = r["bytes"] / (t["tilefuse"] * 1e-3)  # type: ignore[index,operator]
         if r["flops"]:
             print(f"  {w.name}: {r['flops'] / (t['tilefuse'] * 1e-3) / 1e12:.0f} TFLOP/s "
@@ -210,6 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"copy_peak": peak, "results": results}, indent=1))
     return 0
+
+
+def _targets(spec: str) -> dict[str, GpuTarget]:
+    targets = {"default": GpuTarget()}
+    for item in filter(None, spec.split(",")):
+        name, _, fields = item.partition(":")
+        values = dict(f.split("=") for f in fields.split("+") if f)
+        targets[name] = GpuTarget(**{k: int(v) for k, v in values.items()})
+    return targets
 
 
 if __name__ == "__main__":

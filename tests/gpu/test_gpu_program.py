@@ -20,7 +20,18 @@ from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import interpret, run_node
 from tilefuse.graph.ir import Graph, Value
 from tilefuse.loop import interp as loop_interp
-from tilefuse.loop.ir import LoopFunction, LoopKind, Store, block, const, load, loop, var
+from tilefuse.loop.ir import (
+    For,
+    LoopFunction,
+    LoopKind,
+    Store,
+    block,
+    const,
+    load,
+    loop,
+    var,
+    walk_stmts,
+)
 from tilefuse.runtime.cuda_driver import cuda_available
 from tilefuse.runtime.gpu import GemmStep, GpuKernel, GpuProgram, build_gpu_program
 from tilefuse.testing import assert_close, random_array
@@ -50,9 +61,9 @@ def broadcast_graph(m: int, n: int) -> Graph:
     return b.build([b.add1("tanh", [b.add1("add", [b.add1("mul", [x, row]), col])])])
 
 
-def softmax_graph(rows: int, n: int) -> Graph:
+def softmax_graph(rows: int, n: int, dtype: DType = F32) -> Graph:
     b = GraphBuilder("softmax")
-    x = b.input(((rows, n), F32), "x")
+    x = b.input(((rows, n), dtype), "x")
     return b.build([b.add1("softmax", [x], {"axis": -1})])
 
 
@@ -92,12 +103,15 @@ GRAPHS = {
     "w7_1": (lambda: w7_graph((1,)), False),
     "w7_513": (lambda: w7_graph((513,)), False),
     "w7_3d": (lambda: w7_graph((3, 7, 13)), False),
+    "w7_warp_tails": (lambda: w7_graph((4 * 128 * 3 + 128 + 64 + 5,)), False),
     "broadcast": (lambda: broadcast_graph(7, 13), False),
     "softmax": (lambda: softmax_graph(7, 33), True),
     "layer_norm": (lambda: layer_norm_graph(5, 67), True),
     "softmax_warp": (lambda: softmax_graph(9, 256), True),
     "layer_norm_warp": (lambda: layer_norm_graph(3, 96), True),
     "layer_norm_bf16": (lambda: layer_norm_graph(4, 512, DType.bf16), True),
+    "softmax_bf16_registers": (lambda: softmax_graph(5, 1024, DType.bf16), True),
+    "layer_norm_bf16_registers": (lambda: layer_norm_graph(3, 4096, DType.bf16), True),
     "ffn": (lambda: ffn_graph(7, 16, 9), True),
     "ffn_513": (lambda: ffn_graph(513, 32, 33), True),
     "ffn_bias_vectors": (lambda: ffn_graph(7, 16, 12), True),
@@ -250,6 +264,27 @@ def test_rows_spread_over_warps_when_the_row_length_allows() -> None:
     assert "ld.global.v4" in warp.ptx  # 4 f32 per thread: 16-byte accesses
     assert "ex2.approx.f32" in warp.ptx and "div.full.f32" in warp.ptx  # the SFU, not polynomials
     assert warp.grid * warp.block >= 9 * 32
+
+
+def test_register_rows_read_the_row_once() -> None:
+    (step,) = build_gpu_program(softmax_graph(5, 1024, DType.bf16)).steps
+    assert isinstance(step, GpuKernel) and step.simt_width == 32
+    # 1024 bf16 over 32 threads: 4 16-byte loads a thread, one exp per element, 4 stores
+    assert step.ptx.count("ld.global.v4") == 4 and step.ptx.count("st.global.v4") == 4
+    assert step.ptx.count("ex2.approx.f32") == 32
+    (long,) = build_gpu_program(softmax_graph(5, 8192, DType.bf16)).steps
+    assert isinstance(long, GpuKernel)
+    assert not any(s.kind is LoopKind.UNROLLED and s.stop.arg == 8192
+                   for s in walk_stmts(long.fn.body) if isinstance(s, For))
+
+
+def test_flat_elementwise_runs_in_warp_form_with_loads_in_flight() -> None:
+    (step,) = build_gpu_program(w7_graph((4 * 128 * 3 + 128 + 64 + 5,))).steps
+    assert isinstance(step, GpuKernel) and step.simt_width == 32
+    loops = [s for s in step.fn.body.stmts if isinstance(s, For)]
+    assert [(s.step, s.stop.arg) for s in loops] == [(512, 1536), (128, 1664), (32, 1728),
+                                                     (1, 1733)]
+    assert step.ptx.count("ld.global.v4") >= 5  # 4 unrolled runs + the single-run loop
 
 
 def test_compile_ptx_rejects_thread_id() -> None:

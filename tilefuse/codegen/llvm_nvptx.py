@@ -77,6 +77,10 @@ class GpuTarget:
     max_blocks: int = 132 * 16
     row_unroll: int = 4
     """Independent accumulators per warp in row reductions (loads in flight)."""
+    elementwise_unroll: int = 4
+    """16-byte runs per thread and iteration in flat elementwise kernels (loads in flight)."""
+    register_row: int = 128
+    """Rows of at most this many elements per warp thread are held in registers (read once)."""
 
     @property
     def triple(self) -> str:

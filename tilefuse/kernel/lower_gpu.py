@@ -24,7 +24,7 @@ executable then runs on the host.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tilefuse.errors import CompileError
 from tilefuse.graph.ir import Value
@@ -32,7 +32,18 @@ from tilefuse.kernel.access import dims, squeezed, unflatten
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.lower_elementwise import KernelContext
 from tilefuse.kernel.schedule import Schedule, iteration_axes
-from tilefuse.loop.ir import LoopFunction, LoopKind, Stmt, loop, var
+from tilefuse.loop.ir import (
+    Block,
+    Expr,
+    For,
+    If,
+    LoopFunction,
+    LoopKind,
+    Stmt,
+    XOp,
+    loop,
+    var,
+)
 from tilefuse.ops.registry import OpKind
 
 GPU_KINDS = frozenset({KernelKind.ELEMENTWISE, KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT})
@@ -80,31 +91,79 @@ def _row_vector_width(group: KernelGroup) -> int:
 GPU_VECTOR_BYTES = 16
 """One 128-bit access per thread and iteration when the operands allow it."""
 
+REGISTER_ROW = 128
+"""Rows of at most this many elements per warp thread are held in registers: every loop over
+the row is unrolled, so each pass reads the same SSA values and LLVM's GVN folds the passes'
+loads (and recomputed values such as softmax's ``exp``) into one read of the row."""
 
-def lower_elementwise_gpu(group: KernelGroup) -> LoopFunction:
+
+def unroll_constant_loops(s: Stmt) -> Stmt:
+    """``s`` with every non-parallel loop of constant bounds marked ``unrolled`` (the code
+    generator then emits one copy of the body per iteration)."""
+    if isinstance(s, Block):
+        return Block(tuple(unroll_constant_loops(c) for c in s.stmts))
+    if isinstance(s, If):
+        return If(s.cond, unroll_constant_loops(s.then),
+                  None if s.else_ is None else unroll_constant_loops(s.else_))
+    if isinstance(s, For):
+        body = unroll_constant_loops(s.body)
+        constant = s.start.op is XOp.CONST and s.stop.op is XOp.CONST
+        kind = LoopKind.UNROLLED if constant and s.kind is not LoopKind.PARALLEL else s.kind
+        return replace(s, body=body, kind=kind)
+    return s
+
+
+def lower_elementwise_gpu(group: KernelGroup, unroll: int = 1) -> GpuLowered:
     """One parallel loop per output shape over the flat index (module docstring); vectors of
-    16 bytes when every operand has the output's layout (or is one element)."""
+    16 bytes when every operand has the output's layout (or is one element). With ``unroll``
+    > 1 such kernels are in warp form (:mod:`tilefuse.codegen.simt`): each warp iteration
+    covers ``unroll`` consecutive warp-wide runs of 16 bytes a thread, so every thread has
+    ``unroll`` independent 16-byte loads in flight."""
     ctx = KernelContext.of(group)
     nests: dict[tuple[int, ...], list[Value]] = {}
     for v in ctx.buffers.outputs:
         nests.setdefault(squeezed(dims(v.shape)), []).append(v)
+    plans = {key: _vector_plan(group, outputs, dims(outputs[0].shape)) if key else (1, 0)
+             for key, outputs in nests.items()}
+    warp = unroll > 1 and all(
+        key and lanes > 1 and (axes == len(dims(nests[key][0].shape))
+                               or key[-1] % (WARP * lanes) == 0)
+        for key, (lanes, axes) in plans.items())
     body: list[Stmt] = []
-    for outputs in nests.values():
+    for key, outputs in nests.items():
         shape = dims(outputs[0].shape)
         if not shape:
             body.extend(ctx.store_body(outputs, (), 1, 0))
             continue
-        count = math.prod(shape)
-        lanes, block_axes = _vector_plan(group, outputs, shape)
-        whole = count - count % lanes
-        for start, stop, width in ((0, whole, lanes), (whole, count, 1)):
-            if stop <= start:
-                continue
-            i = ctx.names.fresh("i")
-            stores = ctx.store_body(outputs, unflatten(var(i), shape), width,
-                                    block_axes if width > 1 else 0)
-            body.append(loop(i, start, stop, stores, width, kind=LoopKind.PARALLEL))
-    return ctx.function(body)
+        lanes, block_axes = plans[key]
+        runs = _warp_runs(lanes, unroll) if warp else ((lanes, 1), (1, 1))
+        start = 0
+        for width, count in runs:
+            stop = start + (math.prod(shape) - start) // (width * count) * width * count
+            if stop > start:
+                i = ctx.names.fresh("i")
+                body.append(loop(i, start, stop, _unrolled_stores(
+                    ctx, outputs, shape, var(i), width, count,
+                    block_axes if width > 1 else 0), width * count, kind=LoopKind.PARALLEL))
+            start = stop
+    return GpuLowered(ctx.function(body), WARP if warp else 1)
+
+
+def _warp_runs(lanes: int, unroll: int) -> tuple[tuple[int, int], ...]:
+    """(vector width, runs per iteration) of the warp-form loops, widest first: ``unroll``
+    runs of 16 bytes a thread, single such runs, an element a thread, then uniform scalars
+    (every thread of the warp computes the same element)."""
+    return ((WARP * lanes, unroll), (WARP * lanes, 1), (WARP, 1), (1, 1))
+
+
+def _unrolled_stores(ctx: KernelContext, outputs: list[Value], shape: tuple[int, ...],
+                     i: Expr, width: int, count: int, block_axes: int) -> list[Stmt]:
+    if count == 1:
+        return ctx.store_body(outputs, unflatten(i, shape), width, block_axes)
+    j = ctx.names.fresh("j")
+    at = unflatten(i + var(j) * width, shape)
+    return [loop(j, 0, count, ctx.store_body(outputs, at, width, block_axes),
+                 kind=LoopKind.UNROLLED)]
 
 
 def _vector_plan(group: KernelGroup, outputs: list[Value], shape: tuple[int, ...]
@@ -138,16 +197,21 @@ def _leading_broadcast(operand: tuple[int, ...], shape: tuple[int, ...]) -> bool
         and shape[len(shape) - len(trimmed):] == trimmed
 
 
-def lower_group_gpu(group: KernelGroup, row_unroll: int = 4) -> GpuLowered:
+def lower_group_gpu(group: KernelGroup, row_unroll: int = 4, elementwise_unroll: int = 4,
+                    register_row: int = REGISTER_ROW) -> GpuLowered:
     """The GPU loop IR of ``group``; CompileError for kinds without a GPU lowering."""
     if group.kind is KernelKind.ELEMENTWISE:
-        return GpuLowered(lower_elementwise_gpu(group))
+        return lower_elementwise_gpu(group, elementwise_unroll)
     schedule = gpu_schedule(group, row_unroll)
     if group.kind is KernelKind.ROW_REDUCTION:
         from tilefuse.kernel.lower_rows import lower_rows
 
         simt = WARP if schedule.vector_width > 1 else 1
-        return GpuLowered(lower_rows(group, schedule, store_values=False), simt)
+        fn = lower_rows(group, schedule, store_values=False)
+        n = iteration_axes(group).get("n")
+        if simt > 1 and isinstance(n, int) and n // WARP <= register_row:
+            fn = replace(fn, body=unroll_constant_loops(fn.body))
+        return GpuLowered(fn, simt)
     from tilefuse.kernel.lower_movement import lower_movement
 
     return GpuLowered(lower_movement(group, schedule))

@@ -30,6 +30,9 @@ _COMPUTE_32F = 68
 _COMPUTE_64F = 70
 _OP_N = 0
 _GEMM_DEFAULT = -1
+WORKSPACE_BYTES = 32 << 20
+"""The handle's own workspace (what torch gives cuBLAS on Hopper): some of the fastest
+Hopper kernels need one."""
 
 
 @dataclass(frozen=True)
@@ -70,15 +73,20 @@ def _library() -> ctypes.CDLL:
 class Cublas:
     """One cuBLAS handle bound to ``context``, launching on the legacy default stream."""
 
-    def __init__(self, context: CudaContext):
+    def __init__(self, context: CudaContext, workspace_bytes: int = WORKSPACE_BYTES):
         self.context = context
         self.lib = _library()
         self.handle = ctypes.c_void_p()
         self._lock = threading.Lock()
+        self.workspace = context.alloc(workspace_bytes) if workspace_bytes else None
         with context:
             self._check("cublasCreate_v2", self.lib.cublasCreate_v2(ctypes.byref(self.handle)))
             self._check("cublasSetStream_v2",
                         self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(0)))
+            if self.workspace is not None:
+                self._check("cublasSetWorkspace_v2", self.lib.cublasSetWorkspace_v2(
+                    self.handle, ctypes.c_void_p(self.workspace.ptr),
+                    ctypes.c_size_t(workspace_bytes)))
 
     @staticmethod
     def _check(call: str, status: int) -> None:

@@ -46,6 +46,7 @@ from tilefuse.loop.printer import format_function
 from tilefuse.passes.decompose import decompose_composites
 from tilefuse.runtime.cublas import Cublas, GemmShape
 from tilefuse.runtime.cuda_driver import CudaContext, DeviceBuffer
+from tilefuse.runtime.dynamic import SymbolBinder
 from tilefuse.runtime.memory import MemoryPlan, plan_from_liveness, value_names
 
 
@@ -206,7 +207,8 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
 
 
 def _compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
-    lowered = lower_group_gpu(group, target.row_unroll)
+    lowered = lower_group_gpu(group, target.row_unroll, target.elementwise_unroll,
+                              target.register_row)
     fn = lowered.fn
     buffers = kernel_buffers(group.inputs, group.outputs)
     by_name = {p.name: v for v, p in [*buffers.inputs.items(), *buffers.outputs.items()]}
@@ -274,6 +276,7 @@ class CudaExecutable:
         self.graph = program.graph
         self.context = context or CudaContext()
         self._lock = threading.Lock()
+        self._guard = SymbolBinder.of(self.graph)
         self._bound: dict[Value, int] = {}   # inputs given as device pointers (run_device)
         self._functions = {}
         for step in program.steps:
@@ -296,15 +299,9 @@ class CudaExecutable:
         return f"CudaExecutable(@{self.graph.name} on {self.context.info.name})"
 
     def _check(self, arrays: Sequence[np.ndarray]) -> None:
-        inputs = self.graph.inputs
-        if len(arrays) != len(inputs):
-            raise GuardError(f"{self.graph.name} takes {len(inputs)} inputs, got {len(arrays)}")
-        for value, a in zip(inputs, arrays):
-            if not isinstance(a, np.ndarray) or a.dtype != value.dtype.np \
-                    or tuple(a.shape) != tuple(value.shape):
-                got = f"{a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a)
-                raise GuardError(f"input {value.name} of {self.graph.name}: expected "
-                                 f"{value.type}, got {got}")
+        """GuardError unless count, dtypes and shapes are the graph's (the guard every
+        executable of a graph shares)."""
+        self._guard.check(arrays)
 
     def _buffer(self, value: Value) -> DeviceBuffer:
         found = self._buffers.get(value)
