@@ -9,6 +9,7 @@ from tilefuse.errors import (
     AttrError,
     CompileError,
     DTypeError,
+    GradientError,
     GuardError,
     ParseError,
     ShapeError,
@@ -25,9 +26,9 @@ from tilefuse.log import configure_from_env
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttrError", "CompileError", "DType", "DTypeError", "GuardError", "ParseError", "ShapeError",
-    "SourceLoc", "Sym", "TensorType", "TilefuseError", "TraceError", "UnknownOpError",
-    "VerifyError", "__version__", "jit",
+    "AttrError", "CompileError", "DType", "DTypeError", "GradientError", "GuardError",
+    "ParseError", "ShapeError", "SourceLoc", "Sym", "TensorType", "TilefuseError", "TraceError",
+    "UnknownOpError", "VerifyError", "__version__", "jit",
 ]
 
 configure_from_env()  # TILEFUSE_LOG=topics turns on logging; idempotent

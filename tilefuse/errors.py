@@ -85,3 +85,7 @@ class GuardError(TilefuseError):
 
 class CompileError(TilefuseError):
     """A failure while lowering or generating code."""
+
+
+class GradientError(TilefuseError):
+    """A gradient that cannot be formed: an op without a reverse-mode rule on the path."""

@@ -35,6 +35,13 @@ REDUCTION: dict[DType, Tolerance] = {
 }
 
 
+# Gradients are checked against central differences in f64 with step FD_STEP; the truncation
+# error is O(step^2) times the third derivative, far below this tolerance for the smooth test
+# functions (float rounding of the difference quotient is about 1e-10 relative).
+FD_STEP = 1e-6
+FINITE_DIFFERENCE = Tolerance(1e-5, 1e-6)
+
+
 def tolerance(dtype: DType, *, reduction: bool = False) -> Tolerance:
     table = REDUCTION if reduction else ELEMENTWISE
     return table.get(dtype, Tolerance(0.0, 0.0))

@@ -12,7 +12,7 @@ computations (Shape, Gather, Concat, ... feeding a Reshape) end up as constants.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ import numpy as np
 from tilefuse.dtypes import DType, from_numpy
 from tilefuse.errors import SourceLoc, TilefuseError
 from tilefuse.graph.builder import GraphBuilder, infer_types, resolve_op
-from tilefuse.graph.ir import Literal, Value
+from tilefuse.graph.ir import Literal, Node, Value
 from tilefuse.graph.types import TensorType, format_shape
 from tilefuse.onnx.model import NodeSpec
 from tilefuse.onnx.tensors import OnnxError
@@ -101,14 +101,27 @@ class Emitter:
         return [Tensor(v.type, value=v) for v in values]
 
 
+Reconvert = Callable[[str, dict[str, Tensor]], tuple[Tensor, tuple[Node, ...]]]
+
+
 class NodeContext:
     """One ONNX node being converted: its inputs (None where omitted), attributes and opset."""
 
-    def __init__(self, spec: NodeSpec, opset: int, inputs: list[Tensor | None], em: Emitter):
+    def __init__(self, spec: NodeSpec, opset: int, inputs: list[Tensor | None], em: Emitter,
+                 reconvert: Reconvert | None = None):
         self.spec = spec
         self.opset = opset
         self.inputs = inputs
         self.em = em
+        self._reconvert = reconvert
+
+    def reconvert(self, target: str,
+                  bindings: dict[str, Tensor]) -> tuple[Tensor, tuple[Node, ...]]:
+        """The model's value ``target`` computed again from the tensors in ``bindings`` (by
+        name) as graph values, with the graph nodes that compute it (see the importer)."""
+        if self._reconvert is None:
+            raise self.error("this node needs the model's graph, which this conversion lacks")
+        return self._reconvert(target, bindings)
 
     # ---- errors ---------------------------------------------------------------------------
 

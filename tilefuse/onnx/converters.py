@@ -1,7 +1,8 @@
 """The converter table: for each ONNX op type of the default domain, its converters by the
 opset version they apply from. :func:`find_converter` picks the newest one a model's opset
 covers. The table is built once, from the converter modules' ``CONVERTERS`` rows, and is
-read-only."""
+read-only. Other domains have tables of their own (``DOMAIN_CONVERTERS``: today the
+``ai.onnx.preview.training`` domain's Gradient), versioned by the model's opset of that domain."""
 
 from __future__ import annotations
 
@@ -14,16 +15,20 @@ from tilefuse.onnx import (
     converters_nn,
     converters_sequence,
     converters_shape,
+    converters_training,
 )
 from tilefuse.onnx.context import NodeContext, Tensor
 
 Converter = Callable[[NodeContext], list[Tensor]]
 
 
-def _build() -> Mapping[str, tuple[tuple[int, Converter], ...]]:
+Table = Mapping[str, tuple[tuple[int, Converter], ...]]
+
+
+def _build(modules: tuple = (converters_legacy, converters_math, converters_shape, converters_nn,
+                             converters_sequence)) -> Table:
     table: dict[str, list[tuple[int, Converter]]] = {}
-    for module in (converters_legacy, converters_math, converters_shape, converters_nn,
-                   converters_sequence):
+    for module in modules:
         for op_type, since, fn in module.CONVERTERS:
             versions = table.setdefault(op_type, [])
             if any(v == since for v, _ in versions):
@@ -32,16 +37,18 @@ def _build() -> Mapping[str, tuple[tuple[int, Converter], ...]]:
     return MappingProxyType({k: tuple(sorted(v, key=lambda e: e[0])) for k, v in table.items()})
 
 
-CONVERTERS: Mapping[str, tuple[tuple[int, Converter], ...]] = _build()
+CONVERTERS: Table = _build()
+DOMAIN_CONVERTERS: Mapping[str, Table] = MappingProxyType({
+    converters_training.DOMAIN: _build((converters_training,)),
+})
 
 
 def find_converter(op_type: str, domain: str, opset: int) -> Converter | None:
-    """The converter of ``op_type`` for a model importing ``opset`` of the default domain;
-    None for other domains, unknown ops and ops newer than the opset."""
-    if domain:
-        return None
+    """The converter of ``op_type`` of ``domain`` ("" for the default one) for a model
+    importing ``opset`` of that domain; None for unknown ops and ops newer than the opset."""
+    table = DOMAIN_CONVERTERS.get(domain) if domain else CONVERTERS
     chosen = None
-    for since, fn in CONVERTERS.get(op_type, ()):
+    for since, fn in (table or {}).get(op_type, ()):
         if since <= opset:
             chosen = fn
     return chosen

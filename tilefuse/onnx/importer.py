@@ -15,11 +15,11 @@ import numpy as np
 
 from tilefuse.errors import SourceLoc, TilefuseError
 from tilefuse.graph.builder import GraphBuilder
-from tilefuse.graph.ir import Graph
+from tilefuse.graph.ir import Graph, Node
 from tilefuse.graph.printer import is_identifier
 from tilefuse.graph.types import TensorType
 from tilefuse.onnx.context import Emitter, NodeContext, Tensor
-from tilefuse.onnx.converters import CONVERTERS, Converter, find_converter
+from tilefuse.onnx.converters import CONVERTERS, find_converter
 from tilefuse.onnx.model import ModelInfo, NodeSpec, TensorSpec
 from tilefuse.onnx.tensors import OnnxError
 
@@ -44,7 +44,8 @@ def check_supported(info: ModelInfo) -> None:
         if node.domain and node.domain not in info.domains:
             raise OnnxError(f"node {node.label} uses domain {node.domain!r}, which the model "
                             "does not import")
-        if find_converter(node.op_type, node.domain, info.opset) is None:
+        opset = info.domains.get(node.domain, info.opset)
+        if find_converter(node.op_type, node.domain, opset) is None:
             raise unsupported(node, info)
 
 
@@ -63,12 +64,8 @@ def import_graph(info: ModelInfo, types: Sequence[TensorType],
         env[spec.name] = Tensor(type_, value=builder.input(type_, name),
                                 const=values.get(spec.name), input_name=spec.name)
     em = Emitter(builder)
-    for index, node in enumerate(info.nodes):
-        fn = find_converter(node.op_type, node.domain, info.opset)
-        if fn is None:
-            raise unsupported(node, info)
-        em.loc = SourceLoc("onnx", index, f"{node.op_type} {node.name}")
-        _convert_node(node, fn, info.opset, env, em)
+    for index in range(len(info.nodes)):
+        _convert_node(info, index, env, em)
     outputs = []
     for spec in info.outputs:
         tensor = env[spec.name]
@@ -80,9 +77,17 @@ def import_graph(info: ModelInfo, types: Sequence[TensorType],
     return builder.build(outputs)
 
 
-def _convert_node(node: NodeSpec, fn: Converter, opset: int, env: dict[str, Tensor],
-                  em: Emitter) -> None:
-    ctx = NodeContext(node, opset, [env[n] if n else None for n in node.inputs], em)
+def _convert_node(info: ModelInfo, index: int, env: dict[str, Tensor], em: Emitter) -> None:
+    """Converts node ``index`` of the model, binding its outputs' names in ``env``."""
+    node = info.nodes[index]
+    opset = info.domains.get(node.domain, info.opset)
+    fn = find_converter(node.op_type, node.domain, opset)
+    if fn is None:
+        raise unsupported(node, info)
+    em.loc = SourceLoc("onnx", index, f"{node.op_type} {node.name}")
+    ctx = NodeContext(node, opset, [env[n] if n else None for n in node.inputs], em,
+                      reconvert=lambda target, bindings: _reconvert(info, index, env, em,
+                                                                     target, bindings))
     try:
         outs = fn(ctx)
     except OnnxError as err:
@@ -101,6 +106,35 @@ def _convert_node(node: NodeSpec, fn: Converter, opset: int, env: dict[str, Tens
             raise OnnxError(f"output {i} ({name!r}) is not supported", op=ctx.label,
                             inputs=ctx.shapes())
         env[name] = outs[i]
+
+
+def _reconvert(info: ModelInfo, before: int, env: dict[str, Tensor], em: Emitter, target: str,
+               bindings: Mapping[str, Tensor]) -> tuple[Tensor, tuple[Node, ...]]:
+    """Converts again the nodes before node ``before`` that compute ``target``, with the names
+    in ``bindings`` bound to those tensors as graph values (so nothing that depends on them folds
+    at import time). Returns ``target``'s tensor and the graph nodes built for it: the forward
+    graph that ONNX's Gradient differentiates, evaluated at the Gradient node's inputs."""
+    producer = {out: i for i, node in enumerate(info.nodes[:before]) for out in node.outputs
+                if out}
+    needed: set[int] = set()
+    pending = [target]
+    while pending:
+        name = pending.pop()
+        i = producer.get(name)
+        if name in bindings or i is None or i in needed:
+            continue
+        needed.add(i)
+        pending.extend(n for n in info.nodes[i].inputs if n)
+    local = dict(env)
+    for name, tensor in bindings.items():
+        local[name] = Tensor(tensor.type, value=em.value(tensor))
+    start, loc = len(em.builder.nodes), em.loc
+    for i in sorted(needed):
+        _convert_node(info, i, local, em)
+    em.loc = loc
+    if target not in local:
+        raise OnnxError(f"{target!r} is not computed before this node")
+    return local[target], em.builder.nodes[start:]
 
 
 def _check_output(spec: TensorSpec, got: TensorType) -> None:

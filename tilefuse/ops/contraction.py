@@ -53,8 +53,27 @@ def _contract_ref(fn: Any) -> Any:
     return quiet(reference)
 
 
+def _swap_last(d: Any, v: Any) -> Any:
+    rank = v.type.rank
+    return d.op("transpose", v, perm=(*range(rank - 2), rank - 1, rank - 2))
+
+
+def _matmul_vjp(d: Any, ins: Any, out: Any, g: Any) -> tuple[Any, ...]:
+    """dA = g·Bᵀ and dB = Aᵀ·g, with 1-D operands promoted as np.matmul does and batch dims
+    that were broadcast summed away."""
+    a, b = ins
+    a2 = d.op("expand_dims", a, axes=(0,)) if a.type.rank == 1 else a
+    b2 = d.op("expand_dims", b, axes=(1,)) if b.type.rank == 1 else b
+    g2 = d.op("expand_dims", g, axes=(-2,)) if a.type.rank == 1 else g
+    g2 = d.op("expand_dims", g2, axes=(-1,)) if b.type.rank == 1 else g2
+    ga = d.sum_to(d.op("matmul", g2, _swap_last(d, b2)), a2)
+    gb = d.sum_to(d.op("matmul", _swap_last(d, a2), g2), b2)
+    return (d.op("reshape", ga, shape=a.type.shape) if a is not a2 else ga,
+            d.op("reshape", gb, shape=b.type.shape) if b is not b2 else gb)
+
+
 MATMUL = OpDef("matmul", OpKind.CONTRACTION, 2, _matmul_rule, promoted, _contract_ref(np.matmul),
-               accepts=NUMERIC_TYPES,
+               accepts=NUMERIC_TYPES, vjp=_matmul_vjp,
                doc="np.matmul: 1-D operands are promoted and their dim removed; batch dims "
                    "broadcast")
 

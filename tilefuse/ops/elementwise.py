@@ -38,6 +38,9 @@ DTypeRule = Callable[[tuple[DType, ...], Any], tuple[DType, ...]]
 Lowering = Callable[..., Any]
 """``lowering(ops, *args, **attrs) -> Expr``: the op as a loop-IR expression, written against
 :class:`tilefuse.kernel.scalar_expr.ExprOps` (``ops``) and Python operators on the ``args``."""
+Vjp = Callable[..., tuple[Any, ...]]
+"""``vjp(d, inputs, out, g, **attrs)``: each input's gradient from the output's gradient ``g``,
+built with :class:`tilefuse.graph.autodiff.GradEmitter` ``d``; None for an input without one."""
 
 
 def _mapped(fn: Callable[..., Any], dtype_rule: DTypeRule) -> Callable[..., np.ndarray]:
@@ -61,17 +64,19 @@ def _mapped(fn: Callable[..., Any], dtype_rule: DTypeRule) -> Callable[..., np.n
 
 def _unary(name: str, fn: Callable[..., Any], *, accepts: frozenset[DType] = ALL_TYPES,
            dtype_rule: DTypeRule = float_promoted, traits: frozenset[Trait] = frozenset(),
-           attrs: tuple = (), doc: str = "", lowering: Lowering | None = None) -> OpDef:
+           attrs: tuple = (), doc: str = "", lowering: Lowering | None = None,
+           vjp: Vjp | None = None) -> OpDef:
     """A unary op; by default float math that takes any input and gives f64 for ints/bools."""
     return OpDef(name, OpKind.ELEMENTWISE, 1, same_shape, dtype_rule, _mapped(fn, dtype_rule),
-                 attrs=attrs, traits=traits, accepts=accepts, doc=doc, lowering=lowering)
+                 attrs=attrs, traits=traits, accepts=accepts, doc=doc, lowering=lowering,
+                 vjp=vjp)
 
 
 def _numeric(name: str, fn: Callable[..., Any], traits: frozenset[Trait] = frozenset(),
-             doc: str = "", lowering: Lowering | None = None) -> OpDef:
+             doc: str = "", lowering: Lowering | None = None, vjp: Vjp | None = None) -> OpDef:
     """A unary op on numbers that keeps the input dtype."""
     return _unary(name, fn, accepts=NUMERIC_TYPES, dtype_rule=same_dtype, traits=traits, doc=doc,
-                  lowering=lowering)
+                  lowering=lowering, vjp=vjp)
 
 
 def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
@@ -109,15 +114,104 @@ def _rounding(name: str) -> Lowering:
     return lambda ops, x: ops.unary(name, x) if x.dtype.is_float else x
 
 
+# ---- gradients (reverse-mode rules; see tilefuse.graph.autodiff) -------------------------------
+
+
+def _chain(local: Callable[..., Any]) -> Vjp:
+    """The rule of a unary op whose derivative is ``local(d, x, out)``: ``g · local``."""
+    return lambda d, ins, out, g, **_: (d.op("mul", g, local(d, ins[0], out)),)
+
+
+def _one_minus(d: Any, v: Any) -> Any:
+    return d.op("sub", d.scalar(1, v), v)
+
+
+def _relu_vjp(d: Any, ins: Any, out: Any, g: Any) -> tuple[Any, ...]:
+    return (d.select(d.op("gt", ins[0], d.scalar(0, ins[0])), g),)
+
+
+def _erf_derivative(d: Any, x: Any, out: Any) -> Any:
+    gauss = d.op("exp", d.op("neg", d.op("mul", x, x)))
+    return d.op("mul", gauss, d.scalar(2.0 / np.sqrt(np.pi), x))
+
+
+def _silu_derivative(d: Any, x: Any, out: Any) -> Any:
+    sig = d.op("sigmoid", x)
+    return d.op("mul", sig, d.op("add", d.scalar(1, x), d.op("mul", x, _one_minus(d, sig))))
+
+
+def _add_vjp(d: Any, ins: Any, out: Any, g: Any) -> tuple[Any, ...]:
+    return d.sum_to(g, ins[0]), d.sum_to(g, ins[1])
+
+
+def _sub_vjp(d: Any, ins: Any, out: Any, g: Any) -> tuple[Any, ...]:
+    return d.sum_to(g, ins[0]), d.sum_to(d.op("neg", g), ins[1])
+
+
+def _mul_vjp(d: Any, ins: Any, out: Any, g: Any) -> tuple[Any, ...]:
+    a, b = ins
+    return d.sum_to(d.op("mul", g, b), a), d.sum_to(d.op("mul", g, a), b)
+
+
+def _div_vjp(d: Any, ins: Any, out: Any, g: Any) -> tuple[Any, ...]:
+    a, b = ins
+    ga = d.op("div", g, b)
+    return d.sum_to(ga, a), d.sum_to(d.op("neg", d.op("mul", ga, out)), b)
+
+
+def _pow_vjp(d: Any, ins: Any, out: Any, g: Any) -> tuple[Any, ...]:
+    a, b = ins
+    ga = d.op("mul", g, d.op("mul", b, d.op("pow", a, d.op("sub", b, d.scalar(1, b)))))
+    gb = d.op("mul", g, d.op("mul", out, d.op("log", a)))
+    return d.sum_to(ga, a), d.sum_to(gb, b)
+
+
+def _pick_vjp(compare: str) -> Vjp:
+    """maximum/minimum: the gradient goes to the operand that was picked (``a`` on ties)."""
+
+    def vjp(d: Any, ins: Any, out: Any, g: Any) -> tuple[Any, ...]:
+        a, b = ins
+        took_a = d.op(compare, a, b)
+        return (d.sum_to(d.select(took_a, g), a),
+                d.sum_to(d.select(d.op("logical_not", took_a), g), b))
+
+    return vjp
+
+
+def _where_vjp(d: Any, ins: Any, out: Any, g: Any) -> tuple[Any, ...]:
+    c, a, b = ins
+    cond = d.op("cast", c, dtype=DType.bool)
+    return (None, d.sum_to(d.select(cond, g), a),
+            d.sum_to(d.select(d.op("logical_not", cond), g), b))
+
+
+def _cast_vjp(d: Any, ins: Any, out: Any, g: Any, dtype: DType) -> tuple[Any, ...]:
+    return (d.cast_like(g, ins[0]) if ins[0].type.dtype.is_float else None,)
+
+
+def _clip_vjp(d: Any, ins: Any, out: Any, g: Any, min: float | None,
+              max: float | None) -> tuple[Any, ...]:
+    x = ins[0]
+    inside = None
+    for bound, compare in ((min, "ge"), (max, "le")):
+        if bound is not None:
+            test = d.op(compare, x, d.scalar(bound, x))
+            inside = test if inside is None else d.op("logical_and", inside, test)
+    return (g if inside is None else d.select(inside, g),)
+
+
 _IDEMPOTENT = frozenset({Trait.IDEMPOTENT})
 _INVOLUTION = frozenset({Trait.INVOLUTION})
 
 NEG = _numeric("neg", np.negative, _INVOLUTION, "-x (integers wrap)",
-               lowering=lambda ops, x: ops.unary("neg", x))
+               lowering=lambda ops, x: ops.unary("neg", x),
+               vjp=lambda d, ins, out, g: (d.op("neg", g),))
 ABS = _numeric("abs", np.abs, _IDEMPOTENT, "|x| (abs of the most negative integer wraps)",
-               lowering=lambda ops, x: ops.unary("abs", x))
+               lowering=lambda ops, x: ops.unary("abs", x),
+               vjp=_chain(lambda d, x, out: d.op("sign", x)))
 RELU = _numeric("relu", _relu, _IDEMPOTENT, "max(x, 0), NaN-propagating",
-                lowering=lambda ops, x: ops.map(lambda v: ops.call("max", v, 0), x))
+                lowering=lambda ops, x: ops.map(lambda v: ops.call("max", v, 0), x),
+                vjp=_relu_vjp)
 SIGN = _numeric("sign", np.sign, doc="-1, 0 or 1 (NaN for NaN)", lowering=_sign_lowering)
 FLOOR = _numeric("floor", np.floor, _IDEMPOTENT, "rounds down; identity on integers",
                  lowering=_rounding("floor"))
@@ -126,29 +220,38 @@ CEIL = _numeric("ceil", np.ceil, _IDEMPOTENT, "rounds up; identity on integers",
 ROUND = _numeric("round", np.round, _IDEMPOTENT, "rounds half to even, like np.round",
                  lowering=_rounding("round"))
 
-EXP = _unary("exp", np.exp, lowering=lambda ops, x: ops.unary("exp", x))
-LOG = _unary("log", np.log, lowering=lambda ops, x: ops.unary("log", x))
+EXP = _unary("exp", np.exp, lowering=lambda ops, x: ops.unary("exp", x),
+             vjp=_chain(lambda d, x, out: out))
+LOG = _unary("log", np.log, lowering=lambda ops, x: ops.unary("log", x),
+             vjp=_chain(lambda d, x, out: d.op("reciprocal", x)))
 LOG1P = _unary("log1p", np.log1p, lowering=lambda ops, x: ops.unary("log1p", x))
 EXPM1 = _unary("expm1", np.expm1, lowering=lambda ops, x: ops.unary("expm1", x))
-SQRT = _unary("sqrt", np.sqrt, lowering=lambda ops, x: ops.unary("sqrt", x))
+SQRT = _unary("sqrt", np.sqrt, lowering=lambda ops, x: ops.unary("sqrt", x),
+              vjp=_chain(lambda d, x, out: d.op("div", d.scalar(0.5, out), out)))
 RSQRT = _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), doc="1/sqrt(x)",
                lowering=lambda ops, x: ops.unary("rsqrt", x))
 RECIPROCAL = _unary("reciprocal", lambda x: 1.0 / x, doc="1/x (f64 for integer inputs)",
                     lowering=lambda ops, x: ops.map(lambda v: ops.call("div", 1.0, v), x))
-TANH = _unary("tanh", np.tanh, lowering=lambda ops, x: ops.unary("tanh", x))
+TANH = _unary("tanh", np.tanh, lowering=lambda ops, x: ops.unary("tanh", x),
+              vjp=_chain(lambda d, x, out: _one_minus(d, d.op("mul", out, out))))
 SIGMOID = _unary("sigmoid", scipy.special.expit, doc="1/(1+exp(-x))",
-                 lowering=lambda ops, x: ops.unary("sigmoid", x))
-ERF = _unary("erf", scipy.special.erf, lowering=lambda ops, x: ops.unary("erf", x))
+                 lowering=lambda ops, x: ops.unary("sigmoid", x),
+                 vjp=_chain(lambda d, x, out: d.op("mul", out, _one_minus(d, out))))
+ERF = _unary("erf", scipy.special.erf, lowering=lambda ops, x: ops.unary("erf", x),
+             vjp=_chain(_erf_derivative))
 GELU = _unary("gelu", _gelu,
               attrs=(attr("approximate", AttrType.STR, "none", choices=("none", "tanh")),),
               doc="x·Φ(x), exactly (erf) or with the tanh approximation", lowering=_gelu_lowering)
 SILU = _unary("silu", lambda x: x * scipy.special.expit(x), doc="x·sigmoid(x)",
-              lowering=lambda ops, x: ops.map(lambda v: v * ops.call("sigmoid", v), x))
+              lowering=lambda ops, x: ops.map(lambda v: v * ops.call("sigmoid", v), x),
+              vjp=_chain(_silu_derivative))
 SOFTPLUS = _unary("softplus", lambda x: np.logaddexp(x.dtype.type(0), x), doc="log(1+exp(x))",
                   lowering=lambda ops, x: ops.map(lambda v: ops.call("max", v, 0) + ops.call(
                       "log1p", ops.call("exp", -ops.call("abs", v))), x))
-SIN = _unary("sin", np.sin, lowering=lambda ops, x: ops.unary("sin", x))
-COS = _unary("cos", np.cos, lowering=lambda ops, x: ops.unary("cos", x))
+SIN = _unary("sin", np.sin, lowering=lambda ops, x: ops.unary("sin", x),
+             vjp=_chain(lambda d, x, out: d.op("cos", x)))
+COS = _unary("cos", np.cos, lowering=lambda ops, x: ops.unary("cos", x),
+             vjp=_chain(lambda d, x, out: d.op("neg", d.op("sin", x))))
 
 LOGICAL_NOT = _unary("logical_not", np.logical_not, dtype_rule=boolean, traits=_INVOLUTION,
                      doc="x == 0, for any input dtype",
@@ -162,9 +265,9 @@ ISNAN = _unary("isnan", np.isnan, dtype_rule=boolean, doc="False everywhere for 
 
 def _binary(name: str, fn: Callable[..., Any], *, accepts: frozenset[DType] = ALL_TYPES,
             dtype_rule: DTypeRule = promoted, traits: frozenset[Trait] = frozenset(),
-            doc: str = "", lowering: Lowering | None = None) -> OpDef:
+            doc: str = "", lowering: Lowering | None = None, vjp: Vjp | None = None) -> OpDef:
     return OpDef(name, OpKind.ELEMENTWISE, 2, broadcast, dtype_rule, _mapped(fn, dtype_rule),
-                 traits=traits, accepts=accepts, doc=doc, lowering=lowering)
+                 traits=traits, accepts=accepts, doc=doc, lowering=lowering, vjp=vjp)
 
 
 def _arith_promoted(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
@@ -185,12 +288,14 @@ def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 _CA = frozenset({Trait.COMMUTATIVE, Trait.ASSOCIATIVE})
 _C = frozenset({Trait.COMMUTATIVE})
 
-ADD = _binary("add", np.add, traits=_CA, lowering=lambda ops, a, b: ops.binary("add", a, b))
+ADD = _binary("add", np.add, traits=_CA, lowering=lambda ops, a, b: ops.binary("add", a, b),
+              vjp=_add_vjp)
 SUB = _binary("sub", np.subtract, dtype_rule=_arith_promoted,
-              lowering=lambda ops, a, b: ops.binary("sub", a, b))
-MUL = _binary("mul", np.multiply, traits=_CA, lowering=lambda ops, a, b: ops.binary("mul", a, b))
+              lowering=lambda ops, a, b: ops.binary("sub", a, b), vjp=_sub_vjp)
+MUL = _binary("mul", np.multiply, traits=_CA, lowering=lambda ops, a, b: ops.binary("mul", a, b),
+              vjp=_mul_vjp)
 DIV = _binary("div", np.true_divide, dtype_rule=float_promoted, doc="true division",
-              lowering=lambda ops, a, b: ops.binary("div", a, b))
+              lowering=lambda ops, a, b: ops.binary("div", a, b), vjp=_div_vjp)
 FLOORDIV = _binary("floordiv", np.floor_divide, dtype_rule=_arith_promoted,
                    doc="floor(a/b) (integer division by zero gives 0, like NumPy)",
                    lowering=lambda ops, a, b: ops.map(ops.floordiv, a, b))
@@ -198,11 +303,11 @@ MOD = _binary("mod", np.mod, dtype_rule=_arith_promoted,
               doc="a - floor(a/b)·b: the result has the divisor's sign (Python semantics)",
               lowering=lambda ops, a, b: ops.map(ops.mod, a, b))
 POW = _binary("pow", _power, dtype_rule=_arith_promoted, doc="a ** b",
-              lowering=lambda ops, a, b: ops.map(ops.pow, a, b))
+              lowering=lambda ops, a, b: ops.map(ops.pow, a, b), vjp=_pow_vjp)
 MAXIMUM = _binary("maximum", np.maximum, traits=_CA, doc="NaN-propagating, like np.maximum",
-                  lowering=lambda ops, a, b: ops.binary("max", a, b))
+                  lowering=lambda ops, a, b: ops.binary("max", a, b), vjp=_pick_vjp("ge"))
 MINIMUM = _binary("minimum", np.minimum, traits=_CA, doc="NaN-propagating, like np.minimum",
-                  lowering=lambda ops, a, b: ops.binary("min", a, b))
+                  lowering=lambda ops, a, b: ops.binary("min", a, b), vjp=_pick_vjp("le"))
 
 EQ = _binary("eq", np.equal, dtype_rule=boolean, traits=_C,
               lowering=lambda ops, a, b: ops.compare("eq", a, b))
@@ -239,13 +344,14 @@ def _where_ref(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 WHERE = OpDef("where", OpKind.ELEMENTWISE, 3, broadcast, _where_dtype, _where_ref,
               doc="cond ? a : b, broadcasting all three (cond is nonzero-tested)",
               lowering=lambda ops, c, a, b: ops.call("select", ops.cast(c, DType.bool),
-                                                     ops.cast(a, ops.out), ops.cast(b, ops.out)))
+                                                     ops.cast(a, ops.out), ops.cast(b, ops.out)),
+              vjp=_where_vjp)
 
 CAST = OpDef("cast", OpKind.ELEMENTWISE, 1, same_shape,
              lambda dtypes, attrs: (attrs["dtype"],),
              quiet(lambda x, dtype: x.astype(dtype.np)),
              attrs=(attr("dtype", AttrType.DTYPE),), doc="converts the element type (C casts)",
-             lowering=lambda ops, x, dtype: ops.cast(x, dtype))
+             lowering=lambda ops, x, dtype: ops.cast(x, dtype), vjp=_cast_vjp)
 
 
 def _check_bound(name: str, value: object) -> None:
@@ -298,7 +404,7 @@ def _clip_lowering(ops: Any, x: Any, min: float | None, max: float | None) -> An
 
 CLIP = OpDef("clip", OpKind.ELEMENTWISE, 1, _clip_shape, same_dtype, quiet(_clip_ref),
              attrs=(attr("min", AttrType.ANY, None), attr("max", AttrType.ANY, None)),
-             accepts=NUMERIC_TYPES, lowering=_clip_lowering,
+             accepts=NUMERIC_TYPES, lowering=_clip_lowering, vjp=_clip_vjp,
              doc="min(max(x, min), max) in x's dtype; a None bound is absent; NaN stays NaN")
 
 

@@ -10,6 +10,7 @@ substituted the symbols' bound sizes into the attributes.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -83,8 +84,13 @@ def _reshape_ref(x: np.ndarray, shape: tuple[Dim, ...]) -> np.ndarray:
     return x.reshape(dims)
 
 
+def _reshape_back(d: Any, ins: Any, out: Any, g: Any, **attrs: Any) -> tuple[Any, ...]:
+    """The rule of every op that only changes the shape (reshape, expand_dims, squeeze)."""
+    return (d.op("reshape", g, shape=tuple(ins[0].type.shape)),)
+
+
 RESHAPE = OpDef("reshape", _MOVE, 1, _reshape_rule, same_dtype, _reshape_ref,
-                attrs=(attr("shape", AttrType.ANY),),
+                attrs=(attr("shape", AttrType.ANY),), vjp=_reshape_back,
                 doc="same elements in row-major order; at most one -1 entry is inferred")
 
 # ---- transpose, broadcast_to, expand_dims, squeeze -------------------------------------------
@@ -100,8 +106,14 @@ def _transpose_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...
     return (tuple(shape[a] for a in axes),)
 
 
+def _transpose_vjp(d: Any, ins: Any, out: Any, g: Any, perm: tuple[int, ...]) -> tuple[Any, ...]:
+    inverse = np.argsort([normalize_axis(p, len(perm)) for p in perm])
+    return (d.op("transpose", g, perm=tuple(int(i) for i in inverse)),)
+
+
 TRANSPOSE = OpDef("transpose", _MOVE, 1, _transpose_rule, same_dtype,
                   lambda x, perm: np.transpose(x, perm), attrs=(attr("perm", AttrType.INTS),),
+                  vjp=_transpose_vjp,
                   doc="out.shape[i] = x.shape[perm[i]]")
 
 
@@ -126,7 +138,9 @@ def _broadcast_to_ref(x: np.ndarray, shape: tuple[Dim, ...]) -> np.ndarray:
 
 
 BROADCAST_TO = OpDef("broadcast_to", _MOVE, 1, _broadcast_to_rule, same_dtype, _broadcast_to_ref,
-                     attrs=(attr("shape", AttrType.ANY),), doc="NumPy broadcasting to a shape")
+                     attrs=(attr("shape", AttrType.ANY),),
+                     vjp=lambda d, ins, out, g, shape: (d.sum_to(g, ins[0]),),
+                     doc="NumPy broadcasting to a shape")
 
 
 def _expand_dims_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
@@ -138,6 +152,7 @@ def _expand_dims_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, .
 
 EXPAND_DIMS = OpDef("expand_dims", _MOVE, 1, _expand_dims_rule, same_dtype,
                     lambda x, axes: np.expand_dims(x, axes), attrs=(attr("axes", AttrType.INTS),),
+                    vjp=_reshape_back,
                     doc="inserts size-1 axes; axes index the result")
 
 
@@ -164,7 +179,7 @@ def _squeeze_ref(x: np.ndarray, axes: tuple[int, ...] | None) -> np.ndarray:
 
 
 SQUEEZE = OpDef("squeeze", _MOVE, 1, _squeeze_rule, same_dtype, _squeeze_ref,
-                attrs=(attr("axes", AttrType.OPT_INTS, None),),
+                attrs=(attr("axes", AttrType.OPT_INTS, None),), vjp=_reshape_back,
                 doc="removes size-1 axes (all of them when axes is None)")
 
 # ---- slice -----------------------------------------------------------------------------------

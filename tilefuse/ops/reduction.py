@@ -107,16 +107,41 @@ _AXES_ATTRS: tuple[AttrSpec, ...] = (attr("axes", AttrType.OPT_INTS, None),
 
 def _reduction(name: str, np_fn: Callable[..., Any], dtype_rule: Callable[..., Any], *,
                nonempty: bool = False, extra_attrs: tuple[AttrSpec, ...] = (),
-               doc: str = "") -> OpDef:
+               doc: str = "", vjp: Callable[..., Any] | None = None) -> OpDef:
     shape_rule = _nonempty_reduce_rule if nonempty else _reduce_rule
     return OpDef(name, OpKind.REDUCTION, 1, shape_rule, dtype_rule,
                  _reference(np_fn, dtype_rule, nonempty), attrs=_AXES_ATTRS + extra_attrs,
-                 accepts=ALL_TYPES, doc=doc)
+                 accepts=ALL_TYPES, doc=doc, vjp=vjp)
 
 
-SUM = _reduction("sum", np.sum, _sum_dtype, doc="sum over axes (i64 for bools and integers)")
+def _spread(d: Any, x: Any, g: Any, axes: tuple[int, ...] | None, keepdims: bool) -> Any:
+    """The gradient of a reduction's output spread back over the reduced axes of ``x``."""
+    reduced = normalize_axes(axes, x.type.rank)
+    if not keepdims and reduced:
+        g = d.op("expand_dims", g, axes=reduced)
+    return d.op("broadcast_to", g, shape=x.type.shape)
+
+
+def _sum_vjp(d: Any, ins: Any, out: Any, g: Any, axes: Any, keepdims: bool) -> tuple[Any, ...]:
+    return (_spread(d, ins[0], g, axes, keepdims),)
+
+
+def _mean_vjp(d: Any, ins: Any, out: Any, g: Any, axes: Any, keepdims: bool) -> tuple[Any, ...]:
+    x = ins[0]
+    dims = [x.type.shape[a] for a in normalize_axes(axes, x.type.rank)]
+    if not all(isinstance(n, int) for n in dims):
+        raise ShapeError("the gradient of a mean over symbolic dims is not supported")
+    count = 1
+    for n in dims:
+        count *= n
+    return (d.op("div", _spread(d, x, g, axes, keepdims), d.scalar(max(count, 1), g)),)
+
+
+SUM = _reduction("sum", np.sum, _sum_dtype, doc="sum over axes (i64 for bools and integers)",
+                 vjp=_sum_vjp)
 PROD = _reduction("prod", np.prod, _sum_dtype, doc="product over axes (integers wrap)")
-MEAN = _reduction("mean", np.mean, _mean_dtype, doc="arithmetic mean (f64 for integers)")
+MEAN = _reduction("mean", np.mean, _mean_dtype, doc="arithmetic mean (f64 for integers)",
+                  vjp=_mean_vjp)
 MAX = _reduction("max", np.max, same_dtype, nonempty=True, doc="NaN-propagating maximum")
 MIN = _reduction("min", np.min, same_dtype, nonempty=True, doc="NaN-propagating minimum")
 VAR = _reduction("var", np.var, _mean_dtype, extra_attrs=(attr("ddof", AttrType.INT, 0),),

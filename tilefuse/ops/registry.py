@@ -101,6 +101,9 @@ class OpDef:
     return one entry per output; they raise ShapeError / DTypeError with a plain message, and the
     caller adds the op name, input types and source line. ``reference(*arrays, **attrs)`` returns
     an array (or a tuple for multi-output ops) with exactly the inferred shape and dtype.
+    ``vjp(d, inputs, output, grad, **attrs)`` gives the gradient of each input (None where an
+    input has none) from the gradient of the single output, built with the
+    :class:`tilefuse.graph.autodiff.GradEmitter` ``d``; ops without it are not differentiable.
     """
 
     name: str
@@ -114,6 +117,7 @@ class OpDef:
     accepts: frozenset[DType] = ALL_TYPES
     decompose: Callable[..., Any] | None = None   # (builder, inputs, attrs, loc) -> outputs
     lowering: Callable[..., Any] | None = None    # tensor-expression lowering (CPU backend)
+    vjp: Callable[..., Any] | None = None         # reverse-mode rule, see graph/autodiff.py
     doc: str = ""
     _attr_index: Mapping[str, AttrSpec] = field(init=False, repr=False, compare=False)
 
