@@ -1,13 +1,12 @@
-"""A progress bar on stderr for the command line's long work (compiling, timing rounds).
-
-Shown only when stderr is a terminal, or when ``--progress`` asks for it (then, off a
-terminal, as one plain line per step). No dependency: one ``\\r`` line is enough.
-"""
+"""A progress bar for the command line's long work (compiling, timing rounds), drawn on the
+shared :class:`~tilefuse.progress.StatusLine` (in place on a terminal, plain lines with
+``--progress`` off one)."""
 
 from __future__ import annotations
 
-import sys
 from typing import TextIO
+
+from tilefuse.progress import StatusLine
 
 _WIDTH = 24
 
@@ -17,10 +16,7 @@ class Bar:
 
     def __init__(self, label: str, total: int, *, show: bool | None = None,
                  stream: TextIO | None = None):
-        self.stream = stream if stream is not None else sys.stderr
-        tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.in_place = tty and show is not False
-        self.plain = bool(show) and not tty
+        self.line = StatusLine(show, stream)
         self.label, self.total, self.done = label, max(1, total), 0
         self._draw()
 
@@ -30,20 +26,11 @@ class Bar:
 
     def _draw(self, note: str = "") -> None:
         filled = _WIDTH * self.done // self.total
-        line = (f"{self.label} [{'#' * filled}{'.' * (_WIDTH - filled)}] "
-                f"{self.done}/{self.total} {note}").rstrip()
-        if self.in_place:
-            self.stream.write("\r" + line)
-            self.stream.flush()
-        elif self.plain:
-            self.stream.write(line + "\n")
-            self.stream.flush()
+        self.line.update(f"{self.label} [{'#' * filled}{'.' * (_WIDTH - filled)}] "
+                         f"{self.done}/{self.total} {note}".rstrip())
 
     def close(self) -> None:
-        if self.in_place:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.in_place = False
+        self.line.close()
 
     def __enter__(self) -> Bar:
         return self

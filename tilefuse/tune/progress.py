@@ -1,16 +1,13 @@
-"""Progress of a tuning run: one line per round on the ``tune`` log topic (INFO), and on stderr
-either a line rewritten in place (when stderr is a terminal) or plain lines (when asked).
-
-No progress-bar dependency: tqdm is not a dependency of tilefuse, and one ``\\r`` line does.
-"""
+"""Progress of a tuning run: one line per round on the ``tune`` log topic (INFO), and the same
+line on the shared :class:`~tilefuse.progress.StatusLine` (in place on a terminal, plain lines
+when asked)."""
 
 from __future__ import annotations
 
-import shutil
-import sys
 from typing import TextIO
 
 from tilefuse.log import get_logger
+from tilefuse.progress import StatusLine
 from tilefuse.tune.tuner import Round
 
 
@@ -32,12 +29,8 @@ class Progress:
     remain)."""
 
     def __init__(self, show: bool | None = None, stream: TextIO | None = None):
-        self.stream = stream if stream is not None else sys.stderr
-        tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.in_place = tty and show is not False
-        self.plain = show is True and not tty
+        self.line = StatusLine(show, stream)
         self.label = ""
-        self._open = False
         self._log = get_logger("tune")
 
     def start(self, label: str) -> None:
@@ -46,31 +39,18 @@ class Progress:
         self.label = label
 
     def __call__(self, r: Round) -> None:
-        line = round_line(self.label, r)
-        self._log.info("%s", line)
-        if self.in_place:
-            width = max(20, shutil.get_terminal_size((100, 20)).columns - 1)
-            self.stream.write("\r" + line[:width].ljust(width))
-            self.stream.flush()
-            self._open = True
-        elif self.plain:
-            self.stream.write(line + "\n")
-            self.stream.flush()
+        text = round_line(self.label, r)
+        self._log.info("%s", text)
+        self.line.update(text)
 
     def note(self, text: str) -> None:
         """A line outside the rounds (a skipped kernel, the profile)."""
-        self.finish()
         self._log.info("%s", text)
-        if self.in_place or self.plain:
-            self.stream.write(text + "\n")
-            self.stream.flush()
+        self.line.print(text)
 
     def finish(self) -> None:
         """Ends the in-place line, if one is open."""
-        if self._open:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._open = False
+        self.line.close()
 
 
 __all__ = ["Progress", "round_line"]
