@@ -169,7 +169,7 @@ def test_grad_required_runs_in_torch(caplog: pytest.LogCaptureFixture) -> None:
     assert any("gradients are required" in r.getMessage() for r in caplog.records)
 
 
-def test_dynamic_graph_is_specialised() -> None:
+def test_dynamic_graph_matches_eager() -> None:
     torch.manual_seed(9)
     model = nn.Sequential(nn.Linear(6, 4), nn.SiLU()).eval()
     fn = torch.compile(model, backend=tt.backend, dynamic=True)

@@ -605,3 +605,8 @@ COMPUTE_FREE: frozenset[Any] = frozenset(
     k for k, v in ATEN_CONVERTERS.items()
     if v in (_to_result_shape, _identity, _getitem, _permute, _transpose, _expand))
 """Converters that only rename or re-view data: a region made only of these stays in torch."""
+
+RESULT_SHAPED: frozenset[Any] = frozenset(
+    k for k, v in ATEN_CONVERTERS.items() if v in (_to_result_shape, _expand))
+"""Converters that read only the recorded result shape, never their size arguments (so they
+take sizes computed at run time, the SymInts of a dynamic graph)."""

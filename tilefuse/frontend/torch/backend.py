@@ -12,6 +12,14 @@ order, so the parameter/buffer positions Dynamo marked apply as they are; and in
 none of aot_autograd's joint-graph machinery. ``functionalize`` turns in-place ops (``relu_``
 of ``ReLU(inplace=True)``) into their functional forms.
 
+**Dynamic sizes.** When Dynamo makes a graph dynamic (``torch.compile(dynamic=True)``,
+``torch._dynamo.mark_dynamic``, or its automatic dynamic after a second size), the graph is
+traced once on Dynamo's symbolic fakes instead (:class:`SymbolicGraph`,
+:mod:`~tilefuse.frontend.torch.symbolic`): its sizes become tilefuse symbols and each region is
+one :class:`~tilefuse.runtime.dynamic.DynamicExecutable` serving every size. A graph that
+cannot be traced that way is specialised per shape as above, logged on ``recompiles`` with the
+reason.
+
 **Parameters and buffers are constants.** Their values when a signature is first compiled are
 copied into the tilefuse graphs (so weights are packed once, at compile time). Changing them in
 place later (``load_state_dict``, an optimiser step) does not change already compiled code:
@@ -47,10 +55,12 @@ from torch.utils import _pytree as pytree
 from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import TilefuseError
 from tilefuse.frontend.torch.partition import PartitionReport, partition_and_compile, write_report
+from tilefuse.frontend.torch.symbolic import is_symbolic_graph, trace_symbolic
 from tilefuse.graph.ir import Graph
 from tilefuse.log import get_logger
 from tilefuse.passes.manager import run_pipeline
 from tilefuse.passes.pipeline import GRAPH_PIPELINE
+from tilefuse.runtime.dynamic import DynamicExecutable, is_symbolic
 from tilefuse.runtime.executable import Executable, build_executable, check_target
 
 _DECOMPOSITIONS = core_aten_decompositions()
@@ -95,7 +105,7 @@ class SpecializedGraph:
         self._options = options
         self._cache: dict[Key, fx.GraphModule] = {}
         self._lock = threading.Lock()
-        self._name = "graph-" + hashlib.sha1(gm.code.encode()).hexdigest()[:10]
+        self._name = graph_name(gm)
         self.reports: list[PartitionReport] = []
 
     def __call__(self, *args: Any) -> Any:
@@ -116,30 +126,65 @@ class SpecializedGraph:
                 return self._cache[key]
             if self._cache:
                 get_logger("recompiles").debug(
-                    "%s: compiling for new input signature %d (tilefuse specialises torch "
-                    "graphs per shape; dynamic torch dims are not symbolic yet): %s",
-                    self._name, len(self._cache) + 1, _describe_key(key))
+                    "%s: compiling for new input signature %d (this graph is specialised per "
+                    "shape): %s", self._name, len(self._cache) + 1, _describe_key(key))
             traced = trace_to_core_aten(self._gm, args)
-            placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
-            constants = {placeholders[i]: t.detach() for i, t in self._constants.items()}
             dump = None if self._options.dump is None else \
                 self._options.dump / self._name / f"s{len(self._cache)}"
-            report = partition_and_compile(traced, constants, self._compiler(dump))
-            if dump is not None:
-                write_report(dump, traced, report)
-            self.reports.append(report)
+            self.reports.append(compile_traced(traced, self._constants, self._options, dump))
             self._cache[key] = traced
             return traced
 
-    def _compiler(self, dump: Path | None) -> Callable[[Graph, str], Executable]:
-        options = self._options
 
-        def compile_graph(graph: Graph, name: str) -> Executable:
-            where = None if dump is None else dump / name
-            optimized, _ = run_pipeline(graph, GRAPH_PIPELINE, dump_dir=where,
-                                        debug=options.debug)
-            return build_executable(optimized, options.target, where)
-        return compile_graph
+class SymbolicGraph:
+    """An FX graph to which Dynamo gave symbolic sizes, compiled once for every size: traced on
+    Dynamo's symbolic fakes (:func:`~tilefuse.frontend.torch.symbolic.trace_symbolic`), each
+    region a tilefuse graph with :class:`~tilefuse.graph.types.Sym` dims built as one
+    :class:`~tilefuse.runtime.dynamic.DynamicExecutable`, whose guards check every call's sizes
+    before native code. ``reports`` has the one partition report."""
+
+    def __init__(self, gm: fx.GraphModule, constants: Mapping[int, torch.Tensor],
+                 options: Options):
+        self._name = graph_name(gm)
+        self._traced = trace_symbolic(gm)
+        dump = None if options.dump is None else options.dump / self._name / "symbolic"
+        self.reports = [compile_traced(self._traced, constants, options, dump)]
+
+    def __call__(self, *args: Any) -> Any:
+        return self._traced(*args)
+
+
+def graph_name(gm: fx.GraphModule) -> str:
+    return "graph-" + hashlib.sha1(gm.code.encode()).hexdigest()[:10]
+
+
+def compile_traced(traced: fx.GraphModule, frozen: Mapping[int, torch.Tensor],
+                   options: Options, dump: Path | None) -> PartitionReport:
+    """Partitions a core-ATen graph in place and compiles its regions; ``frozen`` maps
+    placeholder positions to the tensors frozen into the compiled code."""
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    constants = {placeholders[i]: t.detach() for i, t in frozen.items()}
+    report = partition_and_compile(traced, constants, _compiler(options, dump))
+    if dump is not None:
+        write_report(dump, traced, report)
+    return report
+
+
+def _compiler(options: Options, dump: Path | None) -> Callable[[Graph, str], Executable]:
+    """One region's build: a static graph as one executable, a graph with symbolic input dims
+    as one DynamicExecutable (one native build for every size on "cpu")."""
+    def optimize(graph: Graph, where: Path | None = None) -> Graph:
+        return run_pipeline(graph, GRAPH_PIPELINE, dump_dir=where, debug=options.debug)[0]
+
+    def compile_graph(graph: Graph, name: str) -> Executable:
+        where = None if dump is None else dump / name
+        optimized = optimize(graph, where)
+        if is_symbolic(optimized):
+            return DynamicExecutable(  # type: ignore[return-value]
+                optimized, lambda g, at: build_executable(g, options.target, at),
+                optimize=optimize, dump_dir=where)
+        return build_executable(optimized, options.target, where)
+    return compile_graph
 
 
 def _describe_key(key: Key) -> str:
@@ -186,6 +231,14 @@ def tilefuse_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = {i: v for i, (n, v) in enumerate(zip(placeholders, example_inputs))
                  if isinstance(v, torch.Tensor) and _is_parameter_or_buffer(n, v)}
+    if is_symbolic_graph(gm):
+        try:
+            return SymbolicGraph(gm, constants, options)
+        except Exception as err:  # any tracing or build failure: specialise per shape
+            get_logger("recompiles").warning(
+                "%s: Dynamo made this graph dynamic but it cannot be compiled with symbolic "
+                "sizes (%s: %s); tilefuse specialises it per input shape", graph_name(gm),
+                type(err).__name__, err)
     return SpecializedGraph(gm, constants, options)
 
 
@@ -244,5 +297,5 @@ def compile_exported(ep: torch.export.ExportedProgram, *, dump: str | Path | Non
                                                "debug": debug}))
 
 
-__all__ = ["CompiledExported", "Options", "SpecializedGraph", "compile_exported",
+__all__ = ["CompiledExported", "Options", "SpecializedGraph", "SymbolicGraph", "compile_exported",
            "tilefuse_backend", "trace_to_core_aten"]

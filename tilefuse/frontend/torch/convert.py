@@ -3,8 +3,9 @@
 :class:`Lowering` holds the :class:`GraphBuilder` and the map from FX nodes to tilefuse values;
 the converters of :mod:`tilefuse.frontend.torch.aten` read their operands through it. Types come
 from each node's ``meta["val"]`` (the fake tensor the tracer recorded), so every converter knows
-its operands' and its result's exact shape and dtype. Shapes must be concrete: the backend
-specialises a graph per input signature before converting it.
+its operands' and its result's exact shape and dtype. A shape holds ints and, for a graph
+Dynamo made dynamic, plain symbols (``s33`` becomes ``Sym("s33")``); a compound size such as
+``s33*s50`` makes the node unsupported.
 
 A converter that meets an argument it cannot express raises :class:`Unsupported` before it has
 added anything; the partitioner then leaves that node to torch and logs the reason.
@@ -23,9 +24,10 @@ from torch import fx
 
 from tilefuse.dtypes import DType
 from tilefuse.errors import SourceLoc, TilefuseError
+from tilefuse.frontend.torch.symbolic import CompoundSize, sym_dim
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Literal, Value
-from tilefuse.graph.types import TensorType
+from tilefuse.graph.types import Sym, TensorType, is_static
 
 TORCH_TO_DTYPE: Mapping[torch.dtype, DType] = {
     torch.float64: DType.f64, torch.float32: DType.f32, torch.float16: DType.f16,
@@ -63,17 +65,17 @@ def meta_type(node: fx.Node) -> TensorType:
 
 
 def val_type(val: Any, name: str, op: str) -> TensorType:
-    """The tilefuse type of a recorded (fake) tensor ``val``; Unsupported when it has none."""
+    """The tilefuse type of a recorded (fake) tensor ``val`` (a plain symbolic size is a
+    :class:`Sym`); Unsupported when it has none."""
     if not isinstance(val, torch.Tensor):
         raise Unsupported(f"value {name} is not a tensor ({type(val).__name__})", op=op)
     if val.device.type != "cpu":
         raise Unsupported(f"value {name} lives on {val.device}, not the CPU", op=op)
-    shape = []
-    for d in val.shape:
-        if not isinstance(d, int):
-            raise Unsupported(f"value {name} has a symbolic shape {tuple(val.shape)}", op=op)
-        shape.append(d)
-    return TensorType(tuple(shape), to_dtype(val.dtype, op))
+    try:
+        shape = tuple(d if isinstance(d, int) else sym_dim(d) for d in val.shape)
+    except CompoundSize as err:
+        raise Unsupported(f"value {name} has shape {tuple(val.shape)}: {err}", op=op) from None
+    return TensorType(shape, to_dtype(val.dtype, op))
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
@@ -162,8 +164,8 @@ class Lowering:
     def cast(self, value: Value, dtype: DType) -> Value:
         return value if value.dtype is dtype else self.add("cast", [value], dtype=dtype)
 
-    def reshape(self, value: Value, shape: Sequence[int]) -> Value:
-        shape = tuple(int(d) for d in shape)
+    def reshape(self, value: Value, shape: Sequence[int | Sym]) -> Value:
+        shape = tuple(d if isinstance(d, Sym) else int(d) for d in shape)
         return value if value.shape == shape else self.add("reshape", [value], shape=shape)
 
     # ---- whole nodes -----------------------------------------------------------------------
@@ -175,6 +177,12 @@ class Lowering:
             result = converter(self, node)
         except Unsupported:
             raise
+        except TypeError as err:   # int() of a Sym: a converter that needs a static size
+            if all(is_static(meta_type(a).shape) for a in node.all_input_nodes
+                   if isinstance(a.meta.get("val"), torch.Tensor)):
+                raise
+            raise Unsupported(f"needs static sizes here ({err})", op=op_name(node),
+                              loc=source_loc(node)) from None
         except TilefuseError as err:
             shown = tuple(str(meta_type(a)) for a in node.all_input_nodes
                           if isinstance(a.meta.get("val"), torch.Tensor))

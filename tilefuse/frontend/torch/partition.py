@@ -23,7 +23,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from tilefuse.errors import TilefuseError
-from tilefuse.frontend.torch.aten import ATEN_CONVERTERS, COMPUTE_FREE
+from tilefuse.frontend.torch.aten import ATEN_CONVERTERS, COMPUTE_FREE, RESULT_SHAPED
 from tilefuse.frontend.torch.convert import (
     DTYPE_TO_TORCH,
     Lowering,
@@ -34,6 +34,7 @@ from tilefuse.frontend.torch.convert import (
     tensor_to_numpy,
     val_type,
 )
+from tilefuse.frontend.torch.symbolic import expr
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph
 from tilefuse.log import get_logger
@@ -57,6 +58,31 @@ def _check_result(node: fx.Node, result: Any) -> None:
         if value.type != torch_type:
             raise TilefuseError(f"result {i} would be {value.type}, torch gives {torch_type}",
                                 op=op_name(node))
+
+
+def _free_symbols(vals: Any) -> set[Any]:
+    found: set[Any] = set()
+    for val in vals if isinstance(vals, (tuple, list)) else (vals,):
+        if isinstance(val, torch.Tensor):
+            for d in val.shape:
+                found |= getattr(expr(d), "free_symbols", set())
+    return found
+
+
+def _check_symbolic(node: fx.Node) -> None:
+    """TilefuseError when a node of a dynamic graph takes a size computed at run time (except
+    views, which read their recorded result shape) or makes a symbolic size that none of its
+    tensor operands has (the tilefuse graph's inputs must bind every symbol)."""
+    tensors = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+    sizes = [a.name for a in node.all_input_nodes if a not in tensors]
+    if sizes and node.target not in RESULT_SHAPED:
+        raise TilefuseError(f"takes sizes computed at run time ({', '.join(sizes)})",
+                            op=op_name(node))
+    made = _free_symbols(node.meta.get("val")) - \
+        set().union(*(_free_symbols(a.meta["val"]) for a in tensors))
+    if made:
+        raise TilefuseError(f"makes symbolic sizes {', '.join(sorted(map(str, made)))} that "
+                            f"no tensor operand has", op=op_name(node))
 
 
 class TilefuseSupport(OperatorSupportBase):
@@ -91,6 +117,7 @@ class TilefuseSupport(OperatorSupportBase):
         converter = ATEN_CONVERTERS.get(node.target)
         if converter is None:
             raise TilefuseError(f"no tilefuse converter for {op_name(node)}")
+        _check_symbolic(node)
         lowering = Lowering(GraphBuilder("probe"), open_inputs=True)
         result = lowering.convert(node, converter)
         _check_result(node, result)
@@ -147,6 +174,8 @@ def _log_fallbacks(gm: fx.GraphModule, support: TilefuseSupport) -> list[tuple[s
     for node in gm.graph.nodes:
         if node.op != "call_function" or support.is_node_supported({}, node):
             continue
+        if isinstance(node.meta.get("val"), (torch.SymInt, int)):
+            continue   # size arithmetic of a dynamic graph (s0*s1): Python ints at run time
         source = node.args[0] if node.target is operator.getitem else None
         if isinstance(source, fx.Node) and support.reason(source) is not None:
             continue  # reading a result of a torch op is part of that op's fallback
