@@ -3,29 +3,30 @@ holding the ``Sq × Sk`` scores (FlashAttention's idea, on the CPU).
 
 Two loop functions per ATTENTION group (one launch step; the scratch lives only in it):
 
-1. ``<name>_prep`` (parallel over batch·heads) lays k out as ``kt[bh, d, j] = k[bh, j, d] ·
-   scale`` with the key axis padded with zeros to a multiple of the vector width, so scores
-   vectorise along keys; and, when ``Dv`` is not a multiple of the width, copies v into rows
-   padded with zeros. Both are linear in the sequence.
+1. ``<name>_prep`` (parallel over batch·heads) packs k per key block of ``BK`` keys: ``kt[bh,
+   kb, d, j] = k[bh, kb·BK + j, d] · scale``, each block one contiguous ``D × BK`` panel, the
+   keys padded with zeros to whole blocks (so the score tile's loads are unit-stride, as the
+   matmul's packed B); when ``Dv`` is not a multiple of the vector width it copies v into rows
+   padded with zeros; and when the keys are a runtime extent or not a multiple of the width, it
+   writes ``mpad``, the mask (0 without one) with -inf on the padded keys, so every score
+   vector is whole. All linear in the sequence.
 2. ``<name>`` runs the work items (batch·heads × query blocks of ``BQ`` rows) in ``T`` static
    slices (``T`` = the target's cores), one per parallel iteration; each slice owns a scratch
-   region of the ``work`` buffer: scores ``[BQ, BK]``, output accumulator ``[BQ, Dv_pad]``,
-   running max and sum ``[BQ]``. Per query block, per key block of ``BK`` keys::
+   region of the ``work`` buffer: probabilities ``[BQ, BK]``, output accumulator ``[BQ,
+   Dv_pad]``, running max, sum and rescale factor ``[BQ]``. Per key block the register tiles
+   of :mod:`tilefuse.kernel.attention_tiles` compute the scores and their softmax step in
+   registers, then ``O = O · alpha + P · v``; finally ``out[i] = O[i] / l``. The last query
+   block, the last key block and the last rows of a block are emitted with their static
+   sizes.
 
-       S[i, :] = q[i] · kt[:, block]            MR×(BK/W) vector FMA register tile, q broadcast
-       S[i, :] += mask;  m' = max(m, max S[i]);  a = exp(m - m');  S[i] = exp(S[i] - m')
-       l = l·a + sum S[i];  O[i] *= a;  m = m'   (a fully masked block: m' = -inf is taken as 0)
-       O[i, :] += S[i, :] · v[block]            MR×(chunk/W) register tile, S broadcast
+The blocking is the kernel's :class:`~tilefuse.kernel.schedule.Schedule` (tiles ``q`` = BQ,
+``k`` = BK; unroll ``q`` = the register tile's rows MR, ``v`` = its P·V vectors), validated
+here, so it can be searched.
 
-   and finally ``out[i] = O[i] / l``. Every block size is static: the last query and key blocks
-   and the last rows of a block are emitted as their own code with their exact sizes.
-
-*Runtime extents* (batch dims, Sq, Sk symbolic: ``dim_<symbol>`` scalars; D and Dv static): kt
-is padded to whole key blocks and the prep kernel writes ``mpad``, the mask (0 without one)
-with -inf on the padded keys, so every key block is the static full-block code and P·V reads
-only the real keys; the remaining ``Sq % BQ`` rows are one more block per batch·head, its last
-``rows % MR`` rows one static register tile per possible remainder. Static shapes lower as
-before.
+*Runtime extents* (batch dims, Sq, Sk symbolic: ``dim_<symbol>`` scalars; D and Dv static):
+every key block is the static full-block code over ``mpad`` (P·V reads only the real keys);
+the remaining ``Sq % BQ`` rows are one more block per batch·head, its last ``rows % MR`` rows
+one static register tile per possible remainder.
 
 The scratch is ``O(T·BQ·(BK + Dv))`` plus the linear prep buffers: the arena never holds
 ``Sq × Sk``. Rounding differs from the plain graph only by reassociation (the scale applied to
@@ -44,13 +45,12 @@ from tilefuse.graph.ir import Node, Value
 from tilefuse.kernel.access import (
     Namer,
     as_extent,
-    c_strides,
     dims,
     identifier,
     is_extent,
     symbol_scalars,
-    unflatten,
 )
+from tilefuse.kernel.attention_tiles import QueryBlock
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.schedule import Schedule, as_cpu_target
 from tilefuse.loop.ir import (
@@ -58,35 +58,30 @@ from tilefuse.loop.ir import (
     Expr,
     If,
     Let,
-    Local,
     LoopFunction,
     LoopKind,
-    LType,
     Stmt,
     XOp,
     binary,
     block,
-    broadcast,
     const,
-    fma,
     loop,
-    maximum,
     minimum,
-    reduce,
-    select,
-    unary,
     var,
 )
 from tilefuse.loop.simplify import fold_constants
 
 BLOCK_Q = 64
-"""Query rows per work item: the scores scratch is BLOCK_Q × BLOCK_K per thread."""
+"""Query rows per work item: the probabilities scratch is BLOCK_Q × BLOCK_K per thread."""
 BLOCK_K = 64
 """Keys per block (a multiple of the vector width): 4 zmm vectors of f32 per score row."""
 MICRO_ROWS = 4
 """Query rows per register tile: 4 rows × 4 vectors = 16 accumulators of 32 zmm."""
 PV_VECTORS = 4
 """Output vectors per register tile of the probabilities · v product."""
+MAX_ACCUMULATORS = 24
+"""At most this many accumulator vectors per register tile (of 32 zmm: the rest hold the
+loaded panel vectors, the broadcast and the softmax's temporaries)."""
 SUPPORTED = frozenset({DType.f32, DType.f64})
 
 
@@ -99,7 +94,8 @@ def default_attention_schedule(group: KernelGroup, target: Any = None) -> Schedu
     block_k = max(lanes, BLOCK_K // lanes * lanes)
     return Schedule(KernelKind.ATTENTION, tiles=(("q", BLOCK_Q), ("k", block_k)),
                     order=("b", "q", "k"), vector_axis="k", vector_width=lanes,
-                    parallel_axes=("b", "q"), unroll=(("q", MICRO_ROWS),))
+                    parallel_axes=("b", "q"), unroll=(("q", MICRO_ROWS), ("v", PV_VECTORS)),
+                    pack=("k",))
 
 
 def attention_node(group: KernelGroup) -> Node:
@@ -155,24 +151,33 @@ class AttentionShape:
 
 @dataclass(frozen=True)
 class AttentionSizes:
-    """The blocking: vector ``lanes``, blocks, register tile rows, ``threads`` scratch slices,
-    and the padded key count / v row length."""
+    """The blocking: vector ``lanes``, blocks, register tile rows and P·V vectors,
+    ``threads`` scratch slices, the padded key count (whole key blocks) and v row length."""
 
     lanes: int
     block_q: int
     block_k: int
     rows: int
+    pv_vectors: int
     threads: int
-    sk_pad: int
+    sk_pad: int | Expr
     dv_pad: int
 
     @property
+    def key_blocks(self) -> int | Expr:
+        return self.sk_pad // self.block_k
+
+    @property
     def per_thread(self) -> int:
-        """Elements of one slice of ``work``: scores, output accumulator, max, sum."""
-        return self.block_q * (self.block_k + self.dv_pad + 2)
+        """Elements of one slice of ``work``: probabilities, output accumulator, max, sum,
+        rescale factor."""
+        return self.block_q * (self.block_k + self.dv_pad + 3)
 
 
 def attention_sizes(shape: AttentionShape, schedule: Schedule, threads: int) -> AttentionSizes:
+    """The blocking a schedule asks for, clamped to static extents (a block no larger than
+    the queries, or the keys rounded up to whole vectors); CompileError for one that does not
+    fit (a key block not of whole vectors, a register tile over MAX_ACCUMULATORS)."""
     w = schedule.vector_width
     block_q = schedule.tile("q") or BLOCK_Q
     if not is_extent(shape.sq):
@@ -181,12 +186,17 @@ def attention_sizes(shape: AttentionShape, schedule: Schedule, threads: int) -> 
     if block_k % w:
         raise CompileError(f"attention key block {block_k} is not a multiple of the vector "
                            f"width {w}")
-    rows = dict(schedule.unroll).get("q", MICRO_ROWS)
-    # runtime keys: kt padded to whole key blocks, so every block is a full one (the padded
-    # keys get -inf from the padded mask, ``mpad``)
-    unit = block_k if shape.runtime else w
-    return AttentionSizes(w, block_q, block_k, rows, max(threads, 1),
-                          (shape.sk + (unit - 1)) // unit * unit, -(-shape.dv // w) * w)
+    if not is_extent(shape.sk):
+        block_k = min(block_k, -(-max(shape.sk, 1) // w) * w)
+    unroll = dict(schedule.unroll)
+    rows, pv = unroll.get("q", MICRO_ROWS), unroll.get("v", PV_VECTORS)
+    dv_pad = -(-shape.dv // w) * w
+    widest = max(block_k // w, min(pv, dv_pad // w))
+    if rows * widest > MAX_ACCUMULATORS:
+        raise CompileError(f"attention register tile {rows} rows × {widest} vectors exceeds "
+                           f"{MAX_ACCUMULATORS} accumulators")
+    sk_pad = (shape.sk + (block_k - 1)) // block_k * block_k
+    return AttentionSizes(w, block_q, block_k, rows, pv, max(threads, 1), sk_pad, dv_pad)
 
 
 def attention_scratch_bytes(shape: AttentionShape, sizes: AttentionSizes, itemsize: int
@@ -197,9 +207,15 @@ def attention_scratch_bytes(shape: AttentionShape, sizes: AttentionSizes, itemsi
                "work": sizes.threads * sizes.per_thread}
     if sizes.dv_pad != shape.dv:
         scratch["vp"] = shape.bh * shape.sk * sizes.dv_pad
-    if shape.runtime:
+    if padded_mask(shape, sizes):
         scratch["mpad"] = mask_rows(shape) * sizes.sk_pad
     return {name: count * itemsize for name, count in scratch.items()}
+
+
+def padded_mask(shape: AttentionShape, sizes: AttentionSizes) -> bool:
+    """Whether the main kernel reads the padded mask ``mpad``: runtime keys (every block
+    whole) or keys that are not whole vectors (the last score vector is partial)."""
+    return shape.runtime or shape.sk % sizes.lanes != 0
 
 
 def mask_rows(shape: AttentionShape) -> int | Expr:
@@ -248,6 +264,7 @@ class _Lowering:
         self.padded_v = sizes.dv_pad != shape.dv
         self.vp = BufferParam("vp", dtype) if self.padded_v else None
         self.runtime = shape.runtime
+        self.padded_mask = padded_mask(shape, sizes)
         self.mpad = BufferParam("mpad", dtype)
         self.mpad_read = BufferParam("mpad", dtype, readonly=True)
         self.scalars = symbol_scalars([*node.inputs, *node.outputs])
@@ -270,7 +287,7 @@ class _Lowering:
         prep_buffers = (self.inputs["k"], self.inputs["v"], self.kt) + \
             ((self.vp,) if self.vp is not None else ())
         mask = self.inputs.get("mask")
-        if self.runtime:
+        if self.padded_mask:
             prep_buffers += ((mask,) if mask is not None else ()) + (self.mpad,)
             mask = self.mpad_read
         prep = LoopFunction(f"{self.name}_prep", prep_buffers, self.scalars, self.prep())
@@ -288,19 +305,28 @@ class _Lowering:
             return BufferParam("vp", self.dtype, readonly=True), self.sizes.dv_pad
         return self.inputs["v"], self.shape.dv
 
-    # ---- prep: kt = kᵀ · scale (keys padded), v rows padded -------------------------------
+    def kt_panel(self, bh: Expr, kb: Expr) -> Expr:
+        """Offset in ``kt`` of key block ``kb``'s ``D × BK`` panel of batch·head ``bh``."""
+        z = self.sizes
+        return (bh * z.key_blocks + kb) * (self.shape.d * z.block_k)
+
+    # ---- prep: kt = kᵀ · scale packed per key block, v rows padded, the padded mask ------
     def prep(self) -> Stmt:
         s, z = self.shape, self.sizes
-        b, j, d = self.fresh("b"), self.fresh("j"), self.fresh("d")
-        bv, jv, dv = var(b), var(j), var(d)
+        b, kb, j, d = self.fresh("b"), self.fresh("kb"), self.fresh("j"), self.fresh("d")
+        bv, kbv, jv, dv = var(b), var(kb), var(j), var(d)
         scale = self.f(self.node.attrs["scale"])
-        k_elem = self.inputs["k"].load((bv * s.sk + jv) * s.d + dv)
-        body: list[Stmt] = [loop(j, 0, s.sk, [loop(d, 0, s.d, [
-            self.kt.store((bv * s.d + dv) * z.sk_pad + jv, k_elem * scale)])])]
-        if self.runtime or z.sk_pad > s.sk:
+        k_elem = self.inputs["k"].load((bv * s.sk + kbv * z.block_k + jv) * s.d + dv)
+        panel = self.kt_panel(bv, kbv)
+        keys = minimum(s.sk - kbv * z.block_k, z.block_k)
+        body: list[Stmt] = [loop(kb, 0, z.key_blocks, [loop(j, 0, keys, [loop(d, 0, s.d, [
+            self.kt.store(panel + dv * z.block_k + jv, k_elem * scale)])])])]
+        if is_extent(s.sk) or z.sk_pad != s.sk:   # zeros on the last block's padded keys
             j2, d2 = self.fresh("j"), self.fresh("d")
-            body.append(loop(d2, 0, s.d, [loop(j2, s.sk, z.sk_pad, [
-                self.kt.store((bv * s.d + var(d2)) * z.sk_pad + var(j2), self.f(0.0))])]))
+            last = self.kt_panel(bv, z.key_blocks - 1)
+            first = s.sk - (z.key_blocks - 1) * z.block_k
+            body.append(loop(d2, 0, s.d, [loop(j2, first, z.block_k, [
+                self.kt.store(last + var(d2) * z.block_k + var(j2), self.f(0.0))])]))
         if self.vp is not None:
             j3, d3, d4 = self.fresh("j"), self.fresh("d"), self.fresh("d")
             row = (bv * s.sk + var(j3)) * z.dv_pad
@@ -309,11 +335,11 @@ class _Lowering:
                     (bv * s.sk + var(j3)) * s.dv + var(d3)))]),
                 loop(d4, s.dv, z.dv_pad, [self.vp.store(row + var(d4), self.f(0.0))])]))
         per_head = loop(b, 0, s.bh, body, kind=LoopKind.PARALLEL)
-        return block(per_head, self.pad_mask()) if self.runtime else per_head
+        return block(per_head, self.pad_mask()) if self.padded_mask else per_head
 
     def pad_mask(self) -> Stmt:
-        """Runtime extents: ``mpad[row, j]`` = the mask (0 without one) for keys below Sk,
-        -inf for the padding up to ``sk_pad``, so every key block runs whole."""
+        """``mpad[row, j]`` = the mask (0 without one) for keys below Sk, -inf for the
+        padding up to ``sk_pad``, so every score vector is whole."""
         s, z = self.shape, self.sizes
         r, j, e = self.fresh("mr"), self.fresh("j"), self.fresh("j")
         rv = var(r)
@@ -371,255 +397,22 @@ class _Lowering:
         inner = loop(w, tv * chunk, minimum(tv * chunk + chunk, as_extent(items)), body)
         return loop(t, 0, threads, [inner], kind=LoopKind.PARALLEL)
 
-    def query_block(self, bh: Expr, q0: Expr, rows: int, t: Expr) -> list[Stmt]:
+    def query_block(self, bh: Expr, q0: Expr, rows: int | Expr, t: Expr) -> list[Stmt]:
         s, z = self.shape, self.sizes
         let_base, base = self.let("base", t * z.per_thread)
-        blk = _Block(self, bh, q0, rows, base)
+        blk = QueryBlock(self, bh, q0, rows, base)
         stmts: list[Stmt] = [let_base, *blk.mask_base(), *blk.init()]
+        kb = self.fresh("kb")
+        kbv = var(kb)
         if self.runtime:  # whole key blocks over the padded keys; P·V reads the real ones
-            kb = self.fresh("kb")
-            k0 = var(kb) * z.block_k
-            stmts.append(loop(kb, 0, z.sk_pad // z.block_k, blk.key_block(
-                k0, z.block_k, minimum(s.sk - k0, z.block_k))))
+            stmts.append(loop(kb, 0, z.key_blocks, blk.key_block(
+                kbv, z.block_k, minimum(s.sk - kbv * z.block_k, z.block_k))))
             stmts.extend(blk.finish())
             return stmts
         full, tail = divmod(s.sk, z.block_k)
         if full:
-            kb = self.fresh("kb")
-            stmts.append(loop(kb, 0, full, blk.key_block(var(kb) * z.block_k, z.block_k)))
+            stmts.append(loop(kb, 0, full, blk.key_block(kbv, z.block_k, z.block_k)))
         if tail:
-            stmts.extend(blk.key_block(const(full * z.block_k), tail))
+            stmts.extend(blk.key_block(const(full), tail, tail))
         stmts.extend(blk.finish())
         return stmts
-
-
-class _Block:
-    """The code of one query block of ``rows`` rows, scratch slice at ``base``."""
-
-    def __init__(self, low: _Lowering, bh: Expr, q0: Expr, rows: int, base: Expr):
-        self.low, self.bh, self.q0, self.rows, self.base = low, bh, q0, rows, base
-        z = low.sizes
-        self.w = z.lanes
-        self.s_off = base
-        self.o_off = base + z.block_q * z.block_k
-        self.m_off = self.o_off + z.block_q * z.dv_pad
-        self.l_off = self.m_off + z.block_q
-        self.mask_offset: Expr | None = None
-
-    def vec(self, value: Expr) -> Expr:
-        return broadcast(value, self.w)
-
-    def rows_loop(self, body_of: Any) -> Stmt:
-        i = self.low.fresh("i")
-        return loop(i, 0, self.rows, body_of(var(i)))
-
-    # ---- setup and finish ---------------------------------------------------------------
-    def mask_base(self) -> list[Stmt]:
-        """``mbase``: the mask offset of this block's batch index (broadcast dims stride 0)."""
-        mask = self.low.shape.mask
-        if self.low.runtime:  # the padded mask: rows of sk_pad
-            mask = (1, 1) if mask is None else (*mask[:-1], self.low.sizes.sk_pad)
-        if mask is None:
-            return []
-        batch = self.low.shape.batch
-        strides = c_strides(mask)
-        index = unflatten(self.bh, batch)
-        offset: Expr = const(0)
-        for a, (size, stride) in enumerate(zip(mask[:-2], strides[:-2])):
-            if size != 1:
-                offset = offset + index[a] * stride
-        stmt, self.mask_offset = self.low.let("mbase", offset)
-        return [stmt]
-
-    def init(self) -> list[Stmt]:
-        low, z = self.low, self.low.sizes
-        work = low.work
-
-        def body(i: Expr) -> list[Stmt]:
-            c = low.fresh("c")
-            return [work.store(self.m_off + i, low.f(float("-inf"))),
-                    work.store(self.l_off + i, low.f(0.0)),
-                    loop(c, 0, z.dv_pad, [work.store(self.o_off + i * z.dv_pad + var(c),
-                                                     low.f(0.0, self.w))],
-                         step=self.w, kind=LoopKind.VECTORIZED)]
-        return [self.rows_loop(body)]
-
-    def finish(self) -> list[Stmt]:
-        low, s, z = self.low, self.low.shape, self.low.sizes
-        work, out = low.work, low.out
-
-        def body(i: Expr) -> list[Stmt]:
-            let_l, total = low.let("l", work.load(self.l_off + i))
-            dst = (self.bh * s.sq + self.q0 + i) * s.dv
-            src = self.o_off + i * z.dv_pad
-            c, e = low.fresh("c"), low.fresh("e")
-            vector_end = s.dv // self.w * self.w
-            return [let_l,
-                    loop(c, 0, vector_end, [out.store(dst + var(c), work.load(
-                        src + var(c), self.w) / self.vec(total))],
-                         step=self.w, kind=LoopKind.VECTORIZED),
-                    loop(e, vector_end, s.dv, [out.store(dst + var(e), work.load(
-                        src + var(e)) / total)])]
-        return [self.rows_loop(body)]
-
-    # ---- one key block ------------------------------------------------------------------
-    def key_block(self, k0: Expr, nk: int, nk_pv: Expr | None = None) -> list[Stmt]:
-        """Scores, softmax update and P·V of ``nk`` keys from ``k0`` (P·V over ``nk_pv`` of
-        them when given: the real keys of a padded block)."""
-        mr = self.low.sizes.rows
-        if is_extent(self.rows):
-            return self.runtime_key_block(k0, nk, nk_pv)
-        full, tail = divmod(self.rows, mr)
-        stmts: list[Stmt] = []
-        for tile in (self.scores_tile, self.pv_tile):
-            n = nk if tile == self.scores_tile or nk_pv is None else nk_pv
-            if full:
-                it = self.low.fresh("it")
-                stmts.append(loop(it, 0, full, tile(var(it) * mr, mr, k0, n)))
-            if tail:
-                stmts.extend(tile(const(full * mr), tail, k0, n))
-            if tile == self.scores_tile:
-                stmts.append(self.rows_loop(lambda i: self.softmax_update(i, k0, nk)))
-        return stmts
-
-    def runtime_key_block(self, k0: Expr, nk: int, nk_pv: Expr | None) -> list[Stmt]:
-        """:meth:`key_block` for a runtime row count: whole register tiles, then the last
-        ``rows % MR`` rows by one static tile per possible remainder."""
-        mr = self.low.sizes.rows
-        full = self.rows // mr
-        rest = self.rows - full * mr
-        stmts: list[Stmt] = []
-        for tile in (self.scores_tile, self.pv_tile):
-            n = nk if tile == self.scores_tile or nk_pv is None else nk_pv
-            it = self.low.fresh("it")
-            stmts.append(loop(it, 0, full, tile(var(it) * mr, mr, k0, n)))
-            for t in range(1, mr):
-                stmts.append(If(binary(XOp.EQ, rest, t), block(*tile(full * mr, t, k0, n))))
-            if tile == self.scores_tile:
-                stmts.append(self.rows_loop(lambda i: self.softmax_update(i, k0, nk)))
-        return stmts
-
-    def scores_tile(self, i0: Expr, mr: int, k0: Expr, nk: int) -> list[Stmt]:
-        """S[i0:i0+mr, :nk] = q[rows] · kt[:, k0:k0+nk] (whole vectors; the pad is zeros)."""
-        low, s, z = self.low, self.low.shape, self.low.sizes
-        nv = -(-nk // self.w)
-        acc = Local(low.fresh("sacc"), LType(low.dtype, self.w), mr * nv)
-        d = low.fresh("d")
-        dv = var(d)
-        body: list[Stmt] = []
-        kvecs = []
-        for c in range(nv):
-            stmt, ref = low.let("kv", low.kt_read.load(
-                (self.bh * s.d + dv) * z.sk_pad + k0 + c * self.w, self.w))
-            body.append(stmt)
-            kvecs.append(ref)
-        for r in range(mr):
-            stmt, qs = low.let("qs", self.vec(low.inputs["q"].load(
-                (self.bh * s.sq + self.q0 + i0 + r) * s.d + dv)))
-            body.append(stmt)
-            body.extend(acc.store(r * nv + c, fma(qs, kvecs[c], acc.load(r * nv + c)))
-                        for c in range(nv))
-        stores = [low.work.store(self.s_off + (i0 + r) * z.block_k + c * self.w,
-                                 acc.load(r * nv + c)) for r in range(mr) for c in range(nv)]
-        zeros = [acc.store(x, low.f(0.0, self.w)) for x in range(mr * nv)]
-        return [acc, *zeros, loop(d, 0, s.d, body), *stores]
-
-    def mask_at(self, row: Expr, key: Expr, lanes: int) -> Expr | None:
-        """The mask at (row, key .. key+lanes-1) of this block's batch index, or None."""
-        low, s = self.low, self.low.shape
-        mask = s.mask
-        if low.runtime:  # the padded mask (-inf beyond Sk), whole vectors
-            mq = 1 if mask is None else mask[-2]
-            index = self.mask_offset if self.mask_offset is not None else const(0)
-            if is_extent(mq) or mq != 1:
-                index = index + row * low.sizes.sk_pad
-            return low.mpad_read.load(index + key, lanes)
-        if mask is None or self.mask_offset is None:
-            return None
-        mq, mk = mask[-2:]
-        index = self.mask_offset
-        if mq != 1:
-            index = index + row * mk
-        if mk == 1:
-            value = low.inputs["mask"].load(index)
-            return self.vec(value) if lanes > 1 else value
-        return low.inputs["mask"].load(index + key, lanes)
-
-    def softmax_update(self, i: Expr, k0: Expr, nk: int) -> list[Stmt]:
-        """Row i: add the mask, fold the block into the running max and sum, turn S[i] into
-        probabilities relative to the new max and rescale the output accumulator."""
-        low, z = self.low, self.low.sizes
-        work, w = low.work, self.w
-        row = self.q0 + i
-        start = self.s_off + i * z.block_k
-        stmts: list[Stmt] = []
-        nfull, ntail = divmod(nk, w)
-        scores: list[tuple[Expr, int, int]] = []   # (value, offset in block, lanes)
-        for c in range(nfull + ntail):
-            lanes, offset = (w, c * w) if c < nfull else (1, nfull * w + c - nfull)
-            value = work.load(start + offset, lanes)
-            mask = self.mask_at(row, k0 + offset, lanes)
-            if mask is not None:
-                value = value + mask
-            stmt, ref = low.let("s", value)
-            stmts.append(stmt)
-            scores.append((ref, offset, lanes))
-        block_max: Expr = low.f(float("-inf"))
-        for ref, _, lanes in scores:
-            block_max = maximum(block_max, reduce(XOp.REDUCE_MAX, ref) if lanes > 1 else ref)
-        let_old, m_old = low.let("m", work.load(self.m_off + i))
-        let_new, m_new = low.let("mn", maximum(m_old, block_max))
-        let_use, m_use = low.let("mu", select(binary(XOp.EQ, m_new, low.f(float("-inf"))),
-                                              low.f(0.0), m_new))
-        let_alpha, alpha = low.let("alpha", unary(XOp.EXP, m_old - m_use))
-        stmts += [let_old, let_new, let_use, let_alpha]
-        total: Expr = low.f(0.0)
-        for ref, offset, lanes in scores:
-            shift = self.vec(m_use) if lanes > 1 else m_use
-            stmt, p = low.let("p", unary(XOp.EXP, ref - shift))
-            stmts += [stmt, work.store(start + offset, p)]
-            total = total + (reduce(XOp.REDUCE_ADD, p) if lanes > 1 else p)
-        stmts += [work.store(self.m_off + i, m_new),
-                  work.store(self.l_off + i, fma(work.load(self.l_off + i), alpha, total))]
-        c = low.fresh("c")
-        o = self.o_off + i * z.dv_pad + var(c)
-        stmts.append(loop(c, 0, z.dv_pad, [work.store(o, work.load(o, w) * self.vec(alpha))],
-                          step=w, kind=LoopKind.VECTORIZED))
-        return stmts
-
-    def pv_tile(self, i0: Expr, mr: int, k0: Expr, nk: int) -> list[Stmt]:
-        """O[i0:i0+mr, :] += P[i0:i0+mr, :nk] · v[k0:k0+nk, :], in chunks of PV_VECTORS."""
-        low, s, z = self.low, self.low.shape, self.low.sizes
-        v_buf, v_row = low.v_source()
-        work, w = low.work, self.w
-        stmts: list[Stmt] = []
-        vectors = z.dv_pad // w
-        for c0 in range(0, vectors, PV_VECTORS):
-            nc = min(PV_VECTORS, vectors - c0)
-            acc = Local(low.fresh("oacc"), LType(low.dtype, w), mr * nc)
-
-            def o_index(r: int, c: int, c0: int = c0) -> Expr:
-                return self.o_off + (i0 + r) * z.dv_pad + (c0 + c) * w
-
-            j = low.fresh("j")
-            jv = var(j)
-            body: list[Stmt] = []
-            vvecs = []
-            for c in range(nc):
-                stmt, ref = low.let("vv", v_buf.load((self.bh * s.sk + k0 + jv) * v_row
-                                                     + (c0 + c) * w, w))
-                body.append(stmt)
-                vvecs.append(ref)
-            for r in range(mr):
-                stmt, p = low.let("pb", self.vec(work.load(self.s_off + (i0 + r) * z.block_k
-                                                           + jv)))
-                body.append(stmt)
-                body.extend(acc.store(r * nc + c, fma(p, vvecs[c], acc.load(r * nc + c)))
-                            for c in range(nc))
-            stmts += [acc, *(acc.store(r * nc + c, work.load(o_index(r, c), w))
-                             for r in range(mr) for c in range(nc)),
-                      loop(j, 0, nk, body),
-                      *(work.store(o_index(r, c), acc.load(r * nc + c))
-                        for r in range(mr) for c in range(nc))]
-        return stmts
-

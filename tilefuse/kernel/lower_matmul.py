@@ -171,6 +171,22 @@ def column_chunks(width: int, lanes: int) -> list[tuple[int, int]]:
     return chunks
 
 
+def fma_tile_step(tag: str, rows: int, accs: Sequence[Local], b_values: Sequence[Expr],
+                  a_value: Callable[[Expr], Expr]) -> list[Stmt]:
+    """One k step of a ``rows x len(b_values)`` register tile: the B vectors ``b_values``
+    loaded once, ``a_value(r)`` loaded and broadcast per row ``r`` (an unrolled loop), one fma
+    per accumulator ``accs[c][r]``. Shared by the matmul and attention micro-kernels."""
+    r = var(f"r{tag}")
+    b_vecs = [Let(f"b{tag}_{c}", value) for c, value in enumerate(b_values)]
+    a = Let(f"a{tag}", a_value(r))
+    updates: list[Stmt] = [a]
+    for acc, b_vec in zip(accs, b_vecs):
+        lanes = b_vec.value.lanes
+        a_vec = a.ref if lanes == 1 else broadcast(a.ref, lanes)
+        updates.append(acc.store(r, fma(a_vec, b_vec.ref, acc.load(r))))
+    return [*b_vecs, loop(f"r{tag}", 0, rows, updates, kind=LoopKind.UNROLLED)]
+
+
 def matmul_function(name: str, shape: MatmulShape, dtype: DType, params: MatmulParams,
                     outputs: Sequence[TileOutput], extra_buffers: Sequence[BufferParam] = (),
                     *, a: BufferParam | None = None, b: BufferParam | None = None
@@ -331,16 +347,11 @@ class _NestBuilder:
     def fmas(self, tag: str, rows: int, i0: Expr, j0: Expr, k: Expr,
              chunks: list[tuple[int, int]], accs: list[Local]) -> list[Stmt]:
         """One step of k: B vectors loaded once, A broadcast per row, one fma per accumulator."""
-        s, r = self.s, var(f"r{tag}")
+        s = self.s
         a_base = self.bt * (s.m * s.k) if s.a_batched else const(0)
-        b_vecs = [Let(f"b{tag}_{c}", self.b.load(self.b_index(j0, k, off), lanes))
-                  for c, (off, lanes) in enumerate(chunks)]
-        a = Let(f"a{tag}", self.a.load(a_base + (i0 + r) * s.k + k))
-        updates: list[Stmt] = [a]
-        for acc, b_vec, (_, lanes) in zip(accs, b_vecs, chunks):
-            a_vec = a.ref if lanes == 1 else broadcast(a.ref, lanes)
-            updates.append(acc.store(r, fma(a_vec, b_vec.ref, acc.load(r))))
-        return [*b_vecs, loop(f"r{tag}", 0, rows, updates, kind=LoopKind.UNROLLED)]
+        b_values = [self.b.load(self.b_index(j0, k, off), lanes) for off, lanes in chunks]
+        return fma_tile_step(tag, rows, accs, b_values,
+                             lambda r: self.a.load(a_base + (i0 + r) * s.k + k))
 
     def finish(self, tag: int, rows: int, i0: Expr, j0: Expr, chunks: list[tuple[int, int]],
                accs: list[Local]) -> Stmt:
