@@ -30,6 +30,13 @@ def test_activation_attrs() -> None:
     single("Elu", {"x": arr([7])}, alpha=0.5)
 
 
+@pytest.mark.parametrize(("op", "opset", "attrs"), [
+    ("Celu", 12, {"alpha": 0.7}), ("Celu", 12, {}), ("ThresholdedRelu", 10, {"alpha": 0.4}),
+    ("Mish", 18, {}), ("Sinh", 9, {}), ("Cosh", 9, {}), ("Tan", 7, {})])
+def test_composed_activations(op: str, opset: int, attrs: dict) -> None:
+    single(op, {"x": arr([1, 7, 3], low=-1.5, high=1.5)}, opset=opset, **attrs)
+
+
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_opset20(approximate: str) -> None:
     single("Gelu", {"x": arr([2, 8])}, opset=20, approximate=approximate)
@@ -147,6 +154,13 @@ def test_layer_normalization() -> None:
 # ---- movement and shapes ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("shape", "axis", "scale"), [
+    ((3, 7), -1, (7,)), ((2, 3, 5), 1, (3, 5)), ((1, 4, 513), -1, (1, 513))])
+def test_rms_normalization(shape: tuple[int, ...], axis: int, scale: tuple[int, ...]) -> None:
+    single("RMSNormalization", {"x": arr(list(shape))}, consts={"s": arr(list(scale))},
+           opset=23, axis=axis, epsilon=1e-4, reduction=True)
+
+
 def test_reshape_zero_and_minus_one() -> None:
     single("Reshape", {"x": arr([2, 3, 4])}, consts={"s": np.array([0, -1], np.int64)})
     single("Reshape", {"x": arr([2, 3, 4])}, opset=14, allowzero=1,
@@ -194,6 +208,25 @@ def test_gather_expand_tile() -> None:
     single("Gather", {"x": arr([5, 3]), "i": np.array([3, 0, -2], np.int64)})
     single("Expand", {"x": arr([3, 1])}, consts={"s": np.array([2, 1, 4], np.int64)})
     single("Tile", {"x": arr([2, 3])}, consts={"r": np.array([2, 3], np.int64)})
+
+
+def test_gather_elements() -> None:
+    rng = np.random.default_rng(3)
+    x = arr([5, 7, 3])
+    for axis in (0, 1, -1):
+        n = x.shape[axis]
+        idx_shape = [4, 7, 2]
+        idx_shape[axis] = 6
+        idx = rng.integers(-n, n, size=idx_shape).astype(np.int64)
+        single("GatherElements", {"x": x}, consts={"i": idx}, axis=axis)
+    single("GatherElements", {"x": x, "i": rng.integers(0, 5, size=(1, 7, 3)).astype(np.int64)})
+
+
+@pytest.mark.parametrize(("shape", "k", "upper"), [
+    ((4, 6), 0, 1), ((7, 5), -2, 1), ((2, 3, 5), 1, 0), ((1, 1), 0, 0), ((3, 513), 300, 1)])
+def test_trilu(shape: tuple[int, ...], k: int, upper: int) -> None:
+    single("Trilu", {"x": arr(list(shape))}, consts={"k": np.array(k, np.int64)}, opset=14,
+           upper=upper)
 
 
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])

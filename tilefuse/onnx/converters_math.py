@@ -54,6 +54,40 @@ def _selu(ctx: NodeContext) -> list[Tensor]:
     return [ctx.op("mul", ctx.op("where", ctx.op("gt", x, ctx.scalar(0, x.dtype)), x, neg), gamma)]
 
 
+def _celu(ctx: NodeContext) -> list[Tensor]:
+    """max(0, x) + min(0, alpha·(exp(x/alpha) - 1))."""
+    x = ctx.input(0)
+    alpha = ctx.scalar(ctx.attr("alpha", 1.0), x.dtype)
+    neg = ctx.op("mul", alpha, ctx.op("expm1", ctx.op("div", x, alpha)))
+    zero = ctx.scalar(0, x.dtype)
+    return [ctx.op("add", ctx.op("maximum", x, zero), ctx.op("minimum", neg, zero))]
+
+
+def _thresholded_relu(ctx: NodeContext) -> list[Tensor]:
+    x = ctx.input(0)
+    above = ctx.op("gt", x, ctx.scalar(ctx.attr("alpha", 1.0), x.dtype))
+    return [ctx.op("where", above, x, ctx.scalar(0, x.dtype))]
+
+
+def _mish(ctx: NodeContext) -> list[Tensor]:
+    x = ctx.input(0)
+    return [ctx.op("mul", x, ctx.op("tanh", ctx.op("softplus", x)))]
+
+
+def _hyperbolic(sign: str) -> Converter:
+    """Sinh (sign "sub") and Cosh ("add"): (exp(x) ∓ exp(-x)) / 2."""
+    def convert(ctx: NodeContext) -> list[Tensor]:
+        x = ctx.input(0)
+        both = ctx.op(sign, ctx.op("exp", x), ctx.op("exp", ctx.op("neg", x)))
+        return [ctx.op("mul", both, ctx.scalar(0.5, x.dtype))]
+    return convert
+
+
+def _tan(ctx: NodeContext) -> list[Tensor]:
+    x = ctx.input(0)
+    return [ctx.op("div", ctx.op("sin", x), ctx.op("cos", x))]
+
+
 def _hard_sigmoid_of(ctx: NodeContext, x: Tensor, alpha: float, beta: float) -> Tensor:
     y = ctx.op("add", ctx.op("mul", x, ctx.scalar(alpha, x.dtype)), ctx.scalar(beta, x.dtype))
     return ctx.op("clip", y, min=0.0, max=1.0)
@@ -310,7 +344,9 @@ def _table() -> tuple[tuple[str, int, Converter], ...]:
         ("LeakyRelu", 1, _leaky_relu), ("Elu", 1, _elu), ("Selu", 1, _selu),
         ("HardSigmoid", 1, _hard_sigmoid), ("HardSwish", 14, _hard_swish),
         ("Softsign", 1, _softsign), ("PRelu", 7, _prelu), ("Gelu", 20, _gelu),
-        ("Shrink", 9, _shrink),
+        ("Shrink", 9, _shrink), ("Celu", 12, _celu), ("ThresholdedRelu", 10, _thresholded_relu),
+        ("Mish", 18, _mish), ("Sinh", 9, _hyperbolic("sub")), ("Cosh", 9, _hyperbolic("add")),
+        ("Tan", 7, _tan),
         ("Cast", 6, _cast), ("CastLike", 15, _cast_like), ("Clip", 1, _clip_6),
         ("Clip", 11, _clip_11), ("Div", 7, _div), ("Mod", 10, _mod), ("Pow", 7, _pow),
         ("Where", 9, _where), ("Sum", 1, _variadic("add")), ("Mean", 1, _variadic("add", True)),

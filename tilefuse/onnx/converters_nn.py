@@ -60,7 +60,21 @@ def _layer_norm(ctx: NodeContext) -> list[Tensor]:
     return outs
 
 
+def _rms_norm(ctx: NodeContext) -> list[Tensor]:
+    """x / sqrt(mean(x²) + epsilon) · scale over the dims from ``axis`` on, computed in f32
+    for narrower floats (the stash type) as tilefuse's rms_norm does."""
+    x, scale = ctx.input(0), ctx.input(1)
+    axis = ctx.axis(ctx.attr("axis", -1), x.rank)
+    eps = float(ctx.attr("epsilon", 1e-5))
+    return [ctx.op("rms_norm", x, _broadcast(ctx, scale, x.shape[axis:]), eps=eps)]
+
+
 def _broadcast(ctx: NodeContext, t: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """A scale or bias over the normalised dims ``shape``: broadcast to them, after dropping
+    leading unit dims beyond their rank (a [1, H] scale of an [N, S, H] input normalised over H)."""
+    extra = t.rank - len(shape)
+    if extra > 0 and all(d == 1 for d in t.shape[:extra]):
+        t = ctx.op("reshape", t, shape=t.shape[extra:])
     return t if t.shape == shape else ctx.op("broadcast_to", t, shape=shape)
 
 
@@ -315,6 +329,7 @@ CONVERTERS: tuple[tuple[str, int, Converter], ...] = (
     ("LogSoftmax", 1, _softmax_1("log_softmax")),
     ("LogSoftmax", 13, _softmax_13("log_softmax")),
     ("LayerNormalization", 17, _layer_norm), ("BatchNormalization", 7, _batch_norm),
+    ("RMSNormalization", 23, _rms_norm),
     ("Conv", 1, _conv), ("MaxPool", 1, _pool("max_pool2d")),
     ("AveragePool", 1, _pool("avg_pool2d")),
     ("GlobalAveragePool", 1, _global_pool("mean")), ("GlobalMaxPool", 1, _global_pool("max")),

@@ -14,7 +14,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tilefuse.onnx.context import FOLD_LIMIT, NodeContext, Tensor
+from tilefuse.graph.types import is_static
+from tilefuse.onnx.context import (
+    FOLD_LIMIT,
+    NodeContext,
+    Tensor,
+    shape_value,
+    symbolic_reshape_target,
+)
 from tilefuse.onnx.tensors import tensor_to_array, to_dtype
 
 Converter = Callable[[NodeContext], list[Tensor]]
@@ -67,7 +74,7 @@ def _elem_type(arr: np.ndarray) -> int:
 def _shape(ctx: NodeContext) -> list[Tensor]:
     shape = ctx.input(0).shape
     start, end = ctx.attr("start", 0), ctx.attr("end", None)
-    return [ctx.const(np.asarray(shape[start:end], dtype=np.int64))]
+    return [ctx.const(shape_value(shape[start:end]))]
 
 
 def _size(ctx: NodeContext) -> list[Tensor]:
@@ -94,6 +101,8 @@ def _range(ctx: NodeContext) -> list[Tensor]:
 def reshape_target(ctx: NodeContext, src: tuple[int, ...], spec: tuple[int, ...],
                    allowzero: bool) -> tuple[int, ...]:
     """ONNX Reshape's target: 0 copies the input dim (unless allowzero), -1 is inferred."""
+    if not is_static(src) or not is_static(spec):
+        return symbolic_reshape_target(ctx, src, spec, allowzero)  # type: ignore[return-value]
     dims = list(spec)
     for i, d in enumerate(dims):
         if d == 0 and not allowzero:
@@ -246,6 +255,38 @@ def _gather(ctx: NodeContext) -> list[Tensor]:
     return [ctx.op("take", x, idx, axis=axis)]
 
 
+def _gather_elements(ctx: NodeContext) -> list[Tensor]:
+    """out[i][j][k] = x[idx[i][j][k]][j][k] (axis 0): take_along_axis over the part of x the
+    indices cover (an index dim may be shorter than x's on the other axes)."""
+    x, idx = ctx.input(0), ctx.input(1)
+    axis = ctx.axis(ctx.attr("axis", 0), x.rank)
+    if idx.rank != x.rank or any(i != axis and n > d
+                                 for i, (n, d) in enumerate(zip(idx.shape, x.shape))):
+        raise ctx.error(f"indices {list(idx.shape)} must have the rank of data "
+                        f"{list(x.shape)} and no larger dims off axis {axis}")
+    if idx.const is not None and idx.const.size:
+        n = x.shape[axis]
+        if idx.const.min() < -n or idx.const.max() >= n:
+            raise ctx.error(f"indices out of range for axis {axis} of size {n}")
+    stops = tuple(d if i == axis else n for i, (n, d) in enumerate(zip(idx.shape, x.shape)))
+    if stops != x.shape:
+        x = ctx.op("slice", x, starts=(0,) * x.rank, stops=stops, steps=(1,) * x.rank)
+    return [ctx.op("take_along_axis", x, idx, axis=axis)]
+
+
+def _trilu(ctx: NodeContext) -> list[Tensor]:
+    """The upper (j - i >= k) or lower (j - i <= k) triangle of the last two dims, zeros
+    elsewhere; the mask is a constant."""
+    x = ctx.input(0)
+    k = ctx.ints_input(1, "k") or (0,)
+    if x.rank < 2 or len(k) != 1:
+        raise ctx.error(f"needs a rank >= 2 input and a scalar k, got {list(x.shape)}, k {k}")
+    rows, cols = x.shape[-2:]
+    offset = np.arange(cols)[None, :] - np.arange(rows)[:, None]
+    keep = offset >= k[0] if ctx.attr("upper", 1) else offset <= k[0]
+    return [ctx.op("where", ctx.const(keep), x, ctx.scalar(0, x.dtype))]
+
+
 def _expand(ctx: NodeContext) -> list[Tensor]:
     x = ctx.input(0)
     shape = ctx.ints_input(1, "shape")
@@ -322,6 +363,7 @@ CONVERTERS: tuple[tuple[str, int, Converter], ...] = (
     ("Split", 2, lambda ctx: split_with(ctx, _opt(ctx.attr("split")))),
     ("Split", 13, lambda ctx: split_with(ctx, ctx.ints_input(1, "split"))),
     ("Slice", 1, _slice_1), ("Slice", 10, _slice_10), ("Gather", 1, _gather),
+    ("GatherElements", 11, _gather_elements), ("Trilu", 14, _trilu),
     ("Expand", 8, _expand), ("Tile", 6, _tile), ("Pad", 2, _pad_2), ("Pad", 11, _pad_11),
     ("Identity", 1, _identity),
 )
