@@ -28,8 +28,9 @@ def load(source: Any, *, target: str = "cpu", dump: str | Path | None = None,
     """Loads an ONNX model (a path, the file's bytes, or an ``onnx.ModelProto``) and compiles it.
 
     A model whose input shapes are all fixed compiles here; one with ``dim_param`` or unknown
-    dims compiles on the first call of each new shape. ``base_dir`` is where external data is
-    read from when ``source`` is not a path. Every failure is a :class:`OnnxError`.
+    dims compiles here once with them as symbols, serving every size (or, when its import
+    needs their sizes, logged, on the first call of each new shape). ``base_dir`` is where
+    external data is read from when ``source`` is not a path. Every failure is a :class:`OnnxError`.
     """
     check_target(target)
     proto, folder = read_model(source, base_dir)
@@ -38,6 +39,8 @@ def load(source: Any, *, target: str = "cpu", dump: str | Path | None = None,
     model = OnnxModel(info, target=target, dump=dump)
     if model.is_static():
         model.compile_static()
+    elif all(s.dims is not None for s in info.inputs):
+        model.compile_symbolic()
     return model
 
 

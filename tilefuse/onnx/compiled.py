@@ -1,15 +1,21 @@
-"""A loaded ONNX model: compiled per input signature, callable like a function or through
-onnxruntime's ``run(output_names, input_feed)``.
+"""A loaded ONNX model: compiled once for its symbolic dims or per input signature, callable
+like a function or through onnxruntime's ``run(output_names, input_feed)``.
 
-Dims the model fixes are checked on every call; dims it names (``dim_param``) or leaves unknown
-take their sizes from the call's arrays, and each new signature compiles once (cached by shapes,
-like :func:`tilefuse.jit`). A call with the wrong number of inputs, or an input of the wrong
+Dims the model fixes are checked on every call. Dims it names (``dim_param``, "batch_size") or
+leaves unknown are symbols: the model is imported and optimised once with them and built as one
+:class:`~tilefuse.runtime.dynamic.DynamicExecutable` (on "cpu" one native build for every size,
+guarded per call). When the import needs numbers for them (a shape computation the graph IR
+cannot fold symbolically, an input used as a shape), that is logged on ``recompiles`` with the
+reason and each new signature compiles once instead (cached by shapes, like
+:func:`tilefuse.jit`). A call with the wrong number of inputs, or an input of the wrong
 dtype, rank or static size, or two sizes for one ``dim_param``, is a :class:`GuardError` naming
 the input.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,16 +24,18 @@ from typing import Any
 import numpy as np
 
 from tilefuse.dump import resolve_dump_dir
-from tilefuse.errors import GuardError
+from tilefuse.errors import GuardError, TilefuseError
 from tilefuse.frontend.jit import Lowered
 from tilefuse.graph.ir import Graph
-from tilefuse.graph.types import TensorType
+from tilefuse.graph.types import Sym, TensorType
 from tilefuse.log import get_logger
 from tilefuse.onnx.context import InputValueNeeded
 from tilefuse.onnx.importer import import_graph
 from tilefuse.onnx.model import ModelInfo, TensorSpec
+from tilefuse.onnx.tensors import OnnxError
 from tilefuse.passes.manager import run_pipeline
 from tilefuse.passes.pipeline import GRAPH_PIPELINE
+from tilefuse.runtime.dynamic import DynamicExecutable
 from tilefuse.runtime.executable import build_executable, check_target
 
 # input shapes, then the bytes of the inputs compiled per value (see InputValueNeeded)
@@ -60,6 +68,32 @@ def _check_input(spec: TensorSpec, array: Any, sizes: dict[str, int]) -> np.ndar
     return arr
 
 
+def symbolic_input_types(specs: Sequence[TensorSpec]) -> list[TensorType]:
+    """The inputs' types with each dim_param as a symbol (its name made an identifier; one
+    name, one symbol) and each unknown dim as a symbol of its own (``<input>_<axis>``)."""
+    names: dict[str, Sym] = {}
+    taken: set[str] = set()
+
+    def symbol(base: str) -> Sym:
+        name = re.sub(r"\W", "_", base) or "dim"
+        name = name if name[0].isalpha() or name[0] == "_" else "d_" + name
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        return Sym(name)
+    types = []
+    for spec in specs:
+        assert spec.dtype is not None and spec.dims is not None
+        dims: list[int | Sym] = []
+        for axis, d in enumerate(spec.dims):
+            if isinstance(d, str):
+                dims.append(names[d] if d in names else names.setdefault(d, symbol(d)))
+            else:
+                dims.append(symbol(f"{spec.name}_{axis}") if d is None else d)
+        types.append(TensorType(tuple(dims), spec.dtype))
+    return types
+
+
 def _shown(spec: TensorSpec) -> str:
     dims = ",".join("?" if d is None else str(d) for d in spec.dims or ())
     return f"{spec.dtype.value if spec.dtype else '?'}[{dims}]"
@@ -79,6 +113,8 @@ class OnnxModel:
         self._by_value: list[int] = []   # indices of inputs compiled per value, in order
         self._lock = threading.Lock()
         self._log = get_logger("recompiles")
+        self.symbolic: Lowered | None = None
+        """The one build for every size of the dim_params (None: compiled per shape)."""
 
     def __repr__(self) -> str:
         return (f"<tilefuse.onnx model {self.info.name!r} (opset {self.info.opset}, target "
@@ -127,29 +163,67 @@ class OnnxModel:
     def lower(self, *arrays: Any) -> Lowered:
         """The imported and optimised graphs (and executable) for these inputs, compiling them
         if needed; ``str(model.lower(x).captured)`` is the imported graph as text."""
+        if self.symbolic is not None:
+            self._check(arrays)
+            return self.symbolic
         key, checked = self._guard(arrays)
         return self._entry(key, checked)
 
     def _run(self, arrays: tuple[Any, ...]) -> list[np.ndarray]:
+        if self.symbolic is not None:
+            checked = self._check(arrays)
+            return self.symbolic.executable.run_trusted(checked)  # type: ignore[union-attr]
         key, checked = self._guard(arrays)
         entry = self._cache.get(key) or self._entry(key, checked)
         assert entry.executable is not None
         return entry.executable.run_trusted(checked)  # the guard checked dtypes and shapes
 
     def _guard(self, arrays: tuple[Any, ...]) -> tuple[Key, list[np.ndarray]]:
+        checked = self._check(arrays)
+        return self._key(checked), checked
+
+    def _check(self, arrays: tuple[Any, ...]) -> list[np.ndarray]:
         specs = self.info.inputs
         if len(arrays) != len(specs):
             raise GuardError(f"the model takes {len(specs)} inputs "
                              f"({', '.join(self.input_names) or 'none'}), got {len(arrays)}")
         sizes: dict[str, int] = {}
-        checked = [_check_input(s, a, sizes) for s, a in zip(specs, arrays)]
-        return self._key(checked), checked
+        return [_check_input(s, a, sizes) for s, a in zip(specs, arrays)]
 
     def _key(self, arrays: Sequence[np.ndarray]) -> Key:
         return (tuple(a.shape for a in arrays),
                 tuple(arrays[i].tobytes() for i in self._by_value))
 
     # ---- compiling -------------------------------------------------------------------------
+
+    def compile_symbolic(self) -> bool:
+        """Imports and builds the model once with its dim_params (and unknown dims) as symbols;
+        False, logged with the reason, when the import needs their sizes (then each new
+        signature compiles on its first call)."""
+        types = symbolic_input_types(self.info.inputs)
+        try:
+            graph = import_graph(self.info, types)
+            self.symbolic = self._build(graph, symbolic=True)
+        except Exception as err:  # a bug in a symbolic build must not stop the load either
+            named = sorted({str(d) for t in types for d in t.shape if not isinstance(d, int)})
+            level = logging.INFO if isinstance(err, (OnnxError, TilefuseError)) \
+                else logging.WARNING
+            self._log.log(level, "onnx model %s: dims %s stay per shape (each new input shape "
+                          "is compiled on its own): %s: %s", self.info.name, ", ".join(named),
+                          type(err).__name__, err)
+            return False
+        return True
+
+    def _build(self, graph: Graph, *, symbolic: bool = False) -> Lowered:
+        dump_dir = resolve_dump_dir(self._dump)
+        optimized, report = run_pipeline(graph, GRAPH_PIPELINE, dump_dir=dump_dir)
+        if symbolic:
+            executable: Any = DynamicExecutable(
+                optimized, lambda g, at: build_executable(g, self._target, at),
+                optimize=lambda g: run_pipeline(g, GRAPH_PIPELINE)[0], dump_dir=dump_dir)
+        else:
+            executable = build_executable(optimized, self._target, dump_dir)
+        return Lowered(graph, optimized, report, executable)
 
     def compile_static(self) -> None:
         """Compiles the one signature of a model whose input shapes are all fixed, unless a
@@ -187,9 +261,6 @@ class OnnxModel:
                                 self.info.name, [list(s) for s in key[0]])
             graph = self._import(key, arrays)
             key = self._key(arrays) if arrays is not None else key
-            dump_dir = resolve_dump_dir(self._dump)
-            optimized, report = run_pipeline(graph, GRAPH_PIPELINE, dump_dir=dump_dir)
-            executable = build_executable(optimized, self._target, dump_dir)
-            entry = Lowered(graph, optimized, report, executable)
+            entry = self._build(graph)
             self._cache[key] = entry
             return entry

@@ -1,9 +1,14 @@
 """What a converter works with: tensors that are graph values or known constants, and the
 context of the ONNX node being converted.
 
-Conversion happens per input signature, so every shape is static here. A :class:`Tensor` is
-either a graph :class:`Value` or a constant array (an initializer, a Constant node, or the folded
-result of an op whose inputs are all constant). :meth:`Emitter.op` builds every node through
+Conversion happens per input signature, or once for a model's ``dim_param`` dims as symbols
+(``Sym("batch_size")``). A :class:`Tensor` is either a graph :class:`Value` or a constant array
+(an initializer, a Constant node, or the folded result of an op whose inputs are all constant).
+A shape value computed from symbolic dims (``Shape`` of ``f32[batch_size,16]``) is a constant
+too: an object array of ints and symbols, which folds through Gather, Concat, Unsqueeze,
+Slice... like any constant and is read by Reshape; used as data, or by an op whose NumPy
+reference cannot take symbols, it is an :class:`SymbolicShapeValue` error (and the model is
+compiled per shape instead). :meth:`Emitter.op` builds every node through
 :class:`GraphBuilder` (attributes validated, types inferred) and folds it with the op's NumPy
 reference instead when all its inputs are constant and the result is small, so shape
 computations (Shape, Gather, Concat, ... feeding a Reshape) end up as constants.
@@ -21,7 +26,7 @@ from tilefuse.dtypes import DType, from_numpy
 from tilefuse.errors import SourceLoc, TilefuseError
 from tilefuse.graph.builder import GraphBuilder, infer_types, resolve_op
 from tilefuse.graph.ir import Literal, Node, Value
-from tilefuse.graph.types import TensorType, format_shape
+from tilefuse.graph.types import Dim, Sym, SymProduct, TensorType, format_shape, is_static
 from tilefuse.onnx.model import NodeSpec
 from tilefuse.onnx.tensors import OnnxError
 
@@ -37,6 +42,45 @@ class InputValueNeeded(OnnxError):
                  inputs: tuple[str, ...] | None = None):
         super().__init__(message, op=op, inputs=inputs)
         self.input = input
+
+
+class SymbolicShapeValue(OnnxError):
+    """A shape value holding symbols is used where only numbers will do (as data, in
+    arithmetic): the import needs static shapes."""
+
+
+def shape_value(dims: Sequence[Dim]) -> np.ndarray:
+    """A shape as an int64 array, or an object array of ints and symbols when it has any."""
+    if is_static(tuple(dims)):
+        return np.asarray(dims, dtype=np.int64)
+    arr = np.empty(len(dims), dtype=object)
+    arr[:] = list(dims)
+    return arr
+
+
+def is_symbolic_value(arr: np.ndarray | None) -> bool:
+    return arr is not None and arr.dtype == object
+
+
+def symbolic_reshape_target(ctx: NodeContext, src: Sequence[Dim], spec: Sequence[Dim],
+                            allowzero: bool) -> tuple[Dim, ...]:
+    """ONNX Reshape's target when the input or the shape holds symbols: 0 copies the input
+    dim, a -1 is inferred when the element counts divide to one dim (``768*batch*seq /
+    (768*batch)`` is ``seq``); an error otherwise."""
+    dims = [src[i] if isinstance(d, int) and d == 0 and not allowzero and i < len(src) else d
+            for i, d in enumerate(spec)]
+    if any(isinstance(d, int) and d < -1 for d in dims) or dims.count(-1) > 1:
+        raise ctx.error(f"shape {list(spec)} is not a valid reshape target")
+    total = SymProduct.of(tuple(src))
+    if -1 in dims:
+        rest = total.divide(SymProduct.of(tuple(d for d in dims if d != -1)))
+        inferred = None if rest is None else rest.as_dim()
+        if inferred is None:
+            raise ctx.error(f"cannot infer the -1 in {list(spec)} from {list(src)} as one dim")
+        dims[dims.index(-1)] = inferred
+    if SymProduct.of(tuple(dims)) != total:
+        raise ctx.error(f"cannot reshape {list(src)} to {list(spec)}")
+    return tuple(dims)
 
 
 class Tensor:
@@ -55,8 +99,8 @@ class Tensor:
     @staticmethod
     def constant(array: np.ndarray) -> Tensor:
         arr = np.asarray(array)
-        return Tensor(TensorType(tuple(int(d) for d in arr.shape), from_numpy(arr.dtype)),
-                      const=arr)
+        dtype = DType.i64 if is_symbolic_value(arr) else from_numpy(arr.dtype)
+        return Tensor(TensorType(tuple(int(d) for d in arr.shape), dtype), const=arr)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -84,6 +128,9 @@ class Emitter:
     def value(self, t: Tensor) -> Value:
         if t.value is None:
             assert t.const is not None
+            if is_symbolic_value(t.const):
+                raise SymbolicShapeValue(f"the shape value {list(t.const.reshape(-1))} (from "
+                                         "symbolic dims) is used as tensor data")
             t.value = self.builder.add1("constant", [], {"value": Literal(t.const)}, self.loc)
         return t.value
 
@@ -91,14 +138,66 @@ class Emitter:
         opdef = resolve_op(name)
         checked = opdef.validate_attrs(attrs)
         types = infer_types(opdef, [t.type for t in inputs], checked, self.loc)
-        small = all(math.prod(t.shape) <= FOLD_LIMIT for t in types)  # type: ignore[arg-type]
-        if small and all(t.const is not None for t in inputs):
-            result = opdef.reference(*(t.const for t in inputs), **dict(checked))
-            outs = result if isinstance(result, tuple) else (result,)
-            return [Tensor(ty, const=np.asarray(o).astype(ty.dtype.np, copy=False))
-                    for ty, o in zip(types, outs)]
+        if all(t.const is not None for t in inputs) and all(
+                is_static(t.shape) and math.prod(t.shape) <= FOLD_LIMIT for t in types):
+            return self._fold(opdef, inputs, checked, types)
         values = self.builder.add(opdef, [self.value(t) for t in inputs], attrs, self.loc)
         return [Tensor(v.type, value=v) for v in values]
+
+
+    def _fold(self, opdef: Any, inputs: Sequence[Tensor], attrs: Any,
+              types: Sequence[TensorType]) -> list[Tensor]:
+        """The op's NumPy reference on constant inputs. Shape values with symbols fold only
+        through ops that move elements (each symbol is a sentinel int64 meanwhile)."""
+        consts = [t.const for t in inputs]
+        symbols: dict[int, Sym] = {}
+        if any(is_symbolic_value(c) for c in consts):
+            if opdef.name not in _MOVES or any(t.dtype is not DType.i64 for t in types):
+                raise SymbolicShapeValue(f"{opdef.name} cannot compute on shape values with "
+                                         f"symbolic dims {_shown(consts)}")
+            consts = [_encode(c, symbols) for c in consts]
+        result = opdef.reference(*consts, **dict(attrs))
+        outs = result if isinstance(result, tuple) else (result,)
+        return [Tensor(ty, const=_decode(np.asarray(o).astype(ty.dtype.np, copy=False),
+                                         symbols)) for ty, o in zip(types, outs)]
+
+
+_MOVES = frozenset({"take", "concat", "stack", "split", "expand_dims", "squeeze", "slice",
+                    "reshape", "broadcast_to", "transpose", "cast", "identity"})
+_SENTINEL = -(1 << 62)
+
+
+def _encode(arr: np.ndarray | None, symbols: dict[int, Sym]) -> np.ndarray | None:
+    """An object shape value as int64, each symbol a distinct sentinel (far below any size)."""
+    if not is_symbolic_value(arr):
+        return arr
+    assert arr is not None
+    codes = {s: k for k, s in symbols.items()}
+    out = np.empty(arr.shape, dtype=np.int64)
+    for index, v in np.ndenumerate(arr):
+        if isinstance(v, Sym):
+            code = codes.get(v)
+            if code is None:
+                code = codes[v] = _SENTINEL + len(symbols)
+                symbols[code] = v
+            out[index] = code
+        else:
+            out[index] = int(v)
+    return out
+
+
+def _decode(arr: np.ndarray, symbols: dict[int, Sym]) -> np.ndarray:
+    if not symbols or arr.dtype != np.int64 or not (arr < _SENTINEL + len(symbols)).any():
+        return arr
+    out = arr.astype(object)
+    for index, v in np.ndenumerate(arr):
+        if int(v) in symbols:
+            out[index] = symbols[int(v)]
+    return out
+
+
+def _shown(consts: Sequence[np.ndarray | None]) -> str:
+    return ", ".join(str(list(c.reshape(-1))) for c in consts if is_symbolic_value(c))
 
 
 Reconvert = Callable[[str, dict[str, Tensor]], tuple[Tensor, tuple[Node, ...]]]
@@ -155,20 +254,24 @@ class NodeContext:
         if t.const is None:
             message = (f"{what} (input {i}) must be a constant or computable from shapes at "
                        "import time; tilefuse compiles static shapes")
-            if t.input_name is not None and math.prod(t.shape) <= VALUE_LIMIT:
+            if t.input_name is not None and is_static(t.shape) \
+                    and math.prod(t.shape) <= VALUE_LIMIT:  # type: ignore[arg-type]
                 raise InputValueNeeded(message, input=t.input_name, op=self.label,
                                        inputs=self.shapes())
             raise self.error(message)
         return t.const
 
     def ints_input(self, i: int, what: str) -> tuple[int, ...] | None:
+        """A 1-D integer constant input as ints (and symbols, for a shape computed from
+        symbolic dims)."""
         arr = self.const_input(i, what)
         if arr is None:
             return None
-        if arr.dtype.kind not in "iu" or arr.ndim > 1:
+        if arr.dtype.kind not in "iuO" or arr.ndim > 1:
             raise self.error(f"{what} must be a 1-D integer tensor, got {arr.dtype}"
                              f"{format_shape(arr.shape)}")
-        return tuple(int(v) for v in arr.reshape(-1))
+        return tuple(v if isinstance(v, Sym) else int(v)  # type: ignore[misc]
+                     for v in arr.reshape(-1))
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.spec.attrs.get(name, default)
