@@ -3,6 +3,7 @@ NumPy, torch and ONNX spellings end to end, and the arena growing linearly in th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 import tilefuse
 from tilefuse.dtypes import DType
-from tilefuse.errors import ShapeError
+from tilefuse.errors import CompileError, ShapeError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph
@@ -30,12 +31,13 @@ ATTENTION = get_op("attention")
 
 
 def attention_graph(batch: tuple[int, ...], sq: int, sk: int, d: int, dv: int,
-                    mask: tuple[int, ...] | None = None, scale: float | None = None) -> Graph:
+                    mask: tuple[int, ...] | None = None, scale: float | None = None,
+                    dtype: DType = DType.f32) -> Graph:
     b = GraphBuilder("attention")
-    ins = [b.input(((*batch, sq, d), DType.f32), "q"), b.input(((*batch, sk, d), DType.f32), "k"),
-           b.input(((*batch, sk, dv), DType.f32), "v")]
+    ins = [b.input(((*batch, sq, d), dtype), "q"), b.input(((*batch, sk, d), dtype), "k"),
+           b.input(((*batch, sk, dv), dtype), "v")]
     if mask is not None:
-        ins.append(b.input((mask, DType.f32), "mask"))
+        ins.append(b.input((mask, dtype), "mask"))
     scale = 1 / math.sqrt(d) if scale is None else scale
     return b.build([b.add1("attention", ins, {"scale": scale})])
 
@@ -130,6 +132,44 @@ def test_native_causal_minus_inf_mask(sq, sk):
     got = run_native(g, arrays)
     assert np.isfinite(got).all()
     assert_close(got, reference(g, arrays), reduction=True)
+
+
+@pytest.mark.parametrize("block_q, key_vectors, rows, pv", [
+    (64, 8, 3, 4),    # wide key blocks: 8 score vectors per row
+    (16, 2, 5, 1),    # rows not a multiple of the register tile, P·V one vector at a time
+    (33, 1, 7, 3),    # odd query block, one vector of keys, a partial P·V chunk
+    (8, 3, 1, 2),     # one-row tiles
+])
+@pytest.mark.parametrize("dtype", [DType.f32, DType.f64])
+def test_native_matches_reference_for_other_schedules(monkeypatch, block_q, key_vectors, rows,
+                                                      pv, dtype):
+    """The blocking is the schedule's (what a search would vary): every legal choice computes
+    the same attention, on odd sizes, a causal -inf mask and random values."""
+    import tilefuse.runtime.native as native
+
+    used = []
+
+    def schedule(group, target):
+        s = default_attention_schedule(group, target)
+        used.append(group.name)
+        return dataclasses.replace(s, tiles=(("q", block_q), ("k", key_vectors * s.vector_width)),
+                                   unroll=(("q", rows), ("v", pv)))
+
+    monkeypatch.setattr(native, "default_attention_schedule", schedule)
+    g = attention_graph((2,), 45, 83, 24, 40, (45, 83), dtype=dtype)
+    arrays = inputs_of(g, 11)
+    arrays[3] = causal(45, 83).astype(dtype.np)
+    assert_close(run_native(g, arrays), reference(g, arrays), reduction=True)
+    assert used
+
+
+def test_a_register_tile_over_the_accumulator_budget_is_a_compile_error():
+    g = attention_graph((1,), 64, 200, 16, 16)
+    group = form_kernels(g).groups[0]
+    schedule = dataclasses.replace(default_attention_schedule(group, None),
+                                   tiles=(("q", 64), ("k", 128)), unroll=(("q", 4),))
+    with pytest.raises(CompileError, match="accumulators"):
+        attention_sizes(AttentionShape.of(group.nodes[0]), schedule, 2)
 
 
 def test_native_fully_masked_row_is_nan_like_the_reference():
