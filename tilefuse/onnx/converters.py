@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from tilefuse.onnx import (
+    converters_attention,
     converters_legacy,
     converters_math,
     converters_nn,
@@ -26,7 +27,7 @@ Table = Mapping[str, tuple[tuple[int, Converter], ...]]
 
 
 def _build(modules: tuple = (converters_legacy, converters_math, converters_shape, converters_nn,
-                             converters_sequence)) -> Table:
+                             converters_sequence, converters_attention)) -> Table:
     table: dict[str, list[tuple[int, Converter]]] = {}
     for module in modules:
         for op_type, since, fn in module.CONVERTERS:
