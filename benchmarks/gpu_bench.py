@@ -212,6 +212,8 @@ def g1_parts(repeats: int = 10, rounds: int = 5) -> dict[str, float]:
     bare = Cublas(ex.context, workspace_bytes=0)
     a, b, c = ex._buffer(gemm.a).ptr, ex._buffer(gemm.b).ptr, ex._buffer(gemm.out).ptr
     _, fn = ex._functions[epi.fn.name]
+    assert gemm.mma is not None
+    mma_fn = ex.context.load_ptx(gemm.mma.ptx).function(gemm.mma.name)
     args = [ex._buffer(v).ptr for v in epi.bindings]
     x, wt, bias = [torch.from_numpy(t.astype(np.float32)).to("cuda", torch.bfloat16)
                    for t in arrays]
@@ -221,6 +223,8 @@ def g1_parts(repeats: int = 10, rounds: int = 5) -> dict[str, float]:
         "cublas (no workspace)": lambda: bare.gemm(gemm.shape, a, b, c),
         "epilogue kernel": lambda: ex.context.launch(fn, epi.grid, epi.block, args),
         "tilefuse G1": ex.launch_all,
+        "generated mma product": lambda: ex.context.launch(
+            mma_fn, gemm.mma.grid, gemm.mma.block, [a, b, c]),
         "torch x@w": lambda: x @ wt,
         "torch addmm": lambda: torch.addmm(bias, x, wt),
         "torch gelu(prod+b)": lambda: torch.nn.functional.gelu(prod + bias),

@@ -15,6 +15,6 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
 python3 -c "import llvmlite, torch; print('llvmlite', llvmlite.__version__, 'torch', torch.__version__)"
 date -u
-python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_program.py ${TESTS:-} 2>&1 \
+python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 \
   | tee "$OUT/tests.log" | tail -15
 python3 benchmarks/gpu_bench.py --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log"

@@ -76,6 +76,14 @@ def layer_norm_graph(rows: int, n: int, dtype: DType = F32) -> Graph:
     return b.build([b.add1("layer_norm", [x, g, beta], {"eps": 1e-5})])
 
 
+def gelu_graph(n: int, dtype: DType) -> Graph:
+    """gelu(3x): erf over both of its ranges, rounded to ``dtype``."""
+    b = GraphBuilder("gelu")
+    x = b.input(((n,), dtype), "x")
+    three = _constant(b, np.array(3, dtype.np))
+    return b.build([b.add1("gelu", [b.add1("mul", [x, three])])])
+
+
 def ffn_graph(m: int, k: int, n: int) -> Graph:
     """softmax(gelu(x @ w + b)): a cuBLAS product, the bias + GELU epilogue as a generated
     kernel, then the softmax kernel."""
@@ -112,6 +120,8 @@ GRAPHS = {
     "layer_norm_bf16": (lambda: layer_norm_graph(4, 512, DType.bf16), True),
     "softmax_bf16_registers": (lambda: softmax_graph(5, 1024, DType.bf16), True),
     "layer_norm_bf16_registers": (lambda: layer_norm_graph(3, 4096, DType.bf16), True),
+    "gelu_wide": (lambda: gelu_graph(4099, F32), False),
+    "gelu_bf16": (lambda: gelu_graph(4099, DType.bf16), False),
     "ffn": (lambda: ffn_graph(7, 16, 9), True),
     "ffn_513": (lambda: ffn_graph(513, 32, 33), True),
     "ffn_bias_vectors": (lambda: ffn_graph(7, 16, 12), True),

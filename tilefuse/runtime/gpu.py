@@ -27,10 +27,12 @@ from collections import ChainMap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from tilefuse.codegen.llvm_nvptx import SM90, GpuTarget, compile_ptx, launch_extent
+from tilefuse.codegen.nvptx_mma import MmaGemm, mma_gemm, supports
 from tilefuse.dump import DumpWriter
 from tilefuse.errors import CompileError, GuardError
 from tilefuse.graph.interpreter import run_node
@@ -79,6 +81,9 @@ class GemmStep:
     b: Value
     out: Value
     shape: GemmShape
+    mma: MmaGemm | None = None
+    """The generated tensor-core product for this shape, if there is one: the executable
+    times it against cuBLAS once and keeps the faster (logged on the ``fallback`` topic)."""
 
     @property
     def outputs(self) -> tuple[Value, ...]:
@@ -146,7 +151,8 @@ class GpuProgram:
             elif isinstance(step, GemmStep):
                 sh = step.shape
                 lines.append(f"cublas {step.group.name} [matmul] batch={sh.batch} m={sh.m} "
-                             f"n={sh.n} k={sh.k} {sh.dtype}")
+                             f"n={sh.n} k={sh.k} {sh.dtype}"
+                             + (f" (or {step.mma.name}, by measurement)" if step.mma else ""))
             else:
                 lines.append(f"host   {step.group.name} [{step.group.kind.value}] ({ops}): "
                              f"{step.reason}")
@@ -161,6 +167,8 @@ class GpuProgram:
             if isinstance(step, GpuKernel):
                 writer.write(f"kernels/{step.fn.name}.loop", format_function(step.fn) + "\n")
                 writer.write(f"kernels/{step.fn.name}.ptx", step.ptx)
+            elif isinstance(step, GemmStep) and step.mma is not None:
+                writer.write(f"kernels/{step.mma.name}.ptx", step.mma.ptx)
 
 
 def _reads(step: GpuStep) -> tuple[Value, ...]:
@@ -250,7 +258,10 @@ def _contraction_steps(group: KernelGroup, target: GpuTarget) -> list[GpuStep]:
     else:  # a shared B: A's batch folds into M
         rows = ms.m * (ms.batch_size if ms.a_batched else 1)
         shape = GemmShape(1, rows, ms.n, ms.k, 0, 0, a.dtype)
-    steps: list[GpuStep] = [GemmStep(group, a, b, node.output, shape)]
+    mma = mma_gemm(shape.m, shape.n, shape.k, node.output.dtype, target) \
+        if shape.batch == 1 and supports(shape.m, shape.n, shape.k, a.dtype,
+                                         node.output.dtype) else None
+    steps: list[GpuStep] = [GemmStep(group, a, b, node.output, shape, mma)]
     rest = tuple(n for n in group.nodes if n is not node)
     if rest:
         made = {v for n in rest for v in n.outputs}
@@ -292,11 +303,36 @@ class CudaExecutable:
             v: self.arena.view(plan.offsets[names[v]], _nbytes(v)) for v in names}
         self._cublas = Cublas(self.context) if any(isinstance(s, GemmStep)
                                                    for s in program.steps) else None
+        self._mma = {id(s): self._choose_product(s) for s in program.steps
+                     if isinstance(s, GemmStep) and s.mma is not None}
         for v in self.graph.inputs:
             self._buffers.setdefault(v, self.context.alloc(_nbytes(v)))
 
     def __repr__(self) -> str:
         return f"CudaExecutable(@{self.graph.name} on {self.context.info.name})"
+
+    def _choose_product(self, step: GemmStep) -> Any:
+        """The generated kernel's function when it beats cuBLAS on this product (CUDA events,
+        random operands, the best of 3 after a warm-up), else None; logged either way."""
+        assert step.mma is not None and self._cublas is not None
+        kernel, sh = step.mma, step.shape
+        function = self.context.load_ptx(kernel.ptx).function(kernel.name)
+        rng = np.random.default_rng(0)
+        a, b = (self.context.upload(rng.standard_normal(n, np.float32).astype(v.dtype.np))
+                for n, v in ((sh.m * sh.k, step.a), (sh.k * sh.n, step.b)))
+        c = self.context.alloc(_nbytes(step.out))
+        runs = {"generated": lambda: self.context.launch(function, kernel.grid, kernel.block,
+                                                          [a.ptr, b.ptr, c.ptr]),
+                "cublas": lambda: self._cublas.gemm(sh, a.ptr, b.ptr, c.ptr)}
+        ms = {}
+        for name, run in runs.items():
+            run()
+            ms[name] = min(self.context.time_ms(run) for _ in range(3))
+        chosen = "generated" if ms["generated"] < ms["cublas"] else "cublas"
+        get_logger("fallback").info(
+            "kernel %s: %s %.3f ms, cuBLAS %.3f ms: %s chosen", step.group.name, kernel.name,
+            ms["generated"], ms["cublas"], chosen)
+        return function if chosen == "generated" else None
 
     def _check(self, arrays: Sequence[np.ndarray]) -> None:
         """GuardError unless count, dtypes and shapes are the graph's (the guard every
@@ -361,8 +397,13 @@ class CudaExecutable:
                                     [self._bound_ptr(v) for v in step.bindings])
             elif isinstance(step, GemmStep):
                 assert self._cublas is not None
-                self._cublas.gemm(step.shape, self._bound_ptr(step.a), self._bound_ptr(step.b),
-                                  self._buffer(step.out).ptr)
+                args = [self._bound_ptr(step.a), self._bound_ptr(step.b),
+                        self._buffer(step.out).ptr]
+                generated = self._mma.get(id(step))
+                if generated is not None and step.mma is not None:
+                    self.context.launch(generated, step.mma.grid, step.mma.block, args)
+                else:
+                    self._cublas.gemm(step.shape, *args)
             else:
                 self._run_on_host(step)
 
