@@ -12,6 +12,7 @@ from types import MappingProxyType
 from tilefuse.onnx import (
     converters_attention,
     converters_legacy,
+    converters_loss,
     converters_math,
     converters_nn,
     converters_sequence,
@@ -27,7 +28,8 @@ Table = Mapping[str, tuple[tuple[int, Converter], ...]]
 
 
 def _build(modules: tuple = (converters_legacy, converters_math, converters_shape, converters_nn,
-                             converters_sequence, converters_attention)) -> Table:
+                             converters_sequence, converters_attention,
+                             converters_loss)) -> Table:
     table: dict[str, list[tuple[int, Converter]]] = {}
     for module in modules:
         for op_type, since, fn in module.CONVERTERS:
