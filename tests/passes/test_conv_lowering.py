@@ -145,11 +145,13 @@ def test_im2col_is_the_matmul_prologue():
         assert_close(got, want, reduction=True)
 
 
-def test_following_elementwise_op_stays_with_the_layout_change():
+def test_following_elementwise_op_runs_on_the_matrix():
+    """relu after the conv reads the [N·OH·OW, O] matrix (the matmul's epilogue); the
+    conversion back to NCHW comes last."""
     graph = conv_graph(1, 3, (7, 9), 3, 1, (1, 1, 1, 1), 1, True, seed=2, after="relu")
     result, _ = conv_to_matmul(graph)
     names = [node.op.name for node in result.nodes]
-    assert names[-5:] == ["matmul", "add", "reshape", "transpose", "relu"]
+    assert names[-5:] == ["matmul", "add", "relu", "reshape", "transpose"]
     assert_same(graph, result, seed=3)
 
 
@@ -185,5 +187,116 @@ def test_conv_relu_conv_has_no_host_fallback():
     # chain of index remaps is lowered as one copy loop), through one native entry.
     assert exe.fallbacks == [] and exe.single_entry
     args = [random_array(np.random.default_rng(9), (2, 3, 9, 9), DType.f32)]
+    for got, want in zip(exe(*args), interpret(graph, *args), strict=True):
+        assert_close(got, want, reduction=True)
+
+
+def _const(b: GraphBuilder, rng: np.random.Generator, shape: tuple[int, ...]):
+    return b.add1("constant", [], {"value": Literal(random_array(rng, shape, DType.f32))})
+
+
+def residual_block(c: int = 8, hw: int = 9, seed: int = 0) -> Graph:
+    """conv -> batch norm (per-channel mul/add, two constant shapes) -> relu -> 3x3 conv ->
+    residual add -> relu -> max pool -> global average pool, as an ONNX CNN arrives."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("block")
+    x = b.input(((1, c, hw, hw), DType.f32), "x")
+    h = b.add1("conv2d", [x, _const(b, rng, (c, c, 1, 1))])
+    h = b.add1("mul", [h, _const(b, rng, (c, 1, 1))])
+    h = b.add1("add", [h, _const(b, rng, (1, c, 1, 1))])
+    h = b.add1("relu", [h])
+    y = b.add1("conv2d", [h, _const(b, rng, (c, c, 3, 3))], {"padding": (1, 1, 1, 1)})
+    y = b.add1("relu", [b.add1("add", [y, h])])
+    y = b.add1("max_pool2d", [y], {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1, 1, 1)})
+    pooled = b.add1("avg_pool2d", [y], {"kernel": tuple(y.shape[2:]), "stride": (1, 1)})
+    return b.build([pooled, y])
+
+
+def _perms(graph: Graph) -> list[tuple[int, ...]]:
+    """The permutations of the transposes of activations (not of constant weights)."""
+    producers = graph.producers()
+    return [tuple(n.attrs["perm"]) for n in graph.nodes if n.op.name == "transpose" and
+            (n.inputs[0] not in producers or producers[n.inputs[0]].op.name != "constant")]
+
+
+def test_activations_stay_channels_last_between_convs():
+    """The only layout changes are the input's to NHWC and the outputs' back to NCHW; batch
+    norm, relu, the residual add and both pools read activation matrices."""
+    graph = residual_block()
+    result, changed = conv_to_matmul(graph)
+    assert changed
+    assert sorted(_perms(result)) == [(0, 2, 3, 1), (0, 3, 1, 2), (0, 3, 1, 2)]
+    names = [n.op.name for n in result.nodes]
+    assert "max_pool2d" not in names and "avg_pool2d" not in names
+    assert_same(graph, result, seed=7)
+
+
+def test_batch_norm_relu_and_residual_are_matmul_epilogues():
+    optimized, _ = run_pipeline(residual_block(), GRAPH_PIPELINE)
+    plan = form_kernels(decompose_composites(optimized)[0])
+    convs = [g for g in plan.groups if g.kind is KernelKind.CONTRACTION]
+    first, second = ([n.op.name for n in g.nodes] for g in convs)
+    assert first[-4:] == ["matmul", "mul", "add", "relu"]
+    assert second[-3:] == ["matmul", "add", "relu"]
+
+
+@pytest.mark.parametrize("c,hw,seed", [(8, 9, 0), (7, 13, 1), (17, 6, 2), (1, 7, 3)])
+def test_channels_last_network_runs_natively(c, hw, seed):
+    graph = residual_block(c, hw, seed)
+    optimized, _ = run_pipeline(graph, GRAPH_PIPELINE)
+    exe = build_native(optimized)
+    assert exe.fallbacks == []
+    args = [random_array(np.random.default_rng(seed + 10), (1, c, hw, hw), DType.f32)]
+    for got, want in zip(exe(*args), interpret(graph, *args), strict=True):
+        assert_close(got, want, reduction=True)
+
+
+@pytest.mark.parametrize("op,attrs,lowered", [
+    ("max_pool2d", {"kernel": (2, 3), "stride": (2, 1), "padding": (1, 0, 0, 1)}, True),
+    ("avg_pool2d", {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1, 1, 1),
+                    "count_include_pad": True}, True),
+    ("avg_pool2d", {"kernel": (2, 2), "stride": (1, 2)}, True),
+    # the divisor varies with the padding left out, and ceil mode has overhanging windows:
+    ("avg_pool2d", {"kernel": (3, 3), "stride": (1, 1), "padding": (1, 1, 1, 1),
+                    "count_include_pad": False}, False),
+    ("max_pool2d", {"kernel": (3, 3), "stride": (2, 2), "ceil_mode": True}, False),
+])
+def test_pools_after_a_conv(op, attrs, lowered):
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("pool")
+    x = b.input(((2, 3, 8, 7), DType.f32), "x")
+    h = b.add1("conv2d", [x, _const(b, rng, (5, 3, 3, 3))])
+    graph = b.build([b.add1(op, [h], attrs)])
+    result, _ = conv_to_matmul(graph)
+    assert (op not in [n.op.name for n in result.nodes]) is lowered
+    assert_same(graph, result, seed=6)
+    exe = build_native(run_pipeline(graph, GRAPH_PIPELINE)[0])
+    assert exe.fallbacks == []
+    args = [random_array(np.random.default_rng(8), (2, 3, 8, 7), DType.f32)]
+    for got, want in zip(exe(*args), interpret(graph, *args), strict=True):
+        assert_close(got, want, reduction=True)
+
+
+def test_channel_concat_and_nchw_readers():
+    """A concat along channels joins the matrices; an operand broadcast over channels (not
+    per channel) and a graph output get NCHW conversions, made once."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("mix")
+    x = b.input(((1, 3, 6, 5), DType.f32), "x")
+    spatial = b.input(((1, 1, 6, 5), DType.f32), "s")
+    h1 = b.add1("conv2d", [x, _const(b, rng, (4, 3, 1, 1))])
+    h2 = b.add1("conv2d", [x, _const(b, rng, (2, 3, 3, 3))], {"padding": (1, 1, 1, 1)})
+    cat = b.add1("concat", [h1, h2], {"axis": 1})
+    scaled = b.add1("mul", [cat, spatial])
+    graph = b.build([b.add1("sigmoid", [scaled]), h1])
+    result, _ = conv_to_matmul(graph)
+    concat = next(n for n in result.nodes if n.op.name == "concat")
+    assert concat.attrs["axis"] == 1 and len(concat.outputs[0].shape) == 2
+    assert len([p for p in _perms(result) if p == (0, 3, 1, 2)]) == 2  # cat and h1, once each
+    assert_same(graph, result, seed=4)
+    exe = build_native(run_pipeline(graph, GRAPH_PIPELINE)[0])
+    assert exe.fallbacks == []
+    args = [random_array(np.random.default_rng(9), tuple(v.shape), DType.f32)
+            for v in graph.inputs]
     for got, want in zip(exe(*args), interpret(graph, *args), strict=True):
         assert_close(got, want, reduction=True)

@@ -17,6 +17,17 @@ average pool of a CNN (no padding) has none. ``fill`` is -inf (or the integer mi
 0 for the sums of avg. The average divides by the taps counted: those inside the input, or with
 ``count_include_pad`` those inside input and padding (never the ceil-mode overhang), the
 reference's rule. f16/bf16 averages sum in f32 and round once; max is exact in any type.
+
+**Tap reductions** (:func:`is_tap_reduction`): a REDUCTION group whose anchor is a ``max``,
+``sum`` or ``mean`` over axis 1 of a static [M, T, C] value computed element by element from
+the group's inputs (the channels-last max pool of ``passes/conv_lowering.py``: the
+``window_patches`` of the padded NHWC input reshaped to [N·OH·OW, KH·KW, C]; a global average
+pool of an activation matrix). It lowers to rows across threads, the T taps unrolled (at most
+:data:`MAX_WINDOW`) and vectors along the contiguous C::
+
+    [parallel] for m in 0..M:
+      vectorized for c in 0..C step W:  y[m, c:+W] = fold over t of x[m, t, c:+W]
+      for c in ..C:                     (the same, one element at a time)
 """
 
 from __future__ import annotations
@@ -29,8 +40,16 @@ import numpy as np
 
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
+from tilefuse.graph.ir import Node
 from tilefuse.kernel.access import dims
-from tilefuse.kernel.lower_elementwise import KernelContext, outer_loop
+from tilefuse.kernel.fusion import KernelKind
+from tilefuse.kernel.lower_elementwise import (
+    KernelContext,
+    fit_lanes,
+    outer_loop,
+    run_loops,
+    vector_width,
+)
 from tilefuse.kernel.scalar_expr import KernelGroupLike
 from tilefuse.kernel.schedule import PARALLEL_MIN_ELEMENTS
 from tilefuse.loop.ir import (
@@ -48,6 +67,7 @@ from tilefuse.loop.ir import (
     select,
     var,
 )
+from tilefuse.ops.registry import OpKind
 
 if TYPE_CHECKING:
     from tilefuse.kernel.schedule import Schedule
@@ -57,8 +77,34 @@ MAX_WINDOW = 256
 """The most taps a window may have to be unrolled; larger ones keep the host fallback."""
 
 
+TAP_OPS = frozenset({"max", "sum", "mean"})
+
+
 def is_pool_group(group: KernelGroupLike) -> bool:
-    return len(group.nodes) == 1 and group.nodes[0].op.name in POOL_OPS
+    """A one-node pooling group or a tap reduction: the groups :func:`lower_pool` takes."""
+    return (len(group.nodes) == 1 and group.nodes[0].op.name in POOL_OPS) or \
+        is_tap_reduction(group)
+
+
+def _tap_anchor(group: KernelGroupLike) -> Node | None:
+    anchor = getattr(group, "anchor", None)
+    if getattr(group, "kind", None) is not KernelKind.REDUCTION or anchor is None or \
+            anchor.op.name not in TAP_OPS or anchor is not group.nodes[-1]:
+        return None
+    x, y = anchor.inputs[0], anchor.outputs[0]
+    if len(x.shape) != 3 or not all(isinstance(d, int) for d in x.shape) or \
+            anchor.attrs["keepdims"] or tuple(anchor.attrs["axes"] or ()) not in ((1,), (-2,)):
+        return None
+    if y.dtype != x.dtype or not y.dtype.is_float:
+        return None
+    return anchor
+
+
+def is_tap_reduction(group: KernelGroupLike) -> bool:
+    """A max / sum / mean over axis 1 of a static float [M, T, C] value (module docstring)."""
+    anchor = _tap_anchor(group)
+    return anchor is not None and anchor.inputs[0].shape[1] <= MAX_WINDOW and all(
+        n is anchor or n.op.kind in (OpKind.ELEMENTWISE, OpKind.MOVEMENT) for n in group.nodes)
 
 
 class _Axis:
@@ -118,9 +164,47 @@ def _window(ctx: KernelContext, node_name: str, plane: Expr, rows: _Axis, cols: 
     return acc
 
 
+def lower_taps(group: KernelGroupLike, schedule: Schedule | None = None) -> LoopFunction:
+    """The loop IR of a tap reduction (module docstring)."""
+    anchor = _tap_anchor(group)
+    if anchor is None or not is_tap_reduction(group):
+        raise CompileError(f"kernel {group.name}: not a reduction over the taps of [M, T, C]")
+    x, y = anchor.inputs[0], anchor.outputs[0]
+    m, taps, c = dims(x.shape)
+    work = DType.f32 if y.dtype in (DType.f16, DType.bf16) else y.dtype
+    ctx = KernelContext.of(group)
+    out = ctx.buffers.outputs[y]
+    lanes = fit_lanes(vector_width(schedule) if schedule is not None and
+                      schedule.vector_axis else 16, c)
+
+    def runs(row: Expr) -> list[Stmt]:
+        def body(i: Expr, width: int) -> list[Stmt]:
+            b = ctx.builder()
+            acc: Expr | None = None
+            for t in range(taps):
+                value = b.value(x, (row, const(t), i), width, 1)
+                if value.type.dtype != work:
+                    value = cast(value, work)
+                acc = value if acc is None else (maximum(acc, value) if anchor.op.name == "max"
+                                                 else binary(XOp.ADD, acc, value))
+            assert acc is not None
+            if anchor.op.name == "mean":
+                acc = binary(XOp.DIV, acc, const(float(taps), work, width))
+            if acc.type.dtype != y.dtype:
+                acc = cast(acc, y.dtype)
+            return [*b.lets, Store(out.name, row * c + i, acc)]
+        return run_loops(ctx.names, 0, c, lanes, body)
+
+    threads = max(1, min(os.cpu_count() or 1, m * taps * c // PARALLEL_MIN_ELEMENTS))
+    tile = -(-m // threads) if threads > 1 and m > 1 else None
+    return ctx.function(outer_loop(ctx.names, m, tile, runs))
+
+
 def lower_pool(group: KernelGroupLike, schedule: Schedule | None = None) -> LoopFunction:
-    """The loop IR of a one-node pooling group (see the module docstring); CompileError when the
-    group is not one or its window is too large to unroll."""
+    """The loop IR of a one-node pooling group or a tap reduction (see the module docstring);
+    CompileError when the group is neither or its window is too large to unroll."""
+    if is_tap_reduction(group):
+        return lower_taps(group, schedule)
     if not is_pool_group(group):
         raise CompileError(f"kernel {group.name}: pool lowering takes one max_pool2d or "
                            "avg_pool2d node")
@@ -168,4 +252,5 @@ def as_i64(value: Expr | int) -> Expr:
     return value if isinstance(value, Expr) else const(value)
 
 
-__all__ = ["MAX_WINDOW", "POOL_OPS", "is_pool_group", "lower_pool"]
+__all__ = ["MAX_WINDOW", "POOL_OPS", "is_pool_group", "is_tap_reduction", "lower_pool",
+           "lower_taps"]

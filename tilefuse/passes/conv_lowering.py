@@ -1,51 +1,72 @@
-"""Convolution through the matmul kernel: ``conv2d`` rewritten as im2col + one 2-D matmul.
+"""Convolution through the matmul kernel, with activations kept in one channels-last layout.
 
-A ``conv2d`` with ``groups == 1``, a constant weight, static shapes and f32 operands becomes ops
-the native backend runs (the conv itself would be a host fallback):
+A ``conv2d`` with ``groups == 1``, a constant weight, static shapes and f32 operands becomes
+one 2-D matmul (the conv itself would be a host fallback):
 
-1. ``transpose`` x to NHWC [N, H, W, C] (the small tensor; the im2col tensor is KH·KW/stride²
-   times larger, so its layout comes straight out of the slices, never from a transpose);
-2. ``pad`` H and W by the conv's (top, bottom, left, right), when any is non-zero;
-3. ``window_patches`` [N, OH, OW, KH, KW, C] of the padded input (im2col as one index remap,
-   so kernel formation makes it the matmul's A prologue: the pack kernel of A gathers the
-   patches; no slices, no stack) and ``reshape`` to the im2col matrix [N·OH·OW, KH·KW·C]
-   (a 1×1 stride-1 conv needs neither: the NHWC input is already that matrix);
-4. ``matmul`` with the weight ``transpose`` d to [KH, KW, C, O] and ``reshape`` d to
+1. the input as the NHWC **activation matrix** [N·H·W, C] (rows are pixels, columns channels);
+2. for a window larger than 1×1 or a stride: ``reshape`` to [N, H, W, C], ``pad`` H and W by
+   the conv's (top, bottom, left, right) when any is non-zero, ``window_patches``
+   [N, OH, OW, KH, KW, C] (im2col as one index remap, which kernel formation makes the matmul's
+   A prologue: the pack kernel of A gathers the patches) and ``reshape`` to the im2col matrix
+   [N·OH·OW, KH·KW·C]; a 1×1 stride-1 conv needs none of it: the matrix is its A;
+3. ``matmul`` with the weight ``transpose`` d to [KH, KW, C, O] and ``reshape`` d to
    [KH·KW·C, O] (rows in the patches' order): computed from a constant alone, so the build
    folds it and packs it once;
-5. ``add`` the bias [O] (broadcast over rows: a contraction epilogue);
-6. ``reshape`` to [N, OH, OW, O] and ``transpose`` back to NCHW [N, O, OH, OW].
+4. ``add`` the bias [O] (broadcast over rows: a contraction epilogue).
 
-Every new node keeps the conv's source location.
+The result stays an activation matrix [N·OH·OW, O]. **Layout propagation**: the pass walks
+the graph once and keeps every 4-D value it can in that form, so that no transpose runs
+between convolutions and what follows a conv is the matmul's epilogue (kernel formation
+takes elementwise ops of exactly the matmul's shape into it):
 
-A following elementwise op (relu, ...) is deliberately left after the final transpose: it then
-joins the reshape + transpose in one native elementwise kernel. Moved into the matmul epilogue
-instead, it would leave a reshape + transpose pair alone in a MOVEMENT group, which
-``lower_movement`` (one node per group) cannot lower, so it would run on the host. (A conv read
-by no elementwise op still leaves that pair alone: it runs on the host until such groups are
-lowered as elementwise ones.)
+- an elementwise op (one or two operands) whose operands are activation matrices of its own
+  [N, C, H, W] shape, or per-channel / scalar tensors (shapes like [C, 1, 1] or [1, C, 1, 1],
+  reshaped to [C]: batch norm's scale and shift), runs on the matrix (batch norm, relu and the
+  residual add of a ResNet block become the conv's epilogue);
+- a ``concat`` along channels of same-sized activations is a ``concat`` of the matrices along
+  their columns;
+- a ``max_pool2d`` without ceil mode is a max over the ``window_patches`` of the -inf padded
+  NHWC input (one reduction kernel that gathers its taps);
+- every other reader of a value gets it in NCHW: ``reshape`` to [N, H, W, C] and ``transpose``
+  (made once per value, where first needed), and a graph input or an NCHW result a matrix
+  reader needs is ``transpose`` d and ``reshape`` d the other way (once per value). Graph
+  outputs are NCHW as before.
 
-Other convolutions (grouped, a weight computed at run time, symbolic dims, other dtypes) are left
-as they are.
+An elementwise op none of whose operands is a matrix already is left in NCHW (a conversion
+would cost more than it saves). Every new node keeps the source location of the node it
+replaces. Other convolutions (grouped, a weight computed at run time, symbolic dims, other
+dtypes) are left as they are.
 """
 
 from __future__ import annotations
+
+import math
 
 from tilefuse.dtypes import DType
 from tilefuse.errors import SourceLoc
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Node, Value
-from tilefuse.passes.rewrite import rewrite_nodes
+from tilefuse.ops.registry import OpKind
 
 
 def conv_to_matmul(graph: Graph) -> tuple[Graph, bool]:
-    """``graph`` with each eligible conv2d lowered to im2col + matmul; changed when any was."""
+    """``graph`` with each eligible conv2d lowered to im2col + matmul and activations kept as
+    NHWC matrices between them; changed when any conv was lowered."""
     producers = graph.producers()
-
-    def lower(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]) -> list[Value] | None:
-        return [_lower(builder, node, list(inputs))] if _eligible(node, producers) else None
-
-    return rewrite_nodes(graph, lower)
+    if not any(_eligible(n, producers) for n in graph.nodes):
+        return graph, False
+    layout = _Layout(GraphBuilder(graph.name))
+    for v in graph.inputs:
+        layout.nchw[v] = layout.b.input(v.type, v.name)
+    for node in graph.nodes:
+        layout.locs.update((v, node.loc) for v in node.outputs)
+        layout.locs.update((v, node.loc) for v in node.inputs if layout.locs.get(v) is None)
+        if not _rewrite(layout, node, producers):
+            inputs = tuple(layout.as_nchw(v) for v in node.inputs)
+            layout.b.append(node if inputs == node.inputs else
+                            Node(node.op, inputs, node.attrs, node.outputs, node.loc))
+            layout.nchw.update((v, v) for v in node.outputs)
+    return layout.b.build([layout.as_nchw(v) for v in graph.outputs]), True
 
 
 def _static(shape: tuple) -> bool:
@@ -62,23 +83,121 @@ def _eligible(node: Node, producers: dict[Value, Node]) -> bool:
     return all(v.dtype is DType.f32 and _static(v.shape) for v in values)
 
 
-def _lower(b: GraphBuilder, node: Node, inputs: list[Value]) -> Value:
-    loc: SourceLoc | None = node.loc
-    x, w = inputs[0], inputs[1]
+def _activation(v: Value) -> bool:
+    return len(v.shape) == 4 and _static(v.shape)
+
+
+class _Layout:
+    """The graph being built, and each original 4-D value's stand-ins in it: ``nchw`` (the
+    value itself, or one of its shape), ``mat`` (the activation matrix [N·H·W, C]) and ``nhwc``
+    ([N, H, W, C]), each made once, where first needed, with the location of the node that
+    computed the value (of its first reader when it has none: a graph input)."""
+
+    def __init__(self, builder: GraphBuilder):
+        self.b = builder
+        self.nchw: dict[Value, Value] = {}
+        self.mat: dict[Value, Value] = {}
+        self.nhwc: dict[Value, Value] = {}
+        self.locs: dict[Value, SourceLoc | None] = {}   # where each value was computed
+
+    def as_nchw(self, v: Value) -> Value:
+        if v not in self.nchw:
+            self.nchw[v] = self.b.add1("transpose", [self.as_nhwc(v)],
+                                       {"perm": (0, 3, 1, 2)}, self.locs.get(v))
+        return self.nchw[v]
+
+    def as_mat(self, v: Value) -> Value:
+        if v not in self.mat:
+            n, c, h, w = v.shape
+            self.mat[v] = self.b.add1("reshape", [self.as_nhwc(v)],
+                                      {"shape": (n * h * w, c)}, self.locs.get(v))
+        return self.mat[v]
+
+    def as_nhwc(self, v: Value) -> Value:
+        if v not in self.nhwc:
+            n, c, h, w = v.shape
+            loc = self.locs.get(v)
+            self.nhwc[v] = self.b.add1("reshape", [self.mat[v]], {"shape": (n, h, w, c)}, loc) \
+                if v in self.mat else \
+                self.b.add1("transpose", [self.nchw[v]], {"perm": (0, 2, 3, 1)}, loc)
+        return self.nhwc[v]
+
+
+def _rewrite(layout: _Layout, node: Node, producers: dict[Value, Node]) -> bool:
+    """Emits ``node`` in matrix form and records its output's matrix; False to keep it."""
+    if _eligible(node, producers):
+        layout.mat[node.outputs[0]] = _conv(layout, node)
+        return True
+    if len(node.outputs) != 1 or not _activation(node.outputs[0]):
+        return False
+    out = node.outputs[0]
+    if not any(v in layout.mat for v in node.inputs):
+        return False
+    if node.op.kind is OpKind.ELEMENTWISE and node.op.arity in (1, 2):
+        operands = _elementwise_operands(layout, node)
+        if operands is None:
+            return False
+        layout.mat[out] = layout.b.add1(node.op, operands, node.attrs, node.loc)
+        return True
+    if node.op.name == "concat" and node.attrs["axis"] in (1, -3) and \
+            all(_activation(v) and _pixels(v) == _pixels(out) for v in node.inputs):
+        mats = [layout.as_mat(v) for v in node.inputs]
+        layout.mat[out] = layout.b.add1("concat", mats, {"axis": 1}, node.loc)
+        return True
+    if _tap_pool(node):
+        layout.mat[out] = _pool(layout, node)
+        return True
+    return False
+
+
+def _tap_pool(node: Node) -> bool:
+    """A pool whose every window folds all its taps with one fill: max, or an average that
+    divides by the whole window (no padding, or padding counted); no ceil-mode overhang."""
+    if node.op.name not in ("max_pool2d", "avg_pool2d") or node.attrs["ceil_mode"] or \
+            not node.outputs[0].dtype.is_float:
+        return False
+    return node.op.name == "max_pool2d" or node.attrs["count_include_pad"] or \
+        not any(node.attrs["padding"])
+
+
+def _pixels(v: Value) -> tuple:
+    return (v.shape[0], *v.shape[2:])
+
+
+def _elementwise_operands(layout: _Layout, node: Node) -> list[Value] | None:
+    """The operands of an elementwise ``node`` in matrix form, or None where one cannot be."""
+    c = node.outputs[0].shape[1]
+    operands = []
+    for v in node.inputs:
+        if v.shape == node.outputs[0].shape:
+            operands.append(layout.as_mat(v))
+            continue
+        padded = (1,) * (4 - len(v.shape)) + tuple(v.shape)
+        if len(v.shape) > 4 or not _static(v.shape) or padded[0] != 1 or padded[2:] != (1, 1):
+            return None
+        if padded[1] not in (1, c):
+            return None
+        source = layout.as_nchw(v)
+        operands.append(layout.b.add1("reshape", [source], {"shape": (padded[1],)}, node.loc))
+    return operands
+
+
+def _conv(layout: _Layout, node: Node) -> Value:
+    b, loc = layout.b, node.loc
+    x, w = node.inputs[0], layout.nchw[node.inputs[1]]
     n, c = x.shape[0], x.shape[1]
     o, _, kh, kw = w.shape
     _, _, oh, ow = node.outputs[0].shape
     sh, sw = node.attrs["stride"]
     dh, dw = node.attrs["dilation"]
     top, left, bottom, right = node.attrs["padding"]
-
-    nhwc = b.add1("transpose", [x], {"perm": (0, 2, 3, 1)}, loc)
-    if top or left or bottom or right:
-        nhwc = b.add1("pad", [nhwc], {"pads": (0, 0, top, bottom, left, right, 0, 0)}, loc)
     depth = c * kh * kw
-    if (kh, kw, sh, sw) == (1, 1, 1, 1):
-        cols = b.add1("reshape", [nhwc], {"shape": (n * oh * ow, depth)}, loc)
+    if (kh, kw, sh, sw, top, left, bottom, right) == (1, 1, 1, 1, 0, 0, 0, 0):
+        cols = layout.as_mat(x)
     else:
+        nhwc = layout.as_nhwc(x)
+        if top or left or bottom or right:
+            nhwc = b.add1("pad", [nhwc], {"pads": (0, 0, top, bottom, left, right, 0, 0)}, loc)
         patches = b.add1("window_patches", [nhwc], {"kernel": (kh, kw), "strides": (sh, sw),
                                                     "dilations": (dh, dw)}, loc)
         cols = b.add1("reshape", [patches], {"shape": (n * oh * ow, depth)}, loc)
@@ -86,10 +205,33 @@ def _lower(b: GraphBuilder, node: Node, inputs: list[Value]) -> Value:
     w_hwio = b.add1("transpose", [w], {"perm": (2, 3, 1, 0)}, loc)
     wt = b.add1("reshape", [w_hwio], {"shape": (depth, o)}, loc)
     y = b.add1("matmul", [cols, wt], {}, loc)
-    if len(inputs) == 3:
-        y = b.add1("add", [y, inputs[2]], {}, loc)
-    y = b.add1("reshape", [y], {"shape": (n, oh, ow, o)}, loc)
-    return b.add1("transpose", [y], {"perm": (0, 3, 1, 2)}, loc)
+    if len(node.inputs) == 3:
+        y = b.add1("add", [y, layout.as_nchw(node.inputs[2])], {}, loc)
+    return y
+
+
+def _pool(layout: _Layout, node: Node) -> Value:
+    """A pool as max / mean over the window taps of the padded NHWC input: [N·OH·OW, C]
+    (a window as large as the input reads the matrix as it is)."""
+    b, loc = layout.b, node.loc
+    x, out = node.inputs[0], node.outputs[0]
+    n, c, oh, ow = out.shape
+    kh, kw = node.attrs["kernel"]
+    top, left, bottom, right = node.attrs["padding"]
+    is_max = node.op.name == "max_pool2d"
+    if (oh, ow, top, left, bottom, right) == (1, 1, 0, 0, 0, 0) and \
+            (kh, kw) == tuple(x.shape[2:]):
+        taps = b.add1("reshape", [layout.as_mat(x)], {"shape": (n, kh * kw, c)}, loc)
+    else:
+        nhwc = layout.as_nhwc(x)
+        if top or left or bottom or right:
+            nhwc = b.add1("pad", [nhwc], {"pads": (0, 0, top, bottom, left, right, 0, 0),
+                                          "value": -math.inf if is_max else 0.0}, loc)
+        patches = b.add1("window_patches", [nhwc], {
+            "kernel": (kh, kw), "strides": node.attrs["stride"],
+            "dilations": node.attrs.get("dilation", (1, 1))}, loc)
+        taps = b.add1("reshape", [patches], {"shape": (n * oh * ow, kh * kw, c)}, loc)
+    return b.add1("max" if is_max else "mean", [taps], {"axes": (1,)}, loc)
 
 
 __all__ = ["conv_to_matmul"]
