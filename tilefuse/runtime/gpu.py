@@ -224,7 +224,7 @@ def _compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
     if missing:
         raise CompileError(f"kernel {fn.name}: unbound buffers {missing}")
     extent = launch_extent(fn)
-    block = target.block_threads
+    block = lowered.block or target.block_threads
     grid = target.max_blocks if extent is None else \
         max(1, min(target.max_blocks, -(-extent * lowered.simt_width // block)))
     return GpuKernel(group, fn, compile_ptx(fn, target, lowered.simt_width),
