@@ -357,7 +357,7 @@ class _Lowering:
     # ---- main: work items in T slices ----------------------------------------------------
     def main(self) -> Stmt:
         s, z = self.shape, self.sizes
-        if self.runtime:
+        if self.runtime and is_extent(s.sq):   # a static Sq with runtime batch·heads: below
             return self.runtime_main()
         full_blocks, tail_rows = divmod(s.sq, z.block_q)
         stmts: list[Stmt] = []
