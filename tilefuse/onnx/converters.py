@@ -15,6 +15,7 @@ from tilefuse.onnx import (
     converters_loss,
     converters_math,
     converters_nn,
+    converters_resize,
     converters_sequence,
     converters_shape,
     converters_training,
@@ -29,7 +30,7 @@ Table = Mapping[str, tuple[tuple[int, Converter], ...]]
 
 def _build(modules: tuple = (converters_legacy, converters_math, converters_shape, converters_nn,
                              converters_sequence, converters_attention,
-                             converters_loss)) -> Table:
+                             converters_loss, converters_resize)) -> Table:
     table: dict[str, list[tuple[int, Converter]]] = {}
     for module in modules:
         for op_type, since, fn in module.CONVERTERS:
