@@ -135,11 +135,11 @@ def _copy_peak(nbytes: int = 2 << 30) -> float:
 
 
 def _executable(w: GpuWorkload, shape: tuple[int, ...], target: GpuTarget,
-                arrays: list[np.ndarray] | None):  # type: ignore[no-untyped-def]
+                arrays: list[np.ndarray] | None, database=None):  # type: ignore[no-untyped-def]
     from tilefuse.runtime.gpu import CudaExecutable, build_gpu_program
 
     graph = w.graph(shape, w.dtype)
-    executable = CudaExecutable(build_gpu_program(graph, target))
+    executable = CudaExecutable(build_gpu_program(graph, target, database=database))
     if arrays is None:
         rng = np.random.default_rng(0)
         arrays = [rng.standard_normal(tuple(v.shape), dtype=np.float32).astype(v.dtype.np)
@@ -159,7 +159,8 @@ def _output(executable) -> np.ndarray:  # type: ignore[no-untyped-def]
 
 
 def run_workload(w: GpuWorkload, rounds: int, repeats: int, quick: bool,
-                 targets: dict[str, GpuTarget]) -> dict[str, object]:
+                 targets: dict[str, GpuTarget], database=None  # type: ignore[no-untyped-def]
+                 ) -> dict[str, object]:
     """Times ``w`` on every target variant of ``targets`` (the first is the default), torch
     eager and Inductor, interleaved; every variant's output is checked against eager first."""
     import torch
@@ -169,6 +170,13 @@ def run_workload(w: GpuWorkload, rounds: int, repeats: int, quick: bool,
     arrays = None
     for name, target in targets.items():
         executables[name], arrays = _executable(w, shape, target, arrays)
+    if database is not None:  # the schedules tune_gpu measured for this workload
+        from tilefuse.tune.gpu import tune_gpu
+
+        for t in tune_gpu(w.graph(shape, w.dtype), database, repeats=repeats, rounds=3):
+            print(f"  {w.name} tuned {t.kernel}: {dict(t.schedule.unroll)} {t.ms:.3f} ms "
+                  f"(default {t.default_ms:.3f} ms, {t.candidates} candidates)")
+        executables["tuned"], _ = _executable(w, shape, GpuTarget(), arrays, database)
     assert arrays is not None
     tdtype = torch.bfloat16 if w.dtype is DType.bf16 else torch.float32
     tensors = [torch.from_numpy(a.astype(np.float32)).to("cuda", tdtype) for a in arrays]
@@ -221,7 +229,7 @@ def g1_parts(repeats: int = 10, rounds: int = 5) -> dict[str, float]:
     runs: dict[str, Callable[[], object]] = {
         "cublas (workspace)": lambda: ex._cublas.gemm(gemm.shape, a, b, c),
         "cublas (no workspace)": lambda: bare.gemm(gemm.shape, a, b, c),
-        "epilogue kernel": lambda: ex.context.launch(fn, epi.grid, epi.block, args),
+        "epilogue kernel": lambda: ex.context.launch(fn, ex._grids[epi.fn.name], epi.block, args),
         "tilefuse G1": ex.launch_all,
         "generated mma product": lambda: ex.context.launch(
             mma_fn, gemm.mma.grid, gemm.mma.block, [a, b, c]),
@@ -247,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="extra tilefuse variants timed beside the default: "
                              "name:field=value+field=value,... (GpuTarget fields)")
     parser.add_argument("--g1-parts", action="store_true", help="time G1's pieces alone")
+    parser.add_argument("--tune", default="", help="comma-separated workloads to tune first "
+                        "(tilefuse.tune.gpu, into --tune-db) and time as variant 'tuned'")
+    parser.add_argument("--tune-db", type=Path, default=Path("gpu_tune.sqlite"))
     args = parser.parse_args(argv)
     import torch
     if args.g1_parts:
@@ -264,7 +275,11 @@ def main(argv: list[str] | None = None) -> int:
         if only and w.name not in only:
             continue
         try:
-            r = run_workload(w, rounds, repeats, args.quick, _targets(args.variants))
+            database = None
+            if w.name in args.tune.split(","):
+                from tilefuse.tune.database import SQLiteDatabase
+                database = SQLiteDatabase(args.tune_db)
+            r = run_workload(w, rounds, repeats, args.quick, _targets(args.variants), database)
         except Exception as exc:  # report and go on: one workload must not hide the others
             print(f"| {w.name} {w.title} | failed: {type(exc).__name__}: {exc} |||||||")
             continue

@@ -34,7 +34,8 @@ def test_only_tile_multiples_of_bf16_are_generated() -> None:
 def test_mma_kernel_assembles_for_sm90(out: DType, tmp_path) -> None:
     kernel = mma_gemm(256, 384, 96, out)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in kernel.ptx
-    assert "ld.shared" in kernel.ptx and "bar.sync" in kernel.ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in kernel.ptx
+    assert "st.shared.v4" in kernel.ptx and "bar.sync" in kernel.ptx
     path = tmp_path / "mma.ptx"
     path.write_text(kernel.ptx)
     done = subprocess.run(["ptxas", "-arch=sm_90", "-v", str(path), "-o",

@@ -91,6 +91,10 @@ class GpuTarget:
     """16-byte runs per thread and iteration in flat elementwise kernels (loads in flight)."""
     register_row: int = 128
     """Rows of at most this many elements per warp thread are held in registers (read once)."""
+    long_row_block: int = 128
+    """Threads a block for register rows of more than 64 elements a thread (~255 registers)."""
+    resident_grid: int = 1
+    """Launch at most the blocks the device holds at once (from the driver's occupancy)."""
 
     @property
     def triple(self) -> str:

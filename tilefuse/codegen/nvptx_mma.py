@@ -8,14 +8,14 @@ Schedule (fixed; the executable times it against cuBLAS and keeps the faster):
 * a block of 256 threads (8 warps) owns a 128×128 tile of C; warp ``w`` owns rows
   ``(w // 4)·64 ..+64`` and columns ``(w % 4)·32 ..+32`` of it: 4×4 ``m16n8`` accumulators,
   64 f32 registers a thread;
-* per step of 32 along K the block stages A's 128×32 tile in shared memory as is (16-byte
-  loads and stores, two a thread) and B's 32×128 tile transposed (``Bᵀ[n][k]``), so every
-  fragment register is one 32-bit shared load of two consecutive k; rows are padded to 40
-  elements (80 bytes), so the fragment loads of a warp hit 32 different banks;
-* fragments follow PTX's m16n8k16 layout: thread ``lane`` holds A rows ``lane/4`` and
-  ``lane/4 + 8``, k pairs ``2·(lane%4)`` and ``+8``; B column ``lane/4``; C rows ``lane/4``,
-  ``+8`` and column pairs ``2·(lane%4)``;
-* two barriers a step (after staging, after the step's products); no double buffering.
+* per step of 32 along K the block stages A's 128×32 and B's 32×128 tiles in shared memory
+  as they are in global memory (16-byte loads and stores, four a thread), two stages deep:
+  the next step's tiles are loaded into registers before this step's products and stored
+  into the other stage after them, one barrier a step; rows are padded (A: 40 elements,
+  B: 136), so the 8 rows an ``ldmatrix`` phase reads hit 32 different banks;
+* fragments come from ``ldmatrix.x4`` (A) and ``ldmatrix.x4.trans`` (B: the transposition
+  gives the k pairs the ``.col`` operand wants), in PTX's m16n8k16 layout: C rows
+  ``lane/4``, ``+8`` and column pairs ``2·(lane%4)``.
 
 Shapes: M and N multiples of 128, K of 32 (else :class:`CompileError`: the product stays on
 cuBLAS). No epilogue is fused yet: the group's epilogue runs as the next kernel either way.
@@ -37,7 +37,10 @@ from tilefuse.errors import CompileError
 TILE_M = TILE_N = 128
 TILE_K = 32
 THREADS = 256
-PAD = 40  # elements per shared row (32 + 8): 80 bytes, conflict-free fragment loads
+PAD = 40  # elements per shared A row (32 + 8): 80 bytes, conflict-free ldmatrix rows
+B_PAD = TILE_N + 8  # elements per shared B row: 272 bytes, likewise
+A_STAGE = TILE_M * PAD
+B_STAGE = TILE_K * B_PAD
 I16 = ir.IntType(16)
 SHARED = 3
 
@@ -102,11 +105,11 @@ class _Kernel:
             arg.add_attribute("noalias")
         self.fn = fn
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
-        shared = ir.ArrayType(I16, TILE_M * PAD)
-        self.a_s = self._shared("a_tile", shared)
-        self.bt_s = self._shared("bt_tile", shared)
+        self.a_s = self._shared("a_tiles", 2 * A_STAGE)
+        self.b_s = self._shared("b_tiles", 2 * B_STAGE)
 
-    def _shared(self, name: str, ty: ir.Type) -> ir.GlobalVariable:
+    def _shared(self, name: str, count: int) -> ir.GlobalVariable:
+        ty = ir.ArrayType(I16, count)
         g = ir.GlobalVariable(self.module, ty, name, addrspace=SHARED)
         g.align = 16
         g.linkage = "internal"
@@ -129,7 +132,7 @@ class _Kernel:
 
     def build(self) -> None:
         b = self.b
-        a, bm_, c = self.fn.args
+        a, bmat, c = self.fn.args
         tid, bid = self.sreg("tid.x"), self.sreg("ctaid.x")
         blocks_n = self.n // TILE_N
         self.row0 = b.mul(b.udiv(bid, self.i32(blocks_n)), self.i32(TILE_M))
@@ -139,8 +142,12 @@ class _Kernel:
         self.wn = b.mul(b.and_(warp, self.i32(3)), self.i32(32))
         self.g, self.q2 = b.lshr(lane, self.i32(2)), b.shl(b.and_(lane, self.i32(3)),
                                                          self.i32(1))
+        self.row16 = b.and_(lane, self.i32(15))                      # ldmatrix row of the lane
+        self.half8 = b.mul(b.lshr(lane, self.i32(4)), self.i32(8))   # ... and its 8-column half
         self.tid = tid
-        zero = ir.Constant(F32, 0.0)
+        steps = self.k // TILE_K
+        self.store_stage(self.load_tile(a, bmat, self.i32(0)), self.i32(0))
+        self.barrier()
         before = b.block
         head = self.fn.append_basic_block("k.head")
         body = self.fn.append_basic_block("k.body")
@@ -151,16 +158,20 @@ class _Kernel:
         kt.add_incoming(self.i32(0), before)
         accs = [b.phi(F32) for _ in range(64)]
         for p in accs:
-            p.add_incoming(zero, before)
-        b.cbranch(b.icmp_unsigned("<", kt, self.i32(self.k // TILE_K)), body, done)
+            p.add_incoming(ir.Constant(F32, 0.0), before)
+        b.cbranch(b.icmp_unsigned("<", kt, self.i32(steps)), body, done)
         b.position_at_end(body)
-        k0 = b.mul(kt, self.i32(TILE_K))
-        self.stage(a, bm_, k0)
+        following = b.add(kt, self.i32(1))
+        # the next step's tiles into registers first (the last step reloads its own: harmless)
+        nxt = b.select(b.icmp_unsigned("<", following, self.i32(steps)), following, kt)
+        tiles = self.load_tile(a, bmat, b.mul(nxt, self.i32(TILE_K)))
+        stage = b.and_(kt, self.i32(1))
         new = list(accs)
         for kk in (0, 16):
-            new = self.products(kk, new)
+            new = self.products(stage, kk, new)
+        self.store_stage(tiles, b.xor(stage, self.i32(1)))
         self.barrier()
-        kt.add_incoming(b.add(kt, self.i32(1)), b.block)
+        kt.add_incoming(following, b.block)
         for p, v in zip(accs, new):
             p.add_incoming(v, b.block)
         b.branch(head)
@@ -171,49 +182,58 @@ class _Kernel:
     def barrier(self) -> None:
         self.b.call(declare(self.module, "llvm.nvvm.barrier0", VOID, []), [])
 
-    def stage(self, a: ir.Value, bmat: ir.Value, k0: ir.Value) -> None:
-        """A's and Bᵀ's tiles for this K step into shared memory, then a barrier."""
+    def load_tile(self, a: ir.Value, bmat: ir.Value, k0: ir.Value) -> list[tuple]:
+        """This thread's share of A's 128×32 and B's 32×128 tiles at ``k0``: four 16-byte
+        global loads, with the shared slots they go to."""
         b = self.b
         v4 = ir.VectorType(I32, 4)
-        v8 = ir.VectorType(I16, 8)
+        out = []
         for r in range(2):
             idx = b.add(self.tid, self.i32(r * THREADS))
             row, c8 = b.lshr(idx, self.i32(2)), b.shl(b.and_(idx, self.i32(3)), self.i32(3))
             at = b.add(b.mul(b.zext(b.add(self.row0, row), I64), ir.Constant(I64, self.k)),
                        b.zext(b.add(k0, c8), I64))
-            value = b.load(self.global_at(a, at), typ=v4, align=16)
-            b.store(value, self.shared_at(self.a_s, b.add(b.mul(row, self.i32(PAD)), c8)),
-                    align=16)
+            out.append((self.a_s, A_STAGE, b.add(b.mul(row, self.i32(PAD)), c8),
+                        b.load(self.global_at(a, at), typ=v4, align=16)))
             krow, n8 = b.lshr(idx, self.i32(4)), b.shl(b.and_(idx, self.i32(15)), self.i32(3))
             at = b.add(b.mul(b.zext(b.add(k0, krow), I64), ir.Constant(I64, self.n)),
                        b.zext(b.add(self.col0, n8), I64))
-            row8 = b.load(self.global_at(bmat, at), typ=v8, align=16)
-            for e in range(8):
-                slot = b.add(b.mul(b.add(n8, self.i32(e)), self.i32(PAD)), krow)
-                b.store(b.extract_element(row8, self.i32(e)), self.shared_at(self.bt_s, slot),
-                        align=2)
-        self.barrier()
+            out.append((self.b_s, B_STAGE, b.add(b.mul(krow, self.i32(B_PAD)), n8),
+                        b.load(self.global_at(bmat, at), typ=v4, align=16)))
+        return out
 
-    def pair(self, base: ir.GlobalVariable, row: ir.Value, col: ir.Value) -> ir.Value:
-        """Two consecutive bf16 of a shared tile as one i32."""
+    def store_stage(self, tiles: list[tuple], stage: ir.Value) -> None:
         b = self.b
-        ptr = self.shared_at(base, b.add(b.mul(row, self.i32(PAD)), col))
-        return b.load(ptr, typ=I32, align=4)
+        for base, size, slot, value in tiles:
+            at = b.add(b.mul(stage, self.i32(size)), slot)
+            b.store(value, self.shared_at(base, at), align=16)
 
-    def products(self, kk: int, accs: list[ir.Value]) -> list[ir.Value]:
+    def ldmatrix(self, base: ir.GlobalVariable, index: ir.Value, trans: bool) -> list[ir.Value]:
+        """Four 8×8 b16 matrices from shared memory (``ldmatrix...x4``, ``.trans`` for B):
+        this lane's row address is ``index``; returns the four fragment registers."""
+        name = "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "") + ".b16"
+        fn = declare(self.module, name, ir.LiteralStructType([I32] * 4),
+                     [ir.PointerType(addrspace=SHARED)])
+        got = self.b.call(fn, [self.shared_at(base, index)])
+        return [self.b.extract_value(got, e) for e in range(4)]
+
+    def products(self, stage: ir.Value, kk: int, accs: list[ir.Value]) -> list[ir.Value]:
         b = self.b
-        col = b.add(self.q2, self.i32(kk))
-        col8 = b.add(col, self.i32(8))
+        a_base = b.mul(stage, self.i32(A_STAGE))
+        b_base = b.mul(stage, self.i32(B_STAGE))
         frag_a = []
-        for i in range(4):
-            r = b.add(self.wm, b.add(self.g, self.i32(i * 16)))
-            r8 = b.add(r, self.i32(8))
-            frag_a.append([self.pair(self.a_s, r, col), self.pair(self.a_s, r8, col),
-                           self.pair(self.a_s, r, col8), self.pair(self.a_s, r8, col8)])
+        for i in range(4):  # A rows wm + 16i + (lane % 16), columns kk + 8·(lane / 16)
+            row = b.add(self.wm, b.add(self.row16, self.i32(i * 16)))
+            col = b.add(self.half8, self.i32(kk))
+            frag_a.append(self.ldmatrix(self.a_s, b.add(a_base, b.add(
+                b.mul(row, self.i32(PAD)), col)), trans=False))
         frag_b = []
-        for j in range(4):
-            nn = b.add(self.wn, b.add(self.g, self.i32(j * 8)))
-            frag_b.append([self.pair(self.bt_s, nn, col), self.pair(self.bt_s, nn, col8)])
+        for jj in range(2):  # B rows kk + (lane % 16), columns wn + 16jj + 8·(lane / 16)
+            krow = b.add(self.row16, self.i32(kk))
+            col = b.add(self.wn, b.add(self.half8, self.i32(jj * 16)))
+            r = self.ldmatrix(self.b_s, b.add(b_base, b.add(b.mul(krow, self.i32(B_PAD)), col)),
+                              trans=True)
+            frag_b += [r[0:2], r[2:4]]
         result = ir.LiteralStructType([F32] * 4)
         mma = declare(self.module, "llvm.nvvm.mma.m16n8k16.row.col.bf16", result,
                       [I32] * 6 + [F32] * 4)

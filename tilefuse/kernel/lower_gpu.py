@@ -203,7 +203,8 @@ def _leading_broadcast(operand: tuple[int, ...], shape: tuple[int, ...]) -> bool
 
 
 def lower_group_gpu(group: KernelGroup, row_unroll: int = 4, elementwise_unroll: int = 4,
-                    register_row: int = REGISTER_ROW) -> GpuLowered:
+                    register_row: int = REGISTER_ROW, long_row_block: int = LONG_ROW_BLOCK
+                    ) -> GpuLowered:
     """The GPU loop IR of ``group``; CompileError for kinds without a GPU lowering."""
     if group.kind is KernelKind.ELEMENTWISE:
         return lower_elementwise_gpu(group, elementwise_unroll)
@@ -219,7 +220,7 @@ def lower_group_gpu(group: KernelGroup, row_unroll: int = 4, elementwise_unroll:
             # a long register row needs ~255 registers a thread: blocks of 128 threads let an
             # SM hold 2 of them instead of 1 of 256 (measured: layer_norm [32768,4096] f32
             # 0.327 -> 0.281 ms, bf16 0.159 -> 0.149 ms on an H200)
-            return GpuLowered(fn, simt, LONG_ROW_BLOCK if n // WARP > 64 else None)
+            return GpuLowered(fn, simt, long_row_block if n // WARP > 64 else None)
         return GpuLowered(fn, simt)
     from tilefuse.kernel.lower_movement import lower_movement
 

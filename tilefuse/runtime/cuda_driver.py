@@ -145,6 +145,13 @@ class CudaContext:
             _call("cuLaunchKernel", function, grid, 1, 1, block, 1, 1, 0, 0,
                   ctypes.addressof(params), 0)
 
+    def resident_blocks(self, function: Any, block: int) -> int:
+        """How many blocks of ``block`` threads of ``function`` the whole device holds at
+        once (the driver's occupancy for its registers and shared memory, times the SMs)."""
+        with self:
+            per_sm = _call("cuOccupancyMaxActiveBlocksPerMultiprocessor", function, block, 0)
+        return max(1, int(per_sm)) * self.info.multiprocessors
+
     def time_ms(self, run: Any, repeats: int = 1) -> float:
         """Milliseconds per call of ``run()`` between two CUDA events (device time)."""
         with self:

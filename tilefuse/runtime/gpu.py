@@ -50,6 +50,8 @@ from tilefuse.runtime.cublas import Cublas, GemmShape
 from tilefuse.runtime.cuda_driver import CudaContext, DeviceBuffer
 from tilefuse.runtime.dynamic import SymbolBinder
 from tilefuse.runtime.memory import MemoryPlan, plan_from_liveness, value_names
+from tilefuse.tune.database import TuningDatabase
+from tilefuse.tune.gpu import tuned_target
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,10 @@ def _nbytes(value: Value) -> int:
 
 
 def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
-                      dump_dir: Path | str | None = None) -> GpuProgram:
-    """Plans, lowers and compiles ``graph`` to PTX (see the module docstring)."""
+                      dump_dir: Path | str | None = None,
+                      database: TuningDatabase | None = None) -> GpuProgram:
+    """Plans, lowers and compiles ``graph`` to PTX (see the module docstring); a kernel with
+    a schedule measured in ``database`` (:mod:`tilefuse.tune.gpu`) is built with it."""
     for v in [*graph.inputs, *(o for n in graph.nodes for o in n.outputs)]:
         if not is_static(v.shape):
             raise CompileError(f"the cuda target needs static shapes, got {v.type}")
@@ -196,14 +200,15 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
     log = get_logger("fallback")
     for group in form_kernels(graph).groups:
         if all(v in constants for v in group.inputs):
-            _evaluate(group.nodes, constants)
+            evaluate_group(group.nodes, constants)
             continue
         try:
             if group.kind is KernelKind.CONTRACTION:
                 program.steps.extend(_contraction_steps(group, target))
                 log.debug("kernel %s: product through cuBLAS, epilogue generated", group.name)
             else:
-                program.steps.append(_compile_group(group, target))
+                program.steps.append(compile_group(
+                    group, tuned_target(group, constants, target, database)))
         except CompileError as err:
             reason = str(err) if group.kind in GPU_KINDS | {KernelKind.CONTRACTION} else \
                 f"no GPU lowering for {group.kind.value} kernels yet"
@@ -214,9 +219,10 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
     return program
 
 
-def _compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
+def compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
+    """One generated kernel of ``group`` with ``target``'s knobs (CompileError if none)."""
     lowered = lower_group_gpu(group, target.row_unroll, target.elementwise_unroll,
-                              target.register_row)
+                              target.register_row, target.long_row_block)
     fn = lowered.fn
     buffers = kernel_buffers(group.inputs, group.outputs)
     by_name = {p.name: v for v, p in [*buffers.inputs.items(), *buffers.outputs.items()]}
@@ -269,11 +275,11 @@ def _contraction_steps(group: KernelGroup, target: GpuTarget) -> list[GpuStep]:
         outputs = tuple(v for v in group.outputs if v is not node.output)
         epilogue = KernelGroup(f"{group.name}_epilogue", KernelKind.ELEMENTWISE, rest, inputs,
                                outputs, None, node.output.shape)
-        steps.append(_compile_group(epilogue, target))
+        steps.append(compile_group(epilogue, target))
     return steps
 
 
-def _evaluate(nodes: Sequence[Node], env: dict[Value, np.ndarray]) -> None:
+def evaluate_group(nodes: Sequence[Node], env: dict[Value, np.ndarray]) -> None:
     for node in nodes:
         outs = run_node(node, [env[v] for v in node.inputs])
         env.update(zip(node.outputs, (np.require(o, requirements="C") for o in outs)))
@@ -290,10 +296,13 @@ class CudaExecutable:
         self._guard = SymbolBinder.of(self.graph)
         self._bound: dict[Value, int] = {}   # inputs given as device pointers (run_device)
         self._functions = {}
+        self._grids: dict[str, int] = {}
         for step in program.steps:
             if isinstance(step, GpuKernel):
                 module = self.context.load_ptx(step.ptx)
-                self._functions[step.fn.name] = (module, module.function(step.fn.name))
+                function = module.function(step.fn.name)
+                self._functions[step.fn.name] = (module, function)
+                self._grids[step.fn.name] = self._grid(step, function)
         self._constants = {v: self.context.upload(np.ascontiguousarray(a))
                            for v, a in program.constants.items()}
         plan = program.memory_plan()
@@ -310,6 +319,14 @@ class CudaExecutable:
 
     def __repr__(self) -> str:
         return f"CudaExecutable(@{self.graph.name} on {self.context.info.name})"
+
+    def _grid(self, step: GpuKernel, function: Any) -> int:
+        """The launch's blocks: with ``resident_grid`` at most one wave of what the device
+        holds at once (the loops are grid-stride, so any grid is correct; one wave has no
+        second, partly filled one)."""
+        if not self.program.target.resident_grid:
+            return step.grid
+        return min(step.grid, self.context.resident_blocks(function, step.block))
 
     def _choose_product(self, step: GemmStep) -> Any:
         """The generated kernel's function when it beats cuBLAS on this product (CUDA events,
@@ -393,7 +410,7 @@ class CudaExecutable:
         for step in self.program.steps:
             if isinstance(step, GpuKernel):
                 _, function = self._functions[step.fn.name]
-                self.context.launch(function, step.grid, step.block,
+                self.context.launch(function, self._grids[step.fn.name], step.block,
                                     [self._bound_ptr(v) for v in step.bindings])
             elif isinstance(step, GemmStep):
                 assert self._cublas is not None
@@ -416,7 +433,7 @@ class CudaExecutable:
                 host = np.empty(v.shape, v.dtype.np)
                 self.context.copy_to_host(host, self._bound_ptr(v))
                 made[v] = host
-        _evaluate(step.group.nodes, env)  # type: ignore[arg-type]
+        evaluate_group(step.group.nodes, env)  # type: ignore[arg-type]
         for v in step.group.outputs:
             self._buffers[v].copy_from(np.ascontiguousarray(made[v], v.dtype.np))
 
@@ -430,4 +447,4 @@ def build_cuda(graph: Graph, dump_dir: Path | str | None = None) -> CudaExecutab
 
 
 __all__ = ["CudaExecutable", "GpuKernel", "GpuProgram", "HostGroup", "build_cuda",
-           "build_gpu_program"]
+           "build_gpu_program", "compile_group", "evaluate_group"]
