@@ -11,6 +11,7 @@ from types import MappingProxyType
 
 from tilefuse.onnx import (
     converters_attention,
+    converters_index,
     converters_legacy,
     converters_loss,
     converters_math,
@@ -30,7 +31,7 @@ Table = Mapping[str, tuple[tuple[int, Converter], ...]]
 
 def _build(modules: tuple = (converters_legacy, converters_math, converters_shape, converters_nn,
                              converters_sequence, converters_attention,
-                             converters_loss, converters_resize)) -> Table:
+                             converters_loss, converters_resize, converters_index)) -> Table:
     table: dict[str, list[tuple[int, Converter]]] = {}
     for module in modules:
         for op_type, since, fn in module.CONVERTERS:

@@ -8,6 +8,9 @@ integer Div truncates), so converters cast back where tilefuse's NumPy rules dif
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
 
 from tilefuse.dtypes import DType
 from tilefuse.onnx.context import NodeContext, Tensor
@@ -279,38 +282,82 @@ def _gemm(ctx: NodeContext) -> list[Tensor]:
 # ---- reductions ------------------------------------------------------------------------------
 
 
-def _reduce_common(ctx: NodeContext, name: str, axes: tuple[int, ...] | None,
+Body = Callable[[NodeContext, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """An ONNX reduction as ``post(op(pre(x)))``; ``op`` is a tilefuse reduction."""
+
+    op: str
+    pre: Body | None = None
+    post: Body | None = None
+
+
+def _reduce_common(ctx: NodeContext, r: Reduction, axes: tuple[int, ...] | None,
                    noop: bool) -> list[Tensor]:
     x = ctx.input(0)
     keepdims = bool(ctx.attr("keepdims", 1))
     if not axes:
-        if noop:
+        if noop and r.pre is None and r.post is None:
             return [x]
-        axes = None
+        axes = () if noop else None  # noop_with_empty_axes: reduce nothing
     else:
         axes = tuple(sorted({ctx.axis(a, x.rank) for a in axes}))
-    y = ctx.op(name, x, axes=axes, keepdims=keepdims)
+    y = ctx.op(r.op, x if r.pre is None else r.pre(ctx, x), axes=axes, keepdims=keepdims)
+    if r.post is not None:
+        y = r.post(ctx, y)
     return [ctx.cast(y, x.dtype)]  # sum/prod/mean of integers stay in their type in ONNX
 
 
-def _reduce_attr(name: str) -> Converter:
+def _reduce_attr(r: Reduction) -> Converter:
     def convert(ctx: NodeContext) -> list[Tensor]:
         axes = ctx.attr("axes")
-        return _reduce_common(ctx, name, None if axes is None else tuple(axes),
+        return _reduce_common(ctx, r, None if axes is None else tuple(axes),
                               bool(ctx.attr("noop_with_empty_axes", 0)))
     return convert
 
 
-def _reduce_input(name: str) -> Converter:
+def _reduce_input(r: Reduction) -> Converter:
     def convert(ctx: NodeContext) -> list[Tensor]:
-        return _reduce_common(ctx, name, ctx.ints_input(1, "axes"),
+        return _reduce_common(ctx, r, ctx.ints_input(1, "axes"),
                               bool(ctx.attr("noop_with_empty_axes", 0)))
     return convert
 
 
-_REDUCE: tuple[tuple[str, int, str], ...] = (
-    ("ReduceSum", 13, "sum"), ("ReduceMean", 18, "mean"), ("ReduceMax", 18, "max"),
-    ("ReduceMin", 18, "min"), ("ReduceProd", 18, "prod"),
+def _square(ctx: NodeContext, x: Tensor) -> Tensor:
+    return ctx.op("mul", x, x)
+
+
+def _log_sum_exp(ctx: NodeContext) -> list[Tensor]:
+    """log(sum(exp(x - max))) + max over the axes, computed stably."""
+    x = ctx.input(0)
+    keepdims = bool(ctx.attr("keepdims", 1))
+    given = ctx.attr("axes") if ctx.opset < 18 else ctx.ints_input(1, "axes")
+    if not given and ctx.attr("noop_with_empty_axes", 0):
+        return [x]  # log(exp(x)) over no axes
+    axes = None if not given else tuple(sorted({ctx.axis(a, x.rank) for a in given}))
+    reduced = range(x.rank) if axes is None else axes
+    if any(x.shape[a] == 0 for a in reduced):  # the log of an empty sum
+        shape = tuple(1 if a in reduced else d for a, d in enumerate(x.shape) if keepdims
+                      or a not in reduced)
+        return [ctx.const(np.full(shape, -np.inf, dtype=x.dtype.np))]
+    peak = ctx.op("max", x, axes=axes, keepdims=True)
+    finite = ctx.op("where", ctx.op("isnan", ctx.op("sub", peak, peak)),
+                    ctx.scalar(0, x.dtype), peak)  # an infinite max shifts by 0
+    total = ctx.op("sum", ctx.op("exp", ctx.op("sub", x, finite)), axes=axes, keepdims=keepdims)
+    shift = finite if keepdims else ctx.op("reshape", finite, shape=total.shape)
+    return [ctx.op("add", ctx.op("log", total), shift)]
+
+
+_REDUCE: tuple[tuple[str, int, Reduction], ...] = (
+    ("ReduceSum", 13, Reduction("sum")), ("ReduceMean", 18, Reduction("mean")),
+    ("ReduceMax", 18, Reduction("max")), ("ReduceMin", 18, Reduction("min")),
+    ("ReduceProd", 18, Reduction("prod")),
+    ("ReduceL1", 18, Reduction("sum", pre=lambda ctx, x: ctx.op("abs", x))),
+    ("ReduceL2", 18, Reduction("sum", pre=_square, post=lambda ctx, y: ctx.op("sqrt", y))),
+    ("ReduceSumSquare", 18, Reduction("sum", pre=_square)),
+    ("ReduceLogSum", 18, Reduction("sum", post=lambda ctx, y: ctx.op("log", y))),
 )
 
 
@@ -352,7 +399,7 @@ def _table() -> tuple[tuple[str, int, Converter], ...]:
         ("Where", 9, _where), ("Sum", 1, _variadic("add")), ("Mean", 1, _variadic("add", True)),
         ("Max", 1, _variadic("maximum")), ("Min", 1, _variadic("minimum")),
         ("MatMul", 1, _matmul), ("Gemm", 7, _gemm), ("ArgMax", 1, _arg("argmax")),
-        ("ArgMin", 1, _arg("argmin")),
+        ("ArgMin", 1, _arg("argmin")), ("ReduceLogSumExp", 1, _log_sum_exp),
     ]
     return tuple(rows)
 
