@@ -249,8 +249,8 @@ class QueryBlock:
         on Intel cores: one per masked vector made the softmax 4x slower than both products).
         The flushed values are below 1e-37 of the row maximum's exp(0) = 1. NaN stays NaN."""
         floor = self.low.f(EXP_FLOOR[self.low.dtype], x.lanes)
-        value = unary(XOp.EXP, maximum(x, floor))
-        return select(binary(XOp.LT, x, floor), self.low.f(0.0, x.lanes), value)
+        below = binary(XOp.LT, x, floor)   # false for NaN
+        return select(below, self.low.f(0.0, x.lanes), unary(XOp.EXP, select(below, floor, x)))
 
     def pv_tile(self, i0: Expr, mr: int, k0: Expr, nk: int | Expr) -> list[Stmt]:
         """O[i0:i0+mr, :] = O · alpha + P[i0:i0+mr, :nk] · v[k0:k0+nk, :], in chunks of the
