@@ -181,6 +181,20 @@ def test_native_fully_masked_row_is_nan_like_the_reference():
     assert_close(got, want, reduction=True)
 
 
+def test_native_nan_in_a_query_row_stays_nan_and_spares_the_other_rows():
+    """The masked-exp flush (exp on a floor, 0 below it) must not turn a NaN score into 0."""
+    g = attention_graph((2,), 5, 70, 8, 8, (5, 70))
+    arrays = inputs_of(g, 8)
+    arrays[3] = causal(5, 70)
+    arrays[0][1, 2, 3] = np.nan
+    got, want = run_native(g, arrays), reference(g, arrays)
+    assert np.isnan(want[1, 2]).all() and np.isnan(got[1, 2]).all()
+    keep = np.ones(got.shape[:2], bool)
+    keep[1, 2] = False
+    assert np.isfinite(got[keep]).all()
+    assert_close(got[keep], want[keep], reduction=True)
+
+
 def test_other_dtypes_fall_back_to_the_host_reference_with_a_reason():
     b = GraphBuilder("half")
     ins = [b.input(((2, 7, 8), DType.f16), n) for n in "qkv"]
