@@ -5,7 +5,8 @@
 Each sequence length is compiled twice from the same NumPy function: once as the pipeline
 makes it (the ``attention`` pass fuses it into one online-softmax kernel) and once with
 ``$TILEFUSE_NO_FUSED_ATTENTION=1`` (matmul, row softmax, matmul kernels holding S×S scores).
-Prints one line per (sequence, variant): best-of-N milliseconds and the arena in MiB.
+Prints one line per (sequence, variant): best-of-N milliseconds, GFLOP/s of the two products
+(``4·H·S²·D`` per call, the softmax not counted) and the arena in MiB.
 """
 
 from __future__ import annotations
@@ -72,12 +73,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--arena-only", action="store_true", help="compile and report arenas")
     args = parser.parse_args()
-    print(f"{'seq':>6} {'variant':>8} {'ms':>10} {'arena MiB':>10}")
+    print(f"{'seq':>6} {'variant':>8} {'ms':>10} {'GFLOP/s':>8} {'arena MiB':>10}")
     for seq in args.seqs:
+        flops = 4 * HEADS * seq * seq * HEAD_DIM
         for fused in (True, False):
             ms, arena = measure(seq, fused, args.repeats, args.arena_only)
             print(f"{seq:>6} {'fused' if fused else 'unfused':>8} {ms:>10.2f} "
-                  f"{arena / 2**20:>10.2f}")
+                  f"{flops / ms / 1e6:>8.1f} {arena / 2**20:>10.2f}")
 
 
 if __name__ == "__main__":
