@@ -117,8 +117,9 @@ def test_bad_shapes_are_shape_errors_naming_the_op(shapes, why):
     ((3,), 65, 513, 33, 17, (513,)),                 # odd head dims, Sk > Sq, key-only mask
     ((2,), 129, 64, 64, 80, (129, 1)),               # per-row mask, Dv not a power of two
 ])
-def test_native_matches_reference(batch, sq, sk, d, dv, mask):
-    g = attention_graph(batch, sq, sk, d, dv, mask)
+@pytest.mark.parametrize("dtype", [DType.f32, DType.f64])
+def test_native_matches_reference(batch, sq, sk, d, dv, mask, dtype):
+    g = attention_graph(batch, sq, sk, d, dv, mask, dtype=dtype)
     arrays = inputs_of(g, sq + sk)
     assert_close(run_native(g, arrays), reference(g, arrays), reduction=True)
 

@@ -72,9 +72,9 @@ from tilefuse.loop.ir import (
 from tilefuse.loop.simplify import fold_constants
 
 BLOCK_Q = 64
-"""Query rows per work item: the probabilities scratch is BLOCK_Q × BLOCK_K per thread."""
-BLOCK_K = 64
-"""Keys per block (a multiple of the vector width): 4 zmm vectors of f32 per score row."""
+"""Query rows per work item: the probabilities scratch is BLOCK_Q × the key block per thread."""
+KEY_VECTORS = 4
+"""Vectors of keys per block: 64 keys of f32 (32 of f64) on AVX-512, 4 zmm per score row."""
 MICRO_ROWS = 4
 """Query rows per register tile: 4 rows × 4 vectors = 16 accumulators of 32 zmm."""
 PV_VECTORS = 4
@@ -91,7 +91,7 @@ def default_attention_schedule(group: KernelGroup, target: Any = None) -> Schedu
     cpu = as_cpu_target(target)
     node = attention_node(group)
     lanes = cpu.lanes(node.outputs[0].dtype)
-    block_k = max(lanes, BLOCK_K // lanes * lanes)
+    block_k = KEY_VECTORS * lanes
     return Schedule(KernelKind.ATTENTION, tiles=(("q", BLOCK_Q), ("k", block_k)),
                     order=("b", "q", "k"), vector_axis="k", vector_width=lanes,
                     parallel_axes=("b", "q"), unroll=(("q", MICRO_ROWS), ("v", PV_VECTORS)),
@@ -182,7 +182,7 @@ def attention_sizes(shape: AttentionShape, schedule: Schedule, threads: int) -> 
     block_q = schedule.tile("q") or BLOCK_Q
     if not is_extent(shape.sq):
         block_q = min(block_q, max(shape.sq, 1))
-    block_k = schedule.tile("k") or BLOCK_K
+    block_k = schedule.tile("k") or KEY_VECTORS * w
     if block_k % w:
         raise CompileError(f"attention key block {block_k} is not a multiple of the vector "
                            f"width {w}")
