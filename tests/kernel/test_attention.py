@@ -164,6 +164,24 @@ def test_native_matches_reference_for_other_schedules(monkeypatch, block_q, key_
     assert used
 
 
+def test_an_avx2_target_gets_its_own_blocking_and_matches_the_reference():
+    """8 lanes and 16 ymm registers: 32-key blocks and 2-row tiles (8 accumulators)."""
+    from tilefuse.codegen.target import CpuTarget, host_target
+
+    host = host_target()
+    if not host.has("avx2") or not host.has("fma"):
+        pytest.skip("the host cannot run AVX2 code")
+    avx2 = CpuTarget(host.triple, "haswell", "+avx,+avx2,+fma,+sse4.2,+f16c")
+    g = attention_graph((2,), 45, 83, 24, 40, (45, 83))
+    schedule = default_attention_schedule(form_kernels(g).groups[0], avx2)
+    assert (schedule.vector_width, schedule.tile("k"), dict(schedule.unroll)["q"]) == (8, 32, 2)
+    arrays = inputs_of(g, 12)
+    arrays[3] = causal(45, 83)
+    exe = NativeExecutable(g, target=avx2)
+    assert exe.fallbacks == []
+    assert_close(exe(*arrays)[0], reference(g, arrays), reduction=True)
+
+
 def test_a_register_tile_over_the_accumulator_budget_is_a_compile_error():
     g = attention_graph((1,), 64, 200, 16, 16)
     group = form_kernels(g).groups[0]

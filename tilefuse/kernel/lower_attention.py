@@ -87,14 +87,15 @@ SUPPORTED = frozenset({DType.f32, DType.f64})
 
 def default_attention_schedule(group: KernelGroup, target: Any = None) -> Schedule:
     """The attention kernel's schedule: query and key blocks (``tiles``), the register tile's
-    rows (``unroll`` of ``q``), vectors along keys of the target's width."""
+    rows and P·V vectors (``unroll`` of ``q`` and ``v``), vectors along keys of the target's
+    width; half the rows with 16 vector registers (AVX2), so the 8 accumulators leave room."""
     cpu = as_cpu_target(target)
     node = attention_node(group)
     lanes = cpu.lanes(node.outputs[0].dtype)
-    block_k = KEY_VECTORS * lanes
-    return Schedule(KernelKind.ATTENTION, tiles=(("q", BLOCK_Q), ("k", block_k)),
+    rows = MICRO_ROWS if cpu.vector_registers >= 32 else MICRO_ROWS // 2
+    return Schedule(KernelKind.ATTENTION, tiles=(("q", BLOCK_Q), ("k", KEY_VECTORS * lanes)),
                     order=("b", "q", "k"), vector_axis="k", vector_width=lanes,
-                    parallel_axes=("b", "q"), unroll=(("q", MICRO_ROWS), ("v", PV_VECTORS)),
+                    parallel_axes=("b", "q"), unroll=(("q", rows), ("v", PV_VECTORS)),
                     pack=("k",))
 
 
