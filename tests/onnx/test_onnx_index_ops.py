@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnxcheck import arr, single
+from onnx import helper
+from onnxcheck import F32, I64, arr, compare, init, make_model, single
 
 from tilefuse.testing import assert_close
 
@@ -79,3 +80,26 @@ def test_log_sum_exp_is_stable_for_large_values() -> None:
     model = single("ReduceLogSumExp", {"x": x}, opset=13, axes=[1], keepdims=0,
                    reduction=True)
     assert np.isfinite(model(x)).all()
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_elements_and_nd(reduction: str) -> None:
+    data = arr([5, 7])
+    if reduction == "none":
+        idx = np.stack([rng.permutation(7)[:4] for _ in range(5)]).astype(np.int64)
+    else:
+        idx = rng.integers(-7, 7, size=(5, 4)).astype(np.int64)
+    single("ScatterElements", {"d": data}, consts={"i": idx, "u": arr([5, 4])}, opset=18,
+           axis=1, reduction=reduction)
+    rows = rng.permutation(5)[:3] if reduction == "none" else rng.integers(-5, 5, size=3)
+    single("ScatterND", {"d": data}, consts={"i": rows.reshape(3, 1).astype(np.int64),
+                                             "u": arr([3, 7])}, opset=18, reduction=reduction)
+
+
+@pytest.mark.parametrize(("largest", "axis", "k"), [(1, -1, 2), (0, 0, 3), (1, 1, 7)])
+def test_top_k(largest: int, axis: int, k: int) -> None:
+    x = rng.permutation(5 * 7 * 2).reshape(5, 7, 2).astype(np.float32)  # distinct: one order
+    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=axis, largest=largest)
+    model = make_model([node], [("x", F32, [5, 7, 2])], [("v", F32), ("i", I64)],
+                       initializers=[init("k", np.array([k], np.int64))], opset=11)
+    compare(model, {"x": x})

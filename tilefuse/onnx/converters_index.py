@@ -1,5 +1,6 @@
-"""Converters that compare positions with indices: OneHot, Hardmax, CumSum; and Einsum,
-DepthToSpace and SpaceToDepth, which are rearrangements of existing ops.
+"""Converters that compare positions with indices: OneHot, Hardmax, CumSum; scatters and TopK
+(tilefuse's scatter_elements, scatter_nd and topk ops); and Einsum, DepthToSpace and
+SpaceToDepth, which are rearrangements of existing ops.
 
 CumSum is a log-step prefix sum (Hillis-Steele: add the running result shifted by 1, 2, 4, …
 positions), so every output adds only the inputs before it: integers stay exact and an inf or
@@ -128,7 +129,35 @@ def _space_to_depth(ctx: NodeContext) -> list[Tensor]:
     return [ctx.op("reshape", moved, shape=(n, c * b * b, h // b, w // b))]
 
 
+def _scatter_elements(ctx: NodeContext) -> list[Tensor]:
+    data = ctx.input(0)
+    return [ctx.op("scatter_elements", data, ctx.input(1), ctx.cast(ctx.input(2), data.dtype),
+                   axis=ctx.axis(ctx.attr("axis", 0), data.rank),
+                   reduction=ctx.attr("reduction", "none"))]
+
+
+def _scatter_nd(ctx: NodeContext) -> list[Tensor]:
+    data = ctx.input(0)
+    return [ctx.op("scatter_nd", data, ctx.input(1), ctx.cast(ctx.input(2), data.dtype),
+                   reduction=ctx.attr("reduction", "none"))]
+
+
+def _top_k(ctx: NodeContext) -> list[Tensor]:
+    x = ctx.input(0)
+    if ctx.opset < 10:
+        k = ctx.attr("k")
+    else:
+        given = ctx.ints_input(1, "K")
+        k = given[0] if given and len(given) == 1 else None
+    if k is None:
+        raise ctx.error("needs a scalar K")
+    return ctx.ops("topk", x, k=int(k), axis=ctx.axis(ctx.attr("axis", -1), x.rank),
+                   largest=bool(ctx.attr("largest", 1)))
+
+
 CONVERTERS = (
+    ("ScatterElements", 11, _scatter_elements), ("Scatter", 9, _scatter_elements),
+    ("ScatterND", 11, _scatter_nd), ("TopK", 1, _top_k),
     ("OneHot", 9, _one_hot), ("Hardmax", 1, _hardmax_1), ("Hardmax", 13, _hardmax_13),
     ("CumSum", 11, _cum_sum), ("Einsum", 12, _einsum),
     ("DepthToSpace", 1, _depth_to_space), ("SpaceToDepth", 1, _space_to_depth),

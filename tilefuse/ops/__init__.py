@@ -7,10 +7,19 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from tilefuse.errors import UnknownOpError
-from tilefuse.ops import attention, composite, contraction, elementwise, movement, nn, reduction
+from tilefuse.ops import (
+    attention,
+    composite,
+    contraction,
+    elementwise,
+    indexing,
+    movement,
+    nn,
+    reduction,
+)
 from tilefuse.ops.registry import AttrSpec, AttrType, OpDef, OpKind, Trait
 
-_MODULES = (elementwise, reduction, composite, contraction, movement, nn, attention)
+_MODULES = (elementwise, reduction, composite, contraction, movement, nn, attention, indexing)
 
 
 def _gather() -> Mapping[str, OpDef]:
