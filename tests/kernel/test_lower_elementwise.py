@@ -521,7 +521,7 @@ def test_kinds_without_a_lowering_are_refused():
 def test_unsupported_members_are_compile_errors():
     graph = parse_graph("""
     graph @pad(%x: f32[4,8]) -> (f32[4,10], f32[4]) {
-      %0 = pad(%x) {pads=[0,0,1,1]} : f32[4,10]
+      %0 = pad(%x) {mode="edge", pads=[0,0,1,1]} : f32[4,10]
       %1 = sum(%x) {axes=[1]} : f32[4]
       return %0, %1
     }""")
@@ -576,3 +576,21 @@ def test_printed_loop_ir_golden():
     sched = Schedule(KernelKind.ELEMENTWISE, order=("i",), vector_axis="i", vector_width=8)
     text = str(lower_group(group, sched))
     assert text == GOLDEN, text
+
+
+@pytest.mark.parametrize("shape,pads,vector", [
+    ((2, 5, 7, 32), (0, 0, 1, 2, 2, 0, 0, 0), True),     # NHWC, C unpadded: vectors along C
+    ((1, 3, 1, 16), (0, 1, 0, 0, 1, 1, 0, 0), True),
+    ((3, 7, 13), (0, 0, 1, 1, 2, 3), False),             # last axis padded: scalars
+    ((1, 1, 513), (1, 0, 0, 0, 0, 0), True),             # vectors along 513, a scalar tail
+])
+def test_constant_pad_is_an_index_remap(shape, pads, vector):
+    """pad inside a kernel: the shifted, clamped load where every padded axis is in range,
+    else the fill (-inf here, so a wrong select shows); bounds tested once per vector."""
+    b = GraphBuilder("pad")
+    x = b.input((shape, F32), "x")
+    padded = b.add1("pad", [b.add1("exp", [x])], {"pads": pads, "value": -float("inf")})
+    graph = b.build([b.add1("relu", [b.add1("neg", [padded])])])
+    group = one_kernel(graph)
+    (fn,) = check_groups(graph, [group], random_inputs(graph, seed=len(shape)))
+    assert bool(kind_loops(fn, LoopKind.VECTORIZED)) is vector

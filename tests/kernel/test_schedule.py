@@ -194,6 +194,21 @@ def test_default_contraction_threads_over_m_or_batch_when_n_is_narrow():
         """)
     s = default_schedule(narrow, AVX512_2)
     assert s.parallel_axes == ("m",) and s.micro_tile == (16, 16)
+    conv = only_group("""
+        graph @g(%x: f32[3136,576], %w: f32[576,64]) -> f32[3136,64] {
+          %0 = matmul(%x, %w) : f32[3136,64]
+          return %0
+        }
+        """)  # a 3x3 conv's im2col matrix: one 32-wide panel per thread if threads went over N
+    s = default_schedule(conv, AVX512_2)
+    assert s.parallel_axes == ("m",) and s.tile("n") == 64 and s.tile("m") == 96
+    wide = only_group("""
+        graph @g(%x: f32[3136,64], %w: f32[64,128]) -> f32[3136,128] {
+          %0 = matmul(%x, %w) : f32[3136,128]
+          return %0
+        }
+        """)
+    assert default_schedule(wide, AVX512_2).parallel_axes == ("n",)
     batched = only_group("""
         graph @g(%q: f32[12,512,64], %k: f32[12,64,512]) -> f32[12,512,512] {
           %0 = matmul(%q, %k) : f32[12,512,512]

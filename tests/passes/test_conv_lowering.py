@@ -129,15 +129,17 @@ def test_native_matches_the_reference(n, c, hw, k, stride, padding, dilation, bi
 
 
 def test_im2col_is_the_matmul_prologue():
-    """The patches are gathered while A is packed: no slices, no stack, no im2col kernel of
-    their own."""
+    """The patches are gathered while A is packed, through the padding and the input's layout
+    change: no slices, no stack, no im2col, pad or transpose kernel of their own."""
     graph = conv_graph(1, 16, (9, 7), 3, 1, (1, 1, 1, 1), 1, True, seed=3, after="relu")
     lowered, _ = run_pipeline(graph, GRAPH_PIPELINE)
     exe = build_native(lowered)
     assert exe.fallbacks == []
     plan = form_kernels(decompose_composites(lowered)[0])
     (conv,) = [g for g in plan.groups if g.kind is KernelKind.CONTRACTION]
-    assert [n.op.name for n in conv.nodes][:2] == ["window_patches", "reshape"]
+    assert [n.op.name for n in conv.nodes][:4] == ["transpose", "pad", "window_patches",
+                                                   "reshape"]
+    assert [g.kind for g in plan.groups] == [KernelKind.CONTRACTION, KernelKind.MOVEMENT]
     assert not any(n.op.name in ("slice", "stack") for n in lowered.nodes)
     rng = np.random.default_rng(4)
     args = [random_array(rng, tuple(int(d) for d in v.shape), v.dtype) for v in graph.inputs]
@@ -240,7 +242,7 @@ def test_batch_norm_relu_and_residual_are_matmul_epilogues():
     assert second[-3:] == ["matmul", "add", "relu"]
 
 
-@pytest.mark.parametrize("c,hw,seed", [(8, 9, 0), (7, 13, 1), (17, 6, 2), (1, 7, 3)])
+@pytest.mark.parametrize("c,hw,seed", [(8, 9, 0), (7, 13, 1), (17, 6, 2), (1, 7, 3), (32, 5, 4)])
 def test_channels_last_network_runs_natively(c, hw, seed):
     graph = residual_block(c, hw, seed)
     optimized, _ = run_pipeline(graph, GRAPH_PIPELINE)

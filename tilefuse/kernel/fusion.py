@@ -35,8 +35,9 @@ The rules (they are the design; the tests hold the code to them):
 4. **CONTRACTION** over the matmul's output D: EPILOGUE members are elementwise ops of shape
    exactly D reading the anchor or the epilogue (bias, activation, residual, scale: ``gelu(x @ w
    + b)`` is one kernel); PROLOGUE / PROLOGUE_B members compute operand A / B element by element
-   (the operand's element count), evaluated while packing.
-5. **REDUCTION**: the anchor and a PROLOGUE computing its input element by element.
+   (the operand's element count), evaluated while packing; remaps and constant pads of any
+   size (``_gathered``) join A's too, so im2col gathers from the unpadded activations.
+5. **REDUCTION**: the anchor and a PROLOGUE computing its input element by element (as in 4).
 6. **ELEMENTWISE**: the remaining pointwise nodes, seeded from the last backwards. DOMAIN members
    have the seed's element count |D| (reshape and transpose keep it, so they fuse); inputs of
    other shapes broadcast into it. A smaller producer would be evaluated per element of D that
@@ -180,6 +181,13 @@ def is_pointwise(node: Node) -> bool:
     """Elementwise ops, fills and the index-remapping movement ops (rule 2)."""
     return (node.op.kind is OpKind.ELEMENTWISE or node.op.name in CHEAP_MOVEMENT
             or node.op.name == "full")
+
+
+def _gathered(node: Node) -> bool:
+    """A remap or a constant pad leaving the last axis alone: read through at any size."""
+    if node.op.name == "pad":
+        return node.attrs["mode"] == "constant" and not any(node.attrs["pads"][-2:])
+    return node.op.name in CHEAP_MOVEMENT
 
 
 def op_cost(node: Node) -> int:
@@ -337,11 +345,12 @@ class _ContractionSpace(_Space):
 
     def _roles(self, node: Node) -> list[Role]:
         if not is_pointwise(node):
-            return []
+            return [Role.PROLOGUE] if _gathered(node) else []
         out = node.outputs[0]
         epilogue = node.op.kind is OpKind.ELEMENTWISE and out.type.shape == self.domain
         return [role for role, ok in ((Role.EPILOGUE, epilogue),
-                                      (Role.PROLOGUE, _numel(out) == self.operands[0]),
+                                      (Role.PROLOGUE, _gathered(node) or
+                                       _numel(out) == self.operands[0]),
                                       (Role.PROLOGUE_B, _numel(out) == self.operands[1])) if ok]
 
     def _edge(self, consumer: Node, c_role: Role, pos: int, producer: Node,
@@ -360,8 +369,8 @@ class _ReductionSpace(_Space):
         self.size = SymProduct.of(anchor.inputs[0].type.shape)
 
     def _roles(self, node: Node) -> list[Role]:
-        return [Role.PROLOGUE] if is_pointwise(node) and _numel(node.outputs[0]) == self.size \
-            else []
+        ok = _gathered(node) or (is_pointwise(node) and _numel(node.outputs[0]) == self.size)
+        return [Role.PROLOGUE] if ok else []
 
     def _edge(self, consumer: Node, c_role: Role, pos: int, producer: Node,
               p_role: Role) -> bool:

@@ -12,7 +12,8 @@ Two pieces:
   modulo, integer powers).
 * :class:`ElementBuilder` (and the one-shot :func:`element_expr`), which walks a group's nodes
   back from a value to the group inputs: elementwise nodes through their lowering, movement
-  nodes (broadcast_to, expand_dims, squeeze, reshape, transpose, slice) as index remappings,
+  nodes (broadcast_to, expand_dims, squeeze, reshape, transpose, slice, window_patches and
+  constant pad) as index remappings,
   scalar sources as constants. Each (value, index, lanes) is built once. Given a
   :class:`~tilefuse.kernel.access.Namer`, the builder binds every computed value to a ``Let``
   (collected in :attr:`ElementBuilder.lets`, to be placed before the statements that use the
@@ -349,6 +350,8 @@ class ElementBuilder:
             return self.value(u, u_index, lanes, run)
         if name == "window_patches":
             return self._window(attrs, u, index, lanes, block)
+        if name == "pad" and attrs["mode"] == "constant":
+            return self._pad(attrs, u, index, lanes, block)
         raise self.fail(f"movement op {name} is not an index remapping the kernel lowering "
                         "supports (it must be its own kernel)")
 
@@ -362,6 +365,31 @@ class ElementBuilder:
         n, i, j, a, b, c = index
         (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
         return self.value(u, (n, i * sh + a * dh, j * sw + b * dw, c), lanes, 1)
+
+    def _pad(self, attrs: Mapping[str, Any], u: Value, index: tuple[Expr, ...], lanes: int,
+             block: int) -> Expr:
+        """Constant padding as a remap: ``u`` at the shifted index (clamped inside ``u``) where
+        every padded axis is in range, else the fill; lanes may run along an unpadded last axis
+        only (the bounds test is then one per run)."""
+        pads, shape = attrs["pads"], dims(u.shape)
+        if lanes > 1 and (pads[-2] or pads[-1] or (block > 1 and shape[-1] % lanes)):
+            raise NotVectorizable("pad runs vectors along an unpadded last axis only")
+        inside: Expr | None = None
+        at: list[Expr] = []
+        for axis, i in enumerate(index):
+            before, after = pads[2 * axis], pads[2 * axis + 1]
+            if not before and not after:
+                at.append(i)
+                continue
+            j = i - before
+            ok = binary(XOp.AND, binary(XOp.GE, j, const(0)), binary(XOp.LT, j, const(shape[axis])))
+            inside = ok if inside is None else binary(XOp.AND, inside, ok)
+            at.append(binary(XOp.MIN, binary(XOp.MAX, j, const(0)), const(shape[axis] - 1)))
+        value = self.value(u, tuple(at), lanes, 1)
+        if inside is None:
+            return value
+        fill = typed_const(attrs["value"], u.dtype, lanes)
+        return self.share(select(inside if lanes == 1 else broadcast(inside, lanes), value, fill))
 
     @staticmethod
     def _reindex(name: str, attrs: Mapping[str, Any], index: tuple[Expr, ...],
