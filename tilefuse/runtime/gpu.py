@@ -238,6 +238,15 @@ def compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
                      lowered.simt_width)
 
 
+def launch_grid(context: CudaContext, step: GpuKernel, function: Any,
+                target: GpuTarget) -> int:
+    """The blocks ``step`` launches with: with ``resident_grid`` at most one wave of what the
+    device holds at once (the loops are grid-stride, so any grid is correct)."""
+    if not target.resident_grid:
+        return step.grid
+    return min(step.grid, context.resident_blocks(function, step.block))
+
+
 def plan_values(program: GpuProgram) -> dict[Value, None]:
     """The values :meth:`GpuProgram.memory_plan` places, in its order."""
     return dict.fromkeys(v for step in program.steps for v in step.outputs)
@@ -302,7 +311,8 @@ class CudaExecutable:
                 module = self.context.load_ptx(step.ptx)
                 function = module.function(step.fn.name)
                 self._functions[step.fn.name] = (module, function)
-                self._grids[step.fn.name] = self._grid(step, function)
+                self._grids[step.fn.name] = launch_grid(self.context, step, function,
+                                                        program.target)
         self._constants = {v: self.context.upload(np.ascontiguousarray(a))
                            for v, a in program.constants.items()}
         plan = program.memory_plan()
@@ -319,14 +329,6 @@ class CudaExecutable:
 
     def __repr__(self) -> str:
         return f"CudaExecutable(@{self.graph.name} on {self.context.info.name})"
-
-    def _grid(self, step: GpuKernel, function: Any) -> int:
-        """The launch's blocks: with ``resident_grid`` at most one wave of what the device
-        holds at once (the loops are grid-stride, so any grid is correct; one wave has no
-        second, partly filled one)."""
-        if not self.program.target.resident_grid:
-            return step.grid
-        return min(step.grid, self.context.resident_blocks(function, step.block))
 
     def _choose_product(self, step: GemmStep) -> Any:
         """The generated kernel's function when it beats cuBLAS on this product (CUDA events,
@@ -447,4 +449,4 @@ def build_cuda(graph: Graph, dump_dir: Path | str | None = None) -> CudaExecutab
 
 
 __all__ = ["CudaExecutable", "GpuKernel", "GpuProgram", "HostGroup", "build_cuda",
-           "build_gpu_program", "compile_group", "evaluate_group"]
+           "build_gpu_program", "compile_group", "evaluate_group", "launch_grid"]

@@ -97,12 +97,12 @@ def tune_gpu(graph: Graph, database: TuningDatabase, target: GpuTarget = SM90,
         if not isinstance(step, GpuKernel):
             continue
         key = gpu_key(step.group, program.constants, target)
-        bench = _KernelBench(ctx, step, program.constants, repeats, rounds)
+        bench = _KernelBench(ctx, step, program.constants, repeats, rounds, target)
         times: dict[Schedule, float] = {}
         for schedule in gpu_candidates(step.group):
             try:
-                kernel = compile_group(step.group, knob_target(target, schedule))
-                ms = bench.measure(kernel)
+                tuned = knob_target(target, schedule)
+                ms = bench.measure(compile_group(step.group, tuned), tuned)
             except (TilefuseError, AssertionError) as err:
                 get_logger("tune").info("GPU kernel %s: %s failed: %s", step.fn.name,
                                         schedule.unroll, str(err)[:200])
@@ -112,7 +112,7 @@ def tune_gpu(graph: Graph, database: TuningDatabase, target: GpuTarget = SM90,
         if not times:
             continue
         best = min(times, key=times.__getitem__)
-        results.append(GpuTuned(step.fn.name, best, times[best], bench.measure(step),
+        results.append(GpuTuned(step.fn.name, best, times[best], bench.measure(step, target),
                                 len(times)))
         get_logger("tune").info("GPU kernel %s: %s %.4f ms (default %.4f ms)", step.fn.name,
                                 best.unroll, times[best], results[-1].default_ms)
@@ -122,7 +122,8 @@ def tune_gpu(graph: Graph, database: TuningDatabase, target: GpuTarget = SM90,
 class _KernelBench:
     """One kernel's random inputs on the device, its NumPy reference outputs, and timing."""
 
-    def __init__(self, ctx, step, constants, repeats: int, rounds: int):  # type: ignore[no-untyped-def]
+    def __init__(self, ctx, step, constants, repeats: int, rounds: int,  # type: ignore[no-untyped-def]
+                 target: GpuTarget):
         from tilefuse.runtime.gpu import evaluate_group
 
         self.ctx, self.repeats, self.rounds = ctx, repeats, rounds
@@ -136,10 +137,13 @@ class _KernelBench:
                                                                  self.reference)}
         self.reduction = step.group.kind is not KernelKind.ELEMENTWISE
 
-    def measure(self, kernel) -> float:  # type: ignore[no-untyped-def]
-        """Checks ``kernel``'s outputs, then its median milliseconds a launch."""
+    def measure(self, kernel, target: GpuTarget) -> float:  # type: ignore[no-untyped-def]
+        """Checks ``kernel``'s outputs, then its median milliseconds a launch (launched as an
+        executable built for ``target`` launches it)."""
+        from tilefuse.runtime.gpu import launch_grid
+
         function = self.ctx.load_ptx(kernel.ptx).function(kernel.fn.name)
-        grid = min(kernel.grid, self.ctx.resident_blocks(function, kernel.block))
+        grid = launch_grid(self.ctx, kernel, function, target)
         args = [(self.inputs.get(v) or self.outputs[v]).ptr for v in kernel.bindings]
 
         def run() -> None:
