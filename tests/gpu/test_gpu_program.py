@@ -297,6 +297,31 @@ def test_flat_elementwise_runs_in_warp_form_with_loads_in_flight() -> None:
     assert step.ptx.count("ld.global.v4") >= 5  # 4 unrolled runs + the single-run loop
 
 
+def test_reciprocal_divisors_divide_once_a_row() -> None:
+    from tilefuse.codegen.llvm_nvptx import GpuTarget
+
+    graph = softmax_graph(5, 1024, DType.bf16)
+    (plain,) = build_gpu_program(graph).steps
+    (rcp,) = build_gpu_program(graph, GpuTarget(reciprocal_divisors=1)).steps
+    assert isinstance(plain, GpuKernel) and isinstance(rcp, GpuKernel)
+    assert plain.ptx.count("div.full.f32") == 32 and rcp.ptx.count("div.full.f32") == 1
+
+
+@pytest.mark.skipif(not cuda_available(), reason="no CUDA device here")
+@pytest.mark.parametrize("make", [lambda: softmax_graph(9, 256),
+                                  lambda: softmax_graph(7, 1024, DType.bf16)])
+def test_reciprocal_divisors_match_reference_on_the_device(make) -> None:
+    from tilefuse.codegen.llvm_nvptx import GpuTarget
+    from tilefuse.runtime.gpu import CudaExecutable
+
+    graph = make()
+    executable = CudaExecutable(build_gpu_program(graph, GpuTarget(reciprocal_divisors=1)))
+    for seed in (8, 9):
+        arrays = _inputs(graph, seed)
+        for got, want in zip(executable(*arrays), interpret(graph, *arrays)):
+            assert_close(got, want, reduction=True)
+
+
 def test_compile_ptx_rejects_thread_id() -> None:
     from tilefuse.loop.ir import thread_id
 

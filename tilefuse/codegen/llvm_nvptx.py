@@ -93,6 +93,8 @@ class GpuTarget:
     """Rows of at most this many elements per warp thread are held in registers (read once)."""
     long_row_block: int = 128
     """Threads a block for register rows of more than 64 elements a thread (~255 registers)."""
+    reciprocal_divisors: int = 0
+    """1: divide by a broadcast f32 scalar (softmax's row sum) through its reciprocal."""
     resident_grid: int = 0
     """1: launch at most the blocks the device holds at once (from the driver's occupancy).
     Off by default: measured on an H200 it slowed layer norm (f32 [32768,4096] 0.287 ->
@@ -265,9 +267,38 @@ class NvptxLowering(LoopLowering):
 
     ops_class = NvptxOps
 
-    def __init__(self, fn: LoopFunction, module: ir.Module, simt_width: int = 1):
+    def __init__(self, fn: LoopFunction, module: ir.Module, simt_width: int = 1,
+                 reciprocal_divisors: bool = False):
         super().__init__(fn, module)
         self.simt_width = simt_width
+        self.reciprocal_divisors = reciprocal_divisors
+        self._splats: dict[str, Expr] = {}   # let name -> the scalar it broadcasts
+
+    def stmt(self, st: FnState, s: Stmt) -> None:
+        if isinstance(s, Let) and s.value.op is XOp.BROADCAST:
+            self._splats[s.name] = s.value.args[0]
+        super().stmt(st, s)
+
+    def _splat_of(self, e: Expr) -> Expr | None:
+        """The scalar a vector expression broadcasts (directly or through a ``let``)."""
+        if e.op is XOp.BROADCAST:
+            return e.args[0]
+        return self._splats.get(e.arg) if e.op is XOp.VAR else None  # type: ignore[arg-type]
+
+    def reciprocal_divide(self, st: FnState, e: Expr, memo: dict[int, ir.Value]
+                          ) -> ir.Value | None:
+        """``x / bcast(s)`` as ``x · bcast(1/s)`` (one ``div.full`` per row instead of one per
+        element; ~1 ulp more), when enabled and the divisor is a broadcast f32 scalar."""
+        scalar = self._splat_of(e.args[1]) if self.reciprocal_divisors else None
+        if scalar is None or e.type.dtype is not DType.f32 or e.lanes == 1:
+            return None
+        inverse = st.ops.div(scalar.type, constant(scalar.type, 1.0),
+                             self.expr(st, scalar, memo))
+        splat = st.b.insert_element(ir.Constant(llvm_type(e.type), ir.Undefined), inverse,
+                                    ir.Constant(I32, 0))
+        splat = st.b.shuffle_vector(splat, ir.Constant(llvm_type(e.type), ir.Undefined),
+                                    ir.Constant(ir.VectorType(I32, e.lanes), [0] * e.lanes))
+        return st.b.fmul(self.expr(st, e.args[0], memo), splat)
 
     def lower(self) -> None:
         names = [(s, I64) for s in self.fn.scalars]
@@ -343,6 +374,10 @@ class NvptxLowering(LoopLowering):
             raise CompileError(f"kernel {self.fn.name}: thread_id has no GPU meaning")
         if self.simt_width > 1 and e.op in REDUCE and id(e) not in memo:
             memo[id(e)] = self.warp_reduce(st, e, memo)
+        if e.op is XOp.DIV and id(e) not in memo:
+            value = self.reciprocal_divide(st, e, memo)
+            if value is not None:
+                memo[id(e)] = value
         return super().expr(st, e, memo)
 
     def warp_reduce(self, st: FnState, e: Expr, memo: dict[int, ir.Value]) -> ir.Value:
@@ -380,7 +415,7 @@ def lower_to_nvptx_ir(fn: LoopFunction, target: GpuTarget = SM90,
     module.triple = PTX_TRIPLE
     module.data_layout = str(gpu_target_machine(target).target_data)
     try:
-        NvptxLowering(fn, module, simt_width).lower()
+        NvptxLowering(fn, module, simt_width, bool(target.reciprocal_divisors)).lower()
     except TilefuseError:
         raise
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, AssertionError) as exc:
