@@ -16,6 +16,7 @@ from tilefuse.onnx import (
     converters_loss,
     converters_math,
     converters_nn,
+    converters_quant,
     converters_recurrent,
     converters_resize,
     converters_sequence,
@@ -33,7 +34,7 @@ Table = Mapping[str, tuple[tuple[int, Converter], ...]]
 def _build(modules: tuple = (converters_legacy, converters_math, converters_shape, converters_nn,
                              converters_sequence, converters_attention,
                              converters_loss, converters_resize, converters_index,
-                             converters_recurrent)) -> Table:
+                             converters_recurrent, converters_quant)) -> Table:
     table: dict[str, list[tuple[int, Converter]]] = {}
     for module in modules:
         for op_type, since, fn in module.CONVERTERS:

@@ -1,0 +1,55 @@
+"""Linear quantization ops against onnxruntime on fresh random inputs: per-tensor, per-axis
+and blocked scales, u8/i8 (and i16) types, rounding half to even and saturation; the dynamic
+quantizer; the integer and QLinear products at odd sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnxcheck import arr, single
+
+rng = np.random.default_rng(13)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16])
+def test_quantize_dequantize_per_tensor(dtype) -> None:
+    x = arr([7, 5], low=-300, high=300)
+    x[0, :3] = [0.5, 1.5, -2.5]  # halves: to even
+    zero = np.array(3 if dtype is not np.uint8 else 128, dtype)
+    single("QuantizeLinear", {"x": x}, consts={"s": np.array(0.7, np.float32), "z": zero},
+           opset=21)
+    q = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, size=(7, 5)).astype(dtype)
+    single("DequantizeLinear", {"q": q}, consts={"s": np.array(0.03, np.float32), "z": zero},
+           opset=21)
+
+
+def test_per_axis_and_blocked() -> None:
+    x = arr([4, 6, 3], low=-10, high=10)
+    scale = arr([6], low=0.05, high=0.2)
+    zero = rng.integers(-5, 5, size=6).astype(np.int8)
+    single("QuantizeLinear", {"x": x}, consts={"s": scale, "z": zero}, opset=21, axis=1)
+    q = rng.integers(-128, 127, size=(4, 6, 3)).astype(np.int8)
+    single("DequantizeLinear", {"q": q}, consts={"s": scale, "z": zero}, opset=21, axis=1)
+    blocked = arr([4, 2, 3], low=0.05, high=0.2)  # blocks of 4 along axis 1 (6 -> 2 blocks)
+    single("DequantizeLinear", {"q": q}, consts={"s": blocked}, opset=21, axis=1, block_size=4)
+    single("QuantizeLinear", {"x": x}, consts={"s": blocked,
+                                               "z": np.zeros((4, 2, 3), np.uint8) + 7},
+           opset=21, axis=1, block_size=4)
+
+
+@pytest.mark.parametrize("shape", [(1,), (7, 3), (2, 513)])
+def test_dynamic_quantize_linear(shape: tuple[int, ...]) -> None:
+    single("DynamicQuantizeLinear", {"x": arr(list(shape), low=-3, high=5)}, 3, opset=11)
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 7, 1), (5, 33, 3), (2, 9, 17)])
+def test_integer_products(m: int, k: int, n: int) -> None:
+    a = rng.integers(0, 255, size=(m, k)).astype(np.uint8)
+    b = rng.integers(-128, 127, size=(k, n)).astype(np.int8)
+    single("MatMulInteger", {"a": a, "b": b},
+           consts={"az": np.array(11, np.uint8), "bz": np.array(-3, np.int8)}, opset=10)
+    single("QLinearMatMul", {"a": a}, opset=10, consts={
+        "as": np.array(0.02, np.float32), "az": np.array(128, np.uint8),
+        "b": rng.integers(0, 255, size=(k, n)).astype(np.uint8),
+        "bs": np.array(0.01, np.float32), "bz": np.array(120, np.uint8),
+        "ys": np.array(0.05, np.float32), "yz": np.array(100, np.uint8)})

@@ -1,0 +1,147 @@
+"""ONNX's linear quantization ops, built from tilefuse ops: QuantizeLinear, DequantizeLinear,
+DynamicQuantizeLinear, MatMulInteger and QLinearMatMul (the integer convolutions are not
+converted yet).
+
+Quantized types are u8, i8 and i16 (tilefuse has no u16, int4 or float8 types: models using
+them are refused by the importer's type check). A scale or zero point is a scalar, a vector
+along ``axis``, or (``block_size``) one value per block of ``axis``, repeated over the block.
+Quantizing rounds half to even (``round``), adds the zero point and saturates; integer products
+accumulate exactly in i32 (i8 and u8 products of any realistic K fit), then, for the QLinear
+ops, are rescaled by ``a_scale · b_scale / y_scale`` in f32 and requantized.
+"""
+
+from __future__ import annotations
+
+from tilefuse.dtypes import DType
+from tilefuse.onnx.context import NodeContext, Tensor
+from tilefuse.onnx.tensors import to_dtype
+
+_RANGES = {DType.u8: (0, 255), DType.i8: (-128, 127), DType.i16: (-32768, 32767)}
+
+
+def _along(ctx: NodeContext, p: Tensor, shape: tuple[int, ...], axis: int,
+           block: int) -> Tensor:
+    """A scale or zero point shaped to broadcast against a tensor of ``shape``."""
+    if p.rank == 0 or (p.rank == 1 and p.shape[0] == 1 and not block):
+        return ctx.op("reshape", p, shape=())
+    rank = len(shape)
+    axis = ctx.axis(axis, rank)
+    if not block:
+        if p.rank != 1 or p.shape[0] != shape[axis]:
+            raise ctx.error(f"a per-axis parameter {list(p.shape)} needs {shape[axis]} values "
+                            f"(axis {axis} of {list(shape)})")
+        dims = [1] * rank
+        dims[axis] = shape[axis]
+        return ctx.op("reshape", p, shape=tuple(dims))
+    blocks = -(-shape[axis] // block)
+    if p.rank != rank or p.shape[axis] != blocks:
+        raise ctx.error(f"a blocked parameter {list(p.shape)} needs {blocks} blocks of "
+                        f"{block} along axis {axis} of {list(shape)}")
+    split = (*p.shape[:axis + 1], 1, *p.shape[axis + 1:])
+    wide = (*p.shape[:axis + 1], block, *p.shape[axis + 1:])
+    joined = (*p.shape[:axis], blocks * block, *p.shape[axis + 1:])
+    rep = ctx.op("reshape", ctx.op("broadcast_to", ctx.op("reshape", p, shape=split),
+                                   shape=wide), shape=joined)
+    if blocks * block == shape[axis]:
+        return rep
+    stops = list(joined)
+    stops[axis] = shape[axis]
+    return ctx.op("slice", rep, starts=(0,) * rank, stops=tuple(stops), steps=(1,) * rank)
+
+
+def _saturate(ctx: NodeContext, y: Tensor, dtype: DType) -> Tensor:
+    if dtype not in _RANGES:
+        raise ctx.error(f"quantizing to {dtype.value} is not supported (u8, i8, i16)")
+    lo, hi = _RANGES[dtype]
+    return ctx.cast(ctx.op("clip", ctx.op("round", y), min=float(lo), max=float(hi)), dtype)
+
+
+def quantize(ctx: NodeContext, x: Tensor, scale: Tensor, zero: Tensor | None,
+             dtype: DType) -> Tensor:
+    """saturate(round(x / scale) + zero), computed in f32 (f64 for f64 inputs)."""
+    work = DType.f64 if x.dtype is DType.f64 else DType.f32
+    y = ctx.op("round", ctx.op("div", ctx.cast(x, work), ctx.cast(scale, work)))
+    if zero is not None:
+        y = ctx.op("add", y, ctx.cast(zero, work))
+    return _saturate(ctx, y, dtype)
+
+
+def _quantize_linear(ctx: NodeContext) -> list[Tensor]:
+    x, scale, zero = ctx.input(0), ctx.input(1), ctx.optional(2)
+    axis, block = int(ctx.attr("axis", 1)), int(ctx.attr("block_size", 0))
+    given = ctx.attr("output_dtype")
+    dtype = zero.dtype if zero is not None else (
+        to_dtype(int(given), "output_dtype") if given else DType.u8)
+    s = _along(ctx, scale, x.shape, axis, block)
+    z = None if zero is None else _along(ctx, zero, x.shape, axis, block)
+    return [quantize(ctx, x, s, z, dtype)]
+
+
+def dequantize(ctx: NodeContext, x: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor:
+    """(x - zero) · scale in f32, in scale's dtype."""
+    dx = ctx.cast(x, DType.f32)
+    if zero is not None:
+        dx = ctx.op("sub", dx, ctx.cast(zero, DType.f32))
+    return ctx.cast(ctx.op("mul", dx, ctx.cast(scale, DType.f32)), scale.dtype)
+
+
+def _dequantize_linear(ctx: NodeContext) -> list[Tensor]:
+    x, scale, zero = ctx.input(0), ctx.input(1), ctx.optional(2)
+    axis, block = int(ctx.attr("axis", 1)), int(ctx.attr("block_size", 0))
+    y = dequantize(ctx, x, _along(ctx, scale, x.shape, axis, block),
+                   None if zero is None else _along(ctx, zero, x.shape, axis, block))
+    given = ctx.attr("output_dtype")
+    return [ctx.cast(y, to_dtype(int(given), "output_dtype")) if given else y]
+
+
+def _dynamic_quantize_linear(ctx: NodeContext) -> list[Tensor]:
+    """u8 quantization over [min(0, min x), max(0, max x)]: y, its scale and zero point."""
+    x = ctx.cast(ctx.input(0), DType.f32)
+    zero = ctx.scalar(0, DType.f32)
+    lo = ctx.op("minimum", ctx.op("min", x), zero)
+    hi = ctx.op("maximum", ctx.op("max", x), zero)
+    scale = ctx.op("div", ctx.op("sub", hi, lo), ctx.scalar(255, DType.f32))
+    point = _saturate(ctx, ctx.op("neg", ctx.op("div", lo, scale)), DType.u8)
+    return [quantize(ctx, x, scale, point, DType.u8), scale, point]
+
+
+def _centred(ctx: NodeContext, t: Tensor, zero: Tensor | None) -> Tensor:
+    """t - zero in i32."""
+    wide = ctx.cast(t, DType.i32)
+    return wide if zero is None else ctx.op("sub", wide, ctx.cast(zero, DType.i32))
+
+
+def _row_zero(ctx: NodeContext, a: Tensor, zero: Tensor | None) -> Tensor | None:
+    """A's zero point: a scalar, or one per row (M) of the last two dims."""
+    if zero is None or zero.rank == 0 or zero.shape == (1,):
+        return zero
+    return ctx.op("reshape", zero, shape=(*zero.shape, 1))
+
+
+def _matmul_integer(ctx: NodeContext) -> list[Tensor]:
+    a, b = ctx.input(0), ctx.input(1)
+    az, bz = _row_zero(ctx, a, ctx.optional(2)), ctx.optional(3)
+    return [ctx.op("matmul", _centred(ctx, a, az), _centred(ctx, b, bz))]
+
+
+def _qlinear_matmul(ctx: NodeContext) -> list[Tensor]:
+    a, a_scale, a_zero = ctx.input(0), ctx.input(1), ctx.optional(2)
+    b, b_scale, b_zero = ctx.input(3), ctx.input(4), ctx.optional(5)
+    y_scale, y_zero = ctx.input(6), ctx.optional(7)
+    product = ctx.op("matmul", _centred(ctx, a, _row_zero(ctx, a, a_zero)),
+                     _centred(ctx, b, b_zero))
+    factor = ctx.op("div", ctx.op("mul", ctx.cast(a_scale, DType.f32),
+                                  ctx.cast(b_scale, DType.f32)), ctx.cast(y_scale, DType.f32))
+    if factor.rank == 1 and factor.shape[0] > 1:  # per output column
+        factor = ctx.op("reshape", factor, shape=(factor.shape[0],))
+    y = ctx.op("mul", ctx.cast(product, DType.f32), factor)
+    if y_zero is not None:
+        y = ctx.op("add", y, ctx.cast(y_zero, DType.f32))
+    return [_saturate(ctx, y, y_zero.dtype if y_zero is not None else a.dtype)]
+
+
+CONVERTERS = (
+    ("QuantizeLinear", 10, _quantize_linear), ("DequantizeLinear", 10, _dequantize_linear),
+    ("DynamicQuantizeLinear", 11, _dynamic_quantize_linear),
+    ("MatMulInteger", 10, _matmul_integer), ("QLinearMatMul", 10, _qlinear_matmul),
+)
