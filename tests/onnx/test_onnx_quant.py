@@ -53,3 +53,18 @@ def test_integer_products(m: int, k: int, n: int) -> None:
         "b": rng.integers(0, 255, size=(k, n)).astype(np.uint8),
         "bs": np.array(0.01, np.float32), "bz": np.array(120, np.uint8),
         "ys": np.array(0.05, np.float32), "yz": np.array(100, np.uint8)})
+
+
+@pytest.mark.parametrize("pads", [[0, 0, 0, 0], [1, 2, 1, 0]])
+def test_integer_convolutions(pads: list[int]) -> None:
+    x = rng.integers(0, 255, size=(1, 3, 7, 6)).astype(np.uint8)
+    w = rng.integers(0, 255, size=(4, 3, 3, 2)).astype(np.uint8)
+    single("ConvInteger", {"x": x}, consts={"w": w, "xz": np.array(100, np.uint8),
+                                            "wz": np.array(110, np.uint8)}, opset=10,
+           pads=pads, strides=[1, 2])
+    single("QLinearConv", {"x": x}, opset=10, pads=pads, consts={
+        "xs": np.array(0.02, np.float32), "xz": np.array(100, np.uint8),
+        "w": rng.integers(-128, 127, size=(4, 3, 3, 2)).astype(np.int8),
+        "ws": arr([4], low=0.005, high=0.02), "wz": np.zeros(4, np.int8),
+        "ys": np.array(0.1, np.float32), "yz": np.array(90, np.uint8),
+        "b": rng.integers(-500, 500, size=4).astype(np.int32)})

@@ -259,20 +259,24 @@ def _kernel(ctx: NodeContext, x: Tensor, default: tuple[int, ...] | None) -> tup
 
 
 def _conv(ctx: NodeContext) -> list[Tensor]:
-    x, w, b = ctx.input(0), ctx.input(1), ctx.optional(2)
+    return [conv_with(ctx, ctx.input(0), ctx.input(1), ctx.optional(2))]
+
+
+def conv_with(ctx: NodeContext, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """The node's convolution (its attributes: pads, strides, dilations, group) of x by w."""
     if w.rank != x.rank:
         raise ctx.error("X and W must have the same rank")
     _kernel(ctx, x, w.shape[2:])
     if x.rank == 5:
         strides, dilations, pads = _nd_geometry(ctx, x, w.shape[2:])
-        return [volume.conv3d(ctx, x, w, b, strides, dilations, pads, int(ctx.attr("group", 1)))]
+        return volume.conv3d(ctx, x, w, b, strides, dilations, pads, int(ctx.attr("group", 1)))
     stride, dilation, padding = _geometry(ctx, x, w.shape[2:])
     x2, squeezed = _to_2d(ctx, x)
     w2, _ = _to_2d(ctx, w)
     args = [x2, w2] if b is None else [x2, w2, b]
     y = ctx.op("conv2d", *args, stride=stride, padding=padding, dilation=dilation,
                groups=int(ctx.attr("group", 1)))
-    return [ctx.op("squeeze", y, axes=(2,)) if squeezed else y]
+    return ctx.op("squeeze", y, axes=(2,)) if squeezed else y
 
 
 def _pool(name: str) -> Converter:

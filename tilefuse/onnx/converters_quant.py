@@ -1,19 +1,22 @@
 """ONNX's linear quantization ops, built from tilefuse ops: QuantizeLinear, DequantizeLinear,
-DynamicQuantizeLinear, MatMulInteger and QLinearMatMul (the integer convolutions are not
-converted yet).
+DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv.
 
 Quantized types are u8, i8 and i16 (tilefuse has no u16, int4 or float8 types: models using
 them are refused by the importer's type check). A scale or zero point is a scalar, a vector
 along ``axis``, or (``block_size``) one value per block of ``axis``, repeated over the block.
 Quantizing rounds half to even (``round``), adds the zero point and saturates; integer products
-accumulate exactly in i32 (i8 and u8 products of any realistic K fit), then, for the QLinear
-ops, are rescaled by ``a_scale · b_scale / y_scale`` in f32 and requantized.
+accumulate exactly in i32 (i8 and u8 products of any realistic K fit); integer convolutions run
+tilefuse's float conv2d in f64 on the centred operands, which is exact while the sums stay below
+2^53 (zero padding of ``x - x_zero`` is padding ``x`` with its zero point, as the operators
+define it). The QLinear ops then rescale by ``a_scale · b_scale / y_scale`` in f32 and
+requantize.
 """
 
 from __future__ import annotations
 
 from tilefuse.dtypes import DType
 from tilefuse.onnx.context import NodeContext, Tensor
+from tilefuse.onnx.converters_nn import conv_with
 from tilefuse.onnx.tensors import to_dtype
 
 _RANGES = {DType.u8: (0, 255), DType.i8: (-128, 127), DType.i16: (-32768, 32767)}
@@ -124,6 +127,45 @@ def _matmul_integer(ctx: NodeContext) -> list[Tensor]:
     return [ctx.op("matmul", _centred(ctx, a, az), _centred(ctx, b, bz))]
 
 
+def _requantize(ctx: NodeContext, acc: Tensor, factor: Tensor, y_zero: Tensor | None,
+                like: DType) -> Tensor:
+    y = ctx.op("mul", ctx.cast(acc, DType.f32), factor)
+    if y_zero is not None:
+        y = ctx.op("add", y, ctx.cast(y_zero, DType.f32))
+    return _saturate(ctx, y, y_zero.dtype if y_zero is not None else like)
+
+
+def _conv_centred(ctx: NodeContext, x: Tensor, x_zero: Tensor | None, w: Tensor,
+                  w_zero: Tensor | None) -> Tensor:
+    """The exact integer convolution of (x - x_zero) by (w - w_zero), as f64."""
+    xc = ctx.cast(_centred(ctx, x, x_zero), DType.f64)
+    if w_zero is not None and w_zero.rank == 1 and w_zero.shape[0] > 1:  # per output channel
+        w_zero = ctx.op("reshape", w_zero, shape=(w_zero.shape[0], *(1,) * (w.rank - 1)))
+    wc = ctx.cast(_centred(ctx, w, w_zero), DType.f64)
+    return conv_with(ctx, xc, wc, None)
+
+
+def _conv_integer(ctx: NodeContext) -> list[Tensor]:
+    acc = _conv_centred(ctx, ctx.input(0), ctx.optional(2), ctx.input(1), ctx.optional(3))
+    return [ctx.cast(acc, DType.i32)]
+
+
+def _qlinear_conv(ctx: NodeContext) -> list[Tensor]:
+    x, x_scale, x_zero = ctx.input(0), ctx.input(1), ctx.optional(2)
+    w, w_scale, w_zero = ctx.input(3), ctx.input(4), ctx.optional(5)
+    y_scale, y_zero, bias = ctx.input(6), ctx.optional(7), ctx.optional(8)
+    acc = _conv_centred(ctx, x, x_zero, w, w_zero)
+    if bias is not None:  # i32, already at scale x_scale · w_scale
+        acc = ctx.op("add", acc, ctx.op("reshape", ctx.cast(bias, DType.f64),
+                                        shape=(bias.shape[0], *(1,) * (x.rank - 2))))
+    w_s = ctx.cast(w_scale, DType.f32)
+    if w_s.rank == 1 and w_s.shape[0] > 1:
+        w_s = ctx.op("reshape", w_s, shape=(w_s.shape[0], *(1,) * (x.rank - 2)))
+    factor = ctx.op("div", ctx.op("mul", ctx.cast(x_scale, DType.f32), w_s),
+                    ctx.cast(y_scale, DType.f32))
+    return [_requantize(ctx, acc, factor, y_zero, x.dtype)]
+
+
 def _qlinear_matmul(ctx: NodeContext) -> list[Tensor]:
     a, a_scale, a_zero = ctx.input(0), ctx.input(1), ctx.optional(2)
     b, b_scale, b_zero = ctx.input(3), ctx.input(4), ctx.optional(5)
@@ -132,16 +174,12 @@ def _qlinear_matmul(ctx: NodeContext) -> list[Tensor]:
                      _centred(ctx, b, b_zero))
     factor = ctx.op("div", ctx.op("mul", ctx.cast(a_scale, DType.f32),
                                   ctx.cast(b_scale, DType.f32)), ctx.cast(y_scale, DType.f32))
-    if factor.rank == 1 and factor.shape[0] > 1:  # per output column
-        factor = ctx.op("reshape", factor, shape=(factor.shape[0],))
-    y = ctx.op("mul", ctx.cast(product, DType.f32), factor)
-    if y_zero is not None:
-        y = ctx.op("add", y, ctx.cast(y_zero, DType.f32))
-    return [_saturate(ctx, y, y_zero.dtype if y_zero is not None else a.dtype)]
+    return [_requantize(ctx, product, factor, y_zero, a.dtype)]
 
 
 CONVERTERS = (
     ("QuantizeLinear", 10, _quantize_linear), ("DequantizeLinear", 10, _dequantize_linear),
     ("DynamicQuantizeLinear", 11, _dynamic_quantize_linear),
     ("MatMulInteger", 10, _matmul_integer), ("QLinearMatMul", 10, _qlinear_matmul),
+    ("ConvInteger", 10, _conv_integer), ("QLinearConv", 10, _qlinear_conv),
 )
