@@ -158,14 +158,15 @@ def test_following_elementwise_op_runs_on_the_matrix():
 
 
 def test_leaves_other_convolutions_alone():
+    """A weight known only at run time; more groups than MAX_GROUPS, not depthwise."""
     rng = np.random.default_rng(0)
     b = GraphBuilder("g")
-    x = b.input(((1, 4, 7, 7), DType.f32), "x")
-    w_in = b.input(((2, 4, 3, 3), DType.f32), "w")
-    grouped_w = b.add1("constant", [], {"value": Literal(random_array(rng, (4, 2, 3, 3),
+    x = b.input(((1, 34, 7, 7), DType.f32), "x")
+    w_in = b.input(((2, 34, 3, 3), DType.f32), "w")
+    grouped_w = b.add1("constant", [], {"value": Literal(random_array(rng, (34, 2, 3, 3),
                                                                       DType.f32))})
     y1 = b.add1("conv2d", [x, w_in])
-    y2 = b.add1("conv2d", [x, grouped_w], {"groups": 2})
+    y2 = b.add1("conv2d", [x, grouped_w], {"groups": 17})
     graph = b.build([y1, y2])
     result, changed = conv_to_matmul(graph)
     assert not changed and result is graph
@@ -300,5 +301,33 @@ def test_channel_concat_and_nchw_readers():
     assert exe.fallbacks == []
     args = [random_array(np.random.default_rng(9), tuple(v.shape), DType.f32)
             for v in graph.inputs]
+    for got, want in zip(exe(*args), interpret(graph, *args), strict=True):
+        assert_close(got, want, reduction=True)
+
+
+@pytest.mark.parametrize("c,o,groups,k,stride,padding,hw", [
+    (4, 6, 2, 3, 1, (1, 1, 1, 1), (7, 9)),     # AlexNet's two groups
+    (12, 8, 4, 1, 1, (0, 0, 0, 0), (5, 5)),    # ShuffleNet's grouped 1x1
+    (32, 64, 2, 3, 2, (1, 0, 0, 1), (9, 7)),   # groups of 16 channels: vectorised gathers
+    (7, 7, 7, 3, 1, (1, 1, 1, 1), (7, 9)),     # depthwise
+    (32, 32, 32, 3, 2, (1, 1, 1, 1), (9, 9)),  # depthwise, vectors along C, stride 2
+    (17, 17, 17, 5, 1, (2, 2, 2, 2), (6, 5)),  # depthwise, a scalar channel tail
+])
+def test_grouped_and_depthwise_convs(c, o, groups, k, stride, padding, hw):
+    rng = np.random.default_rng(c + groups)
+    b = GraphBuilder("grouped")
+    x = b.input(((2, c, *hw), DType.f32), "x")
+    y = b.add1("conv2d", [x, _const(b, rng, (o, c // groups, k, k)), _const(b, rng, (o,))],
+               {"groups": groups, "stride": (stride, stride), "padding": padding})
+    graph = b.build([b.add1("relu", [y])])
+    result, changed = conv_to_matmul(graph)
+    names = [n.op.name for n in result.nodes]
+    assert changed and "conv2d" not in names
+    depthwise = groups == c == o
+    assert names.count("matmul") == (0 if depthwise else groups)
+    assert_same(graph, result, seed=groups)
+    exe = build_native(run_pipeline(graph, GRAPH_PIPELINE)[0])
+    assert exe.fallbacks == []
+    args = [random_array(np.random.default_rng(1), (2, c, *hw), DType.f32)]
     for got, want in zip(exe(*args), interpret(graph, *args), strict=True):
         assert_close(got, want, reduction=True)

@@ -35,8 +35,8 @@ The rules (they are the design; the tests hold the code to them):
 4. **CONTRACTION** over the matmul's output D: EPILOGUE members are elementwise ops of shape
    exactly D reading the anchor or the epilogue (bias, activation, residual, scale: ``gelu(x @ w
    + b)`` is one kernel); PROLOGUE / PROLOGUE_B members compute operand A / B element by element
-   (the operand's element count), evaluated while packing; remaps and constant pads of any
-   size (``_gathered``) join A's too, so im2col gathers from the unpadded activations.
+   (the operand's element count), evaluated while packing; remaps, slices and constant pads
+   of any size (``_gathered``) join A's too, so im2col gathers from the unpadded activations.
 5. **REDUCTION**: the anchor and a PROLOGUE computing its input element by element (as in 4).
 6. **ELEMENTWISE**: the remaining pointwise nodes, seeded from the last backwards. DOMAIN members
    have the seed's element count |D| (reshape and transpose keep it, so they fuse); inputs of
@@ -184,10 +184,10 @@ def is_pointwise(node: Node) -> bool:
 
 
 def _gathered(node: Node) -> bool:
-    """A remap or a constant pad leaving the last axis alone: read through at any size."""
+    """A remap, slice or constant pad leaving the last axis alone: read through at any size."""
     if node.op.name == "pad":
         return node.attrs["mode"] == "constant" and not any(node.attrs["pads"][-2:])
-    return node.op.name in CHEAP_MOVEMENT
+    return node.op.name in CHEAP_MOVEMENT or node.op.name == "slice"
 
 
 def op_cost(node: Node) -> int:

@@ -41,7 +41,7 @@ import numpy as np
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
 from tilefuse.graph.ir import Node
-from tilefuse.kernel.access import dims
+from tilefuse.kernel.access import NotVectorizable, dims
 from tilefuse.kernel.fusion import KernelKind
 from tilefuse.kernel.lower_elementwise import (
     KernelContext,
@@ -197,7 +197,11 @@ def lower_taps(group: KernelGroupLike, schedule: Schedule | None = None) -> Loop
 
     threads = max(1, min(os.cpu_count() or 1, m * taps * c // PARALLEL_MIN_ELEMENTS))
     tile = -(-m // threads) if threads > 1 and m > 1 else None
-    return ctx.function(outer_loop(ctx.names, m, tile, runs))
+    try:
+        return ctx.function(outer_loop(ctx.names, m, tile, runs))
+    except NotVectorizable:  # lanes strided in some input (an NCHW input's transpose): scalars
+        lanes = 1
+        return ctx.function(outer_loop(ctx.names, m, tile, runs))
 
 
 def lower_pool(group: KernelGroupLike, schedule: Schedule | None = None) -> LoopFunction:

@@ -1,7 +1,11 @@
 """Convolution through the matmul kernel, with activations kept in one channels-last layout.
 
-A ``conv2d`` with ``groups == 1``, a constant weight, static shapes and f32 operands becomes
-one 2-D matmul (the conv itself would be a host fallback):
+A ``conv2d`` with a constant weight, static shapes and f32 operands becomes one 2-D matmul
+(the conv itself would be a host fallback); with ``groups`` up to :data:`MAX_GROUPS`, one
+matmul per group on its channels' ``slice`` (a remap the A pack gathers through), joined by a
+``concat`` along channels; a depthwise conv (``groups == C == O``, any count) is a ``sum``
+over the window taps of the patches [N·OH·OW, KH·KW, C] times the weight [KH·KW, C] (a tap
+reduction, vectorised along C). The matmul steps:
 
 1. the input as the NHWC **activation matrix** [N·H·W, C] (rows are pixels, columns channels);
 2. for a window larger than 1×1 or a stride: ``reshape`` to [N, H, W, C], ``pad`` H and W by
@@ -34,8 +38,8 @@ takes elementwise ops of exactly the matmul's shape into it):
 
 An elementwise op none of whose operands is a matrix already is left in NCHW (a conversion
 would cost more than it saves). Every new node keeps the source location of the node it
-replaces. Other convolutions (grouped, a weight computed at run time, symbolic dims, other
-dtypes) are left as they are.
+replaces. Other convolutions (more groups than :data:`MAX_GROUPS` that are not depthwise, a
+weight computed at run time, symbolic dims, other dtypes) are left as they are.
 """
 
 from __future__ import annotations
@@ -74,8 +78,11 @@ def _static(shape: tuple) -> bool:
 
 
 def _eligible(node: Node, producers: dict[Value, Node]) -> bool:
-    if node.op.name != "conv2d" or node.attrs["groups"] != 1:
+    if node.op.name != "conv2d":
         return False
+    groups, o = node.attrs["groups"], node.inputs[1].shape[0]
+    if groups > MAX_GROUPS and not groups == o == node.inputs[0].shape[1]:
+        return False  # many groups: only a depthwise conv (one input channel per output)
     weight = producers.get(node.inputs[1])
     if weight is None or weight.op.name != "constant":
         return False
@@ -182,56 +189,100 @@ def _elementwise_operands(layout: _Layout, node: Node) -> list[Value] | None:
     return operands
 
 
+MAX_GROUPS = 16
+"""A grouped convolution with at most this many groups is one matmul per group."""
+
+
 def _conv(layout: _Layout, node: Node) -> Value:
+    """The conv as an activation matrix: one matmul (one per group, concatenated along
+    channels), or for a depthwise conv a sum over the window taps of patches × weights."""
     b, loc = layout.b, node.loc
     x, w = node.inputs[0], layout.nchw[node.inputs[1]]
-    n, c = x.shape[0], x.shape[1]
-    o, _, kh, kw = w.shape
-    _, _, oh, ow = node.outputs[0].shape
-    sh, sw = node.attrs["stride"]
-    dh, dw = node.attrs["dilation"]
-    top, left, bottom, right = node.attrs["padding"]
-    depth = c * kh * kw
-    if (kh, kw, sh, sw, top, left, bottom, right) == (1, 1, 1, 1, 0, 0, 0, 0):
-        cols = layout.as_mat(x)
+    groups, c = node.attrs["groups"], x.shape[1]
+    o, cg, kh, kw = w.shape
+    if groups > 1 and groups == c == o:
+        taps = _taps(layout, node, x, (kh, kw), node.attrs["dilation"], 0.0)
+        w_hwc = b.add1("transpose", [w], {"perm": (2, 3, 1, 0)}, loc)  # [KH, KW, 1, C]
+        w_tc = b.add1("reshape", [w_hwc], {"shape": (kh * kw, c)}, loc)
+        y = b.add1("sum", [b.add1("mul", [taps, w_tc], {}, loc)], {"axes": (1,)}, loc)
     else:
-        nhwc = layout.as_nhwc(x)
-        if top or left or bottom or right:
-            nhwc = b.add1("pad", [nhwc], {"pads": (0, 0, top, bottom, left, right, 0, 0)}, loc)
-        patches = b.add1("window_patches", [nhwc], {"kernel": (kh, kw), "strides": (sh, sw),
-                                                    "dilations": (dh, dw)}, loc)
-        cols = b.add1("reshape", [patches], {"shape": (n * oh * ow, depth)}, loc)
-    # the OIHW weight as [KH·KW·C, O], rows in the patches' (kh, kw, c) order: folded at build
-    w_hwio = b.add1("transpose", [w], {"perm": (2, 3, 1, 0)}, loc)
-    wt = b.add1("reshape", [w_hwio], {"shape": (depth, o)}, loc)
-    y = b.add1("matmul", [cols, wt], {}, loc)
+        og = o // groups
+        parts = [b.add1("matmul", [_im2col(layout, node, x, g * cg, cg), _weight(
+            b, node, w, g * og, og)], {}, loc) for g in range(groups)]
+        y = parts[0] if groups == 1 else b.add1("concat", parts, {"axis": 1}, loc)
     if len(node.inputs) == 3:
         y = b.add1("add", [y, layout.as_nchw(node.inputs[2])], {}, loc)
     return y
 
 
-def _pool(layout: _Layout, node: Node) -> Value:
-    """A pool as max / mean over the window taps of the padded NHWC input: [N·OH·OW, C]
-    (a window as large as the input reads the matrix as it is)."""
+def _channels(b: GraphBuilder, v: Value, start: int, count: int, loc: SourceLoc | None
+              ) -> Value:
+    """``v``'s last axis from ``start``, ``count`` long (``v`` itself when that is all)."""
+    *rest, last = v.shape
+    if (start, count) == (0, last):
+        return v
+    return b.add1("slice", [v], {"starts": (0,) * len(rest) + (start,),
+                                 "stops": (*rest, start + count),
+                                 "steps": (1,) * (len(rest) + 1)}, loc)
+
+
+def _im2col(layout: _Layout, node: Node, x: Value, start: int, count: int) -> Value:
+    """The im2col matrix [N·OH·OW, KH·KW·count] of channels ``start`` to ``start + count``."""
     b, loc = layout.b, node.loc
-    x, out = node.inputs[0], node.outputs[0]
-    n, c, oh, ow = out.shape
-    kh, kw = node.attrs["kernel"]
+    _, _, kh, kw = node.inputs[1].shape
+    n, _, oh, ow = node.outputs[0].shape
+    sh, sw = node.attrs["stride"]
     top, left, bottom, right = node.attrs["padding"]
-    is_max = node.op.name == "max_pool2d"
-    if (oh, ow, top, left, bottom, right) == (1, 1, 0, 0, 0, 0) and \
-            (kh, kw) == tuple(x.shape[2:]):
-        taps = b.add1("reshape", [layout.as_mat(x)], {"shape": (n, kh * kw, c)}, loc)
-    else:
+    if (kh, kw, sh, sw, top, left, bottom, right) == (1, 1, 1, 1, 0, 0, 0, 0):
+        return _channels(b, layout.as_mat(x), start, count, loc)
+    if count == x.shape[1]:
         nhwc = layout.as_nhwc(x)
-        if top or left or bottom or right:
-            nhwc = b.add1("pad", [nhwc], {"pads": (0, 0, top, bottom, left, right, 0, 0),
-                                          "value": -math.inf if is_max else 0.0}, loc)
-        patches = b.add1("window_patches", [nhwc], {
-            "kernel": (kh, kw), "strides": node.attrs["stride"],
-            "dilations": node.attrs.get("dilation", (1, 1))}, loc)
-        taps = b.add1("reshape", [patches], {"shape": (n * oh * ow, kh * kw, c)}, loc)
-    return b.add1("max" if is_max else "mean", [taps], {"axes": (1,)}, loc)
+    else:  # a group's channels: each group slices the matrix (one gather chain per group)
+        nhwc = b.add1("reshape", [_channels(b, layout.as_mat(x), start, count, loc)],
+                      {"shape": (n, *x.shape[2:], count)}, loc)
+    if top or left or bottom or right:
+        nhwc = b.add1("pad", [nhwc], {"pads": (0, 0, top, bottom, left, right, 0, 0)}, loc)
+    patches = b.add1("window_patches", [nhwc], {"kernel": (kh, kw), "strides": (sh, sw),
+                                                "dilations": node.attrs["dilation"]}, loc)
+    return b.add1("reshape", [patches], {"shape": (n * oh * ow, kh * kw * count)}, loc)
+
+
+def _weight(b: GraphBuilder, node: Node, w: Value, start: int, count: int) -> Value:
+    """Output channels ``start`` to ``start + count`` of the OIHW weight as [KH·KW·C, count],
+    rows in the patches' (kh, kw, c) order: computed from a constant, folded at build."""
+    o, cg, kh, kw = w.shape
+    if count != o:
+        w = b.add1("slice", [w], {"starts": (start, 0, 0, 0), "stops": (start + count, cg, kh, kw),
+                                  "steps": (1, 1, 1, 1)}, node.loc)
+    w_hwio = b.add1("transpose", [w], {"perm": (2, 3, 1, 0)}, node.loc)
+    return b.add1("reshape", [w_hwio], {"shape": (kh * kw * cg, count)}, node.loc)
+
+
+def _taps(layout: _Layout, node: Node, x: Value, kernel: tuple[int, int],
+          dilation: tuple[int, int], fill: float) -> Value:
+    """The window taps [N·OH·OW, KH·KW, C] of ``x`` padded with ``fill`` (a window as large as
+    the input reads the matrix as it is)."""
+    b, loc = layout.b, node.loc
+    n, c, oh, ow = node.outputs[0].shape
+    (kh, kw), padding = kernel, node.attrs["padding"]
+    top, left, bottom, right = padding
+    if (oh, ow, *padding) == (1, 1, 0, 0, 0, 0) and kernel == tuple(x.shape[2:]):
+        return b.add1("reshape", [layout.as_mat(x)], {"shape": (n, kh * kw, c)}, loc)
+    nhwc = layout.as_nhwc(x)
+    if top or left or bottom or right:
+        nhwc = b.add1("pad", [nhwc], {"pads": (0, 0, top, bottom, left, right, 0, 0),
+                                      "value": fill}, loc)
+    patches = b.add1("window_patches", [nhwc], {"kernel": kernel, "strides": node.attrs["stride"],
+                                                "dilations": dilation}, loc)
+    return b.add1("reshape", [patches], {"shape": (n * oh * ow, kh * kw, c)}, loc)
+
+
+def _pool(layout: _Layout, node: Node) -> Value:
+    """A pool as max / mean over the window taps of the padded NHWC input: [N·OH·OW, C]."""
+    is_max = node.op.name == "max_pool2d"
+    taps = _taps(layout, node, node.inputs[0], node.attrs["kernel"],
+                 node.attrs.get("dilation", (1, 1)), -math.inf if is_max else 0.0)
+    return layout.b.add1("max" if is_max else "mean", [taps], {"axes": (1,)}, node.loc)
 
 
 __all__ = ["conv_to_matmul"]
