@@ -9,6 +9,7 @@ import pytest
 from onnx import helper
 from onnxcheck import F32, I64, arr, compare, init, make_model, single
 
+from tilefuse.onnx.tensors import OnnxError
 from tilefuse.testing import assert_close
 
 rng = np.random.default_rng(5)
@@ -20,6 +21,14 @@ def test_one_hot(axis: int) -> None:
     single("OneHot", {"i": idx}, consts={"d": np.array(7, np.int64),
                                          "v": np.array([-0.5, 2.0], np.float32)},
            opset=11, axis=axis)
+
+
+@pytest.mark.parametrize("depth", [0, 1 << 40])
+def test_one_hot_depth_is_bounded(depth: int) -> None:
+    with pytest.raises(OnnxError, match="depth"):
+        single("OneHot", {"i": rng.integers(0, 3, size=4).astype(np.int64)},
+               consts={"d": np.array(depth, np.int64), "v": np.array([0, 1], np.float32)},
+               opset=11)
 
 
 @pytest.mark.parametrize(("opset", "axis"), [(13, -1), (13, 0), (11, 1)])

@@ -92,3 +92,12 @@ def test_antialiased_nearest_is_an_error() -> None:
     model = _model([1, 1, 4, 4], scales=[1, 1, 0.5, 0.5], mode="nearest", antialias=1)
     with pytest.raises(OnnxError, match="antialias applies to linear and cubic"):
         tilefuse.onnx.load(model)(arr([1, 1, 4, 4]))
+
+
+@pytest.mark.parametrize(("scales", "sizes", "attrs"), [
+    ([1, 1, 1e9, 1], None, {}), ([1, 1, -2, 1], None, {}), (None, [1, 1, 0, 4], {}),
+    ([1, 1, 1e-9, 1], None, {"mode": "linear", "antialias": 1})])
+def test_hostile_scales_are_refused_quickly(scales, sizes, attrs) -> None:
+    model = _model([1, 1, 4, 4], scales=scales, sizes=sizes, **attrs)
+    with pytest.raises(OnnxError, match=r"positive|taps"):
+        tilefuse.onnx.load(model)(arr([1, 1, 4, 4]))

@@ -15,6 +15,9 @@ import numpy as np
 from tilefuse.dtypes import DType
 from tilefuse.onnx.context import NodeContext, Tensor
 
+MAX_DEPTH = 1 << 24
+"""OneHot's largest depth (a guard against a hostile constant)."""
+
 
 def _along(rank: int, axis: int, values: np.ndarray) -> np.ndarray:
     """A 1-D array shaped to broadcast along ``axis`` of a rank-``rank`` tensor."""
@@ -29,6 +32,8 @@ def _one_hot(ctx: NodeContext) -> list[Tensor]:
     if depth is None or depth.size != 1 or values.shape != (2,):
         raise ctx.error("needs a scalar depth and values [off, on]")
     n = int(depth.reshape(-1)[0])
+    if not 0 < n <= MAX_DEPTH:
+        raise ctx.error(f"depth {n} is outside 1..{MAX_DEPTH}")
     rank = indices.rank + 1
     axis = ctx.axis(ctx.attr("axis", -1), rank)
     idx = ctx.cast(indices, DType.i64)

@@ -26,7 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilefuse.onnx.context import NodeContext, Tensor
+from tilefuse.onnx.tensors import OnnxError
 
+MAX_SIZE = 1 << 24
+"""The largest output extent of one axis (a guard against a hostile scale or size)."""
+MAX_TAPS = 1 << 26
+"""The most weights one axis's taps may hold (antialiasing by a tiny scale widens the filter)."""
 _MODES = ("nearest", "linear", "cubic")
 _NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 _COORDINATES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
@@ -80,26 +85,35 @@ def _source_coordinates(s: Sampling, out: int, size: int, scale: float,
     return x, outside
 
 
-def _nearest_coeffs(s: Sampling) -> Callable[[float, float], np.ndarray]:
-    def coeffs(r: float, scale: float) -> np.ndarray:
-        if float(r).is_integer() or s.nearest == "ceil":
-            return np.array([0.0, 1.0])
-        if s.nearest == "floor":
-            return np.array([1.0, 0.0])
-        up = r > 0.5 if s.nearest == "round_prefer_floor" else r >= 0.5
-        return np.array([float(not up), float(up)])
+Coeffs = Callable[[np.ndarray, float], np.ndarray]
+"""``coeffs(ratios [out], scale) -> [out, n]``: each output's weights of its n neighbours."""
+
+
+def _nearest_coeffs(s: Sampling) -> Coeffs:
+    def coeffs(r: np.ndarray, scale: float) -> np.ndarray:
+        if s.nearest in ("floor", "ceil"):
+            up = (r == 1.0) | (s.nearest == "ceil")
+        else:  # a ratio of 1 is a whole source position: its own neighbour
+            up = (r == 1.0) | ((r > 0.5) if s.nearest == "round_prefer_floor" else (r >= 0.5))
+        return np.stack([~up, up], axis=-1).astype(np.float64)
     return coeffs
 
 
-def _linear_coeffs(s: Sampling) -> Callable[[float, float], np.ndarray]:
-    def coeffs(r: float, scale: float) -> np.ndarray:
+def _footprint(scale: float, reach: int, out: int) -> np.ndarray:
+    """The neighbour offsets an antialiased filter of ``reach`` covers when downscaling."""
+    start = math.floor(-reach / min(scale, 1.0)) + 1
+    if (2 - 2 * start) * max(out, 1) > MAX_TAPS:
+        raise OnnxError(f"an antialiased scale of {scale} needs more than {MAX_TAPS} taps")
+    return np.arange(start, 2 - start)
+
+
+def _linear_coeffs(s: Sampling) -> Coeffs:
+    def coeffs(r: np.ndarray, scale: float) -> np.ndarray:
         if not s.antialias:
-            return np.array([1 - r, r])
-        scale = min(scale, 1.0)
-        start = math.floor(-1 / scale) + 1
-        args = (np.arange(start, start + 2 - 2 * start) - r) * scale
-        w = np.clip(1 - np.abs(args), 0, 1)
-        return w / w.sum()
+            return np.stack([1 - r, r], axis=-1)
+        offsets = _footprint(scale, 1, len(r))
+        w = np.clip(1 - np.abs((offsets[None, :] - r[:, None]) * min(scale, 1.0)), 0, 1)
+        return w / w.sum(axis=-1, keepdims=True)
     return coeffs
 
 
@@ -110,14 +124,13 @@ def _cubic_kernel(x: np.ndarray, a: float) -> np.ndarray:
     return np.where(x <= 1, near, np.where(x < 2, far, 0.0))
 
 
-def _cubic_coeffs(s: Sampling) -> Callable[[float, float], np.ndarray]:
-    def coeffs(r: float, scale: float) -> np.ndarray:
+def _cubic_coeffs(s: Sampling) -> Coeffs:
+    def coeffs(r: np.ndarray, scale: float) -> np.ndarray:
         if not s.antialias:
-            return _cubic_kernel(np.array([r + 1, r, 1 - r, 2 - r]), s.cubic_a)
-        scale = min(scale, 1.0)
-        start = math.floor(-2 / scale) + 1
-        w = _cubic_kernel(scale * (np.arange(start, 2 - start) - r), s.cubic_a)
-        return w / w.sum()
+            return _cubic_kernel(np.stack([r + 1, r, 1 - r, 2 - r], axis=-1), s.cubic_a)
+        offsets = _footprint(scale, 2, len(r))
+        w = _cubic_kernel(min(scale, 1.0) * (offsets[None, :] - r[:, None]), s.cubic_a)
+        return w / w.sum(axis=-1, keepdims=True)
     return coeffs
 
 
@@ -130,8 +143,7 @@ def axis_taps(s: Sampling, size: int, out: int, scale: float,
     x, outside = _source_coordinates(s, out, size, scale, roi)
     floor = np.floor(x)
     ratios = np.where(x == floor, 1.0, x - floor)
-    coeffs_of = _COEFFS[s.mode](s)
-    coeff = np.stack([coeffs_of(float(r), scale) for r in ratios]) if out else np.zeros((0, 2))
+    coeff = _COEFFS[s.mode](s)(ratios, scale)
     n = coeff.shape[1]
     pad = math.ceil(n / 2)
     padded = x + pad
@@ -216,6 +228,11 @@ def _targets(ctx: NodeContext, shape: tuple[int, ...], axes: tuple[int, ...],
     if given is None or given.size != len(axes):
         raise ctx.error(f"needs {len(axes)} scales or sizes (one per resized axis)")
     out_scales, out_sizes = [1.0] * rank, list(shape)
+    extents = given if given is sizes else given * np.asarray([shape[a] for a in axes])
+    if not np.all(np.isfinite(given)) or np.any(given <= 0) or any(shape[a] == 0 for a in axes) \
+            or np.any(extents > MAX_SIZE):
+        raise ctx.error(f"scales or sizes {given.tolist()} for {list(shape)} must be positive "
+                        f"and give at most {MAX_SIZE} positions an axis")
     if given is scales:
         for a, v in zip(axes, scales):  # floor(scale · size) in f64, as onnx's reference
             out_scales[a] = float(v)
