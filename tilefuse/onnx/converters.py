@@ -15,6 +15,7 @@ from tilefuse.onnx import (
     converters_legacy,
     converters_loss,
     converters_math,
+    converters_misc,
     converters_nn,
     converters_quant,
     converters_recurrent,
@@ -34,7 +35,8 @@ Table = Mapping[str, tuple[tuple[int, Converter], ...]]
 def _build(modules: tuple = (converters_legacy, converters_math, converters_shape, converters_nn,
                              converters_sequence, converters_attention,
                              converters_loss, converters_resize, converters_index,
-                             converters_recurrent, converters_quant)) -> Table:
+                             converters_recurrent, converters_quant,
+                             converters_misc)) -> Table:
     table: dict[str, list[tuple[int, Converter]]] = {}
     for module in modules:
         for op_type, since, fn in module.CONVERTERS:

@@ -2,10 +2,11 @@
 (tilefuse's scatter_elements, scatter_nd and topk ops); and Einsum, DepthToSpace and
 SpaceToDepth, which are rearrangements of existing ops.
 
-CumSum is a log-step prefix sum (Hillis-Steele: add the running result shifted by 1, 2, 4, …
+CumSum is a log-step prefix scan (Hillis-Steele: add the running result shifted by 1, 2, 4, …
 positions), so every output adds only the inputs before it: integers stay exact and an inf or
 NaN reaches only the positions after it, as in a sequential sum. A product with a triangular
-matrix would add ``0 · inf = NaN`` to the positions before.
+matrix would add ``0 · inf = NaN`` to the positions before. CumProd is the same scan with
+products (``scan_along``).
 """
 
 from __future__ import annotations
@@ -66,17 +67,17 @@ def _hardmax_13(ctx: NodeContext) -> list[Tensor]:
     return [_hardmax_along(ctx, x, ctx.axis(ctx.attr("axis", -1), x.rank))]
 
 
-def _shifted(ctx: NodeContext, x: Tensor, axis: int, by: int) -> Tensor:
-    """x moved ``by`` positions towards higher indices along ``axis``, zeros coming in."""
+def _shifted(ctx: NodeContext, x: Tensor, axis: int, by: int, fill: float) -> Tensor:
+    """x moved ``by`` positions towards higher indices along ``axis``, ``fill`` coming in."""
     n = x.shape[axis]
     if by >= n:
-        return ctx.const(np.zeros(x.shape, dtype=x.dtype.np))
+        return ctx.const(np.full(x.shape, fill, dtype=x.dtype.np))
     stops = list(x.shape)
     stops[axis] = n - by
     kept = ctx.op("slice", x, starts=(0,) * x.rank, stops=tuple(stops), steps=(1,) * x.rank)
-    zeros = list(x.shape)
-    zeros[axis] = by
-    return ctx.op("concat", ctx.const(np.zeros(zeros, dtype=x.dtype.np)), kept, axis=axis)
+    filled = list(x.shape)
+    filled[axis] = by
+    return ctx.op("concat", ctx.const(np.full(filled, fill, dtype=x.dtype.np)), kept, axis=axis)
 
 
 def _flip(ctx: NodeContext, x: Tensor, axis: int) -> Tensor:
@@ -85,7 +86,9 @@ def _flip(ctx: NodeContext, x: Tensor, axis: int) -> Tensor:
     return ctx.op("slice", x, starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
 
 
-def _cum_sum(ctx: NodeContext) -> list[Tensor]:
+def scan_along(ctx: NodeContext, op: str, identity: float) -> Tensor:
+    """The node's inclusive (or ``exclusive``, or ``reverse``) scan of input 0 by ``op`` along
+    the axis of input 1: CumSum ("add", 0) and CumProd ("mul", 1)."""
     x = ctx.input(0)
     given = ctx.ints_input(1, "axis")
     if not given or len(given) != 1:
@@ -94,12 +97,16 @@ def _cum_sum(ctx: NodeContext) -> list[Tensor]:
     reverse = bool(ctx.attr("reverse", 0))
     y = _flip(ctx, x, axis) if reverse else x
     if ctx.attr("exclusive", 0):
-        y = _shifted(ctx, y, axis, 1)
+        y = _shifted(ctx, y, axis, 1, identity)
     step = 1
     while step < x.shape[axis]:
-        y = ctx.op("add", y, _shifted(ctx, y, axis, step))
+        y = ctx.op(op, y, _shifted(ctx, y, axis, step, identity))
         step *= 2
-    return [_flip(ctx, y, axis) if reverse else y]
+    return _flip(ctx, y, axis) if reverse else y
+
+
+def _cum_sum(ctx: NodeContext) -> list[Tensor]:
+    return [scan_along(ctx, "add", 0)]
 
 
 def _einsum(ctx: NodeContext) -> list[Tensor]:

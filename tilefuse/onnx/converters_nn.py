@@ -281,31 +281,44 @@ def conv_with(ctx: NodeContext, x: Tensor, w: Tensor, b: Tensor | None) -> Tenso
 
 def _pool(name: str) -> Converter:
     def convert(ctx: NodeContext) -> list[Tensor]:
-        x = ctx.input(0)
         if ctx.outputs_wanted() > 1 and ctx.spec.outputs[1]:
             raise ctx.error("the Indices output is not supported")
-        kernel = _kernel(ctx, x, None)
-        if x.rank == 5:
-            if name == "avg_pool2d" and ctx.attr("dilations") is not None \
-                    and any(d != 1 for d in ctx.attr("dilations")):
-                raise ctx.error("AveragePool with dilations is not supported")
-            strides, dilations, pads = _nd_geometry(ctx, x, kernel)
-            return [volume.pool3d(ctx, name, x, kernel, strides, dilations, pads,
-                                  bool(ctx.attr("ceil_mode", 0)),
-                                  bool(ctx.attr("count_include_pad", 0)))]
-        stride, dilation, padding = _geometry(ctx, x, kernel)
-        x2, squeezed = _to_2d(ctx, x)
-        attrs = {"kernel": ((1,) if squeezed else ()) + kernel, "stride": stride,
-                 "padding": padding, "ceil_mode": bool(ctx.attr("ceil_mode", 0))}
-        if name == "max_pool2d":
-            attrs["dilation"] = dilation
-        elif dilation != (1, 1):
-            raise ctx.error("AveragePool with dilations is not supported")
-        else:
-            attrs["count_include_pad"] = bool(ctx.attr("count_include_pad", 0))
-        y = ctx.op(name, x2, **attrs)
-        return [ctx.op("squeeze", y, axes=(2,)) if squeezed else y]
+        return [pool_with(ctx, name, ctx.input(0))]
     return convert
+
+
+def pool_with(ctx: NodeContext, name: str, x: Tensor, count_include_pad: bool | None = None,
+              zero_pad_first: bool = False) -> Tensor:
+    """The node's pooling (kernel_shape, pads, strides, dilations, ceil_mode) of x by ``name``
+    (max_pool2d or avg_pool2d); ``count_include_pad`` overrides the node's attribute;
+    ``zero_pad_first`` pads x with zeros explicitly (any pad width) instead of in the pool."""
+    include = bool(ctx.attr("count_include_pad", 0)) if count_include_pad is None \
+        else count_include_pad
+    kernel = _kernel(ctx, x, None)
+    if x.rank == 5:
+        if name == "avg_pool2d" and ctx.attr("dilations") is not None \
+                and any(d != 1 for d in ctx.attr("dilations")):
+            raise ctx.error("AveragePool with dilations is not supported")
+        strides, dilations, pads = _nd_geometry(ctx, x, kernel)
+        return volume.pool3d(ctx, name, x, kernel, strides, dilations, pads,
+                             bool(ctx.attr("ceil_mode", 0)), include)
+    stride, dilation, padding = _geometry(ctx, x, kernel)
+    x2, squeezed = _to_2d(ctx, x)
+    if zero_pad_first and any(padding):
+        top, left, bottom, right = padding
+        x2 = ctx.op("pad", x2, pads=(0, 0, 0, 0, top, bottom, left, right), mode="constant",
+                    value=0.0)
+        padding = (0, 0, 0, 0)
+    attrs = {"kernel": ((1,) if squeezed else ()) + kernel, "stride": stride,
+             "padding": padding, "ceil_mode": bool(ctx.attr("ceil_mode", 0))}
+    if name == "max_pool2d":
+        attrs["dilation"] = dilation
+    elif dilation != (1, 1):
+        raise ctx.error("AveragePool with dilations is not supported")
+    else:
+        attrs["count_include_pad"] = include
+    y = ctx.op(name, x2, **attrs)
+    return ctx.op("squeeze", y, axes=(2,)) if squeezed else y
 
 
 def _global_pool(name: str) -> Converter:
