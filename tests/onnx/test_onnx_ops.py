@@ -296,3 +296,11 @@ def test_batch_normalization() -> None:
            consts={"s": arr([3]), "b": arr([3]), "m": arr([3]), "v": var})
     single("BatchNormalization", {"x": arr([2, 3, 4, 5])}, opset=9,
            consts={"s": arr([3]), "b": arr([3]), "m": arr([3]), "v": var})
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("include", [0, 1])
+def test_pools_with_pads_wider_than_half_the_window(op: str, include: int) -> None:
+    attrs = {"count_include_pad": include} if op == "AveragePool" else {}
+    single(op, {"x": arr([1, 2, 7, 6])}, kernel_shape=[3, 2], pads=[2, 1, 2, 1],
+           strides=[2, 1], **attrs)

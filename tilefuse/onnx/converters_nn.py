@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 from tilefuse.dtypes import DType
 from tilefuse.onnx import converters_volume as volume
 from tilefuse.onnx.context import NodeContext, Tensor
@@ -304,13 +306,17 @@ def pool_with(ctx: NodeContext, name: str, x: Tensor, count_include_pad: bool | 
                              bool(ctx.attr("ceil_mode", 0)), include)
     stride, dilation, padding = _geometry(ctx, x, kernel)
     x2, squeezed = _to_2d(ctx, x)
-    if zero_pad_first and any(padding):
-        top, left, bottom, right = padding
-        x2 = ctx.op("pad", x2, pads=(0, 0, 0, 0, top, bottom, left, right), mode="constant",
-                    value=0.0)
+    window = ((1,) if squeezed else ()) + kernel
+    spans = [d * (k - 1) + 1 for k, d in zip(window, dilation)]
+    top, left, bottom, right = padding
+    wide = max(top, bottom) > spans[0] // 2 or max(left, right) > spans[1] // 2
+    ceil_mode = bool(ctx.attr("ceil_mode", 0))
+    count_scale = None
+    if (zero_pad_first or (wide and not ceil_mode)) and any(padding):
+        # pads wider than half the window (which the pool ops refuse): pad explicitly
+        x2, count_scale = _pad_for_pool(ctx, name, x2, padding, window, stride, include)
         padding = (0, 0, 0, 0)
-    attrs = {"kernel": ((1,) if squeezed else ()) + kernel, "stride": stride,
-             "padding": padding, "ceil_mode": bool(ctx.attr("ceil_mode", 0))}
+    attrs = {"kernel": window, "stride": stride, "padding": padding, "ceil_mode": ceil_mode}
     if name == "max_pool2d":
         attrs["dilation"] = dilation
     elif dilation != (1, 1):
@@ -318,7 +324,30 @@ def pool_with(ctx: NodeContext, name: str, x: Tensor, count_include_pad: bool | 
     else:
         attrs["count_include_pad"] = include
     y = ctx.op(name, x2, **attrs)
+    if count_scale is not None:
+        y = ctx.op("mul", y, ctx.const(count_scale.astype(y.dtype.np)))
     return ctx.op("squeeze", y, axes=(2,)) if squeezed else y
+
+
+def _pad_for_pool(ctx: NodeContext, name: str, x: Tensor, padding: tuple[int, ...],
+                  window: tuple[int, ...], stride: tuple[int, ...],
+                  include: bool) -> tuple[Tensor, np.ndarray | None]:
+    """x padded for the pool (-inf for max, zeros for average) and, for an average that
+    excludes the padding, the per-window factor window size / valid count."""
+    top, left, bottom, right = padding
+    fill = -np.inf if name == "max_pool2d" else 0.0
+    padded = ctx.op("pad", x, pads=(0, 0, 0, 0, top, bottom, left, right), mode="constant",
+                    value=fill)
+    if name == "max_pool2d" or include:
+        return padded, None
+    valid = np.pad(np.ones(x.shape[2:]), ((top, bottom), (left, right)))
+    kh, kw = window
+    out_h = (valid.shape[0] - kh) // stride[0] + 1
+    out_w = (valid.shape[1] - kw) // stride[1] + 1
+    counts = np.array([[valid[i * stride[0]:i * stride[0] + kh,
+                              j * stride[1]:j * stride[1] + kw].sum() for j in range(out_w)]
+                       for i in range(out_h)])
+    return padded, (kh * kw) / np.maximum(counts, 1)
 
 
 def _global_pool(name: str) -> Converter:
