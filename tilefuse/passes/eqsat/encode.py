@@ -292,9 +292,10 @@ def merge_pays(x: TensorType, weights: list[TensorType]) -> bool:
     Checked against the measured kernels (``benchmarks/qkv_merge.py``, BERT-base's Q/K/V,
     768 -> 3 x 768): the FLOPs are the same and the matmul kernel runs N = 768 as fast as
     N = 2304, so x read once saves nothing measurable (it stays in cache across the three
-    matmuls), while the three slices are real movement kernels. Merged / separate: 1.10 at
-    M = 128 and 1.03 at M = 1024 on one thread, 1.15 and 1.76 on two, so declining (2·x saved
-    against 6·x added) is the right call, not an artefact of the prices."""
+    matmuls), while the three slices are real movement kernels (~15 µs each at M = 128).
+    Merged / separate over repeated runs: 0.97-1.04 at M = 128 on one thread, 1.05-1.08 on
+    two, 1.04-1.07 at M = 1024: no gain to take, so declining (2·x saved against 6·x added)
+    is the right call, not an artefact of the prices."""
     outs = [_infer("matmul", [x, w]) for w in weights]
     if any(o is None or not o.is_static for o in outs) or not x.is_static:
         return False
