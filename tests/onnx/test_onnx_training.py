@@ -4,6 +4,8 @@ tensors the node names and at other values, with initializers among xs; errors n
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -94,3 +96,48 @@ def test_integer_target_is_refused() -> None:
              _gradient(["x"], ["dx"], xs=["x"], y="i")]
     with pytest.raises(OnnxError, match="floating-point"):
         tilefuse.onnx.load(_model(nodes, [("x", [2])], ["dx"]))(arr([2]))
+
+
+def _optimizer_model(op: str, n_groups: int, per: int, shape: list[int], **attrs: Any):
+    names = ["R", "T"] + [f"i{k}_{i}" for k in range(per) for i in range(n_groups)]
+    outs = [f"o{k}_{i}" for k in range(per - 1) for i in range(n_groups)]
+    node = helper.make_node(op, names, outs, domain=TRAINING, **attrs)
+    inputs = [helper.make_tensor_value_info("R", F32, []),
+              helper.make_tensor_value_info("T", TensorProto.INT64, [])]
+    inputs += [helper.make_tensor_value_info(n, F32, shape) for n in names[2:]]
+    graph = helper.make_graph([node], op, inputs,
+                              [helper.make_tensor_value_info(o, F32, None) for o in outs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(TRAINING, 1)])
+    model.ir_version = 8
+    return model, names
+
+
+@pytest.mark.parametrize(("op", "per", "attrs"), [
+    ("Adagrad", 3, {"decay_factor": 0.1, "epsilon": 1e-6, "norm_coefficient": 0.01}),
+    ("Adam", 4, {"alpha": 0.8, "beta": 0.95, "epsilon": 1e-7, "norm_coefficient": 0.02,
+                 "norm_coefficient_post": 0.01}),
+    ("Momentum", 3, {"alpha": 0.9, "beta": 0.5, "mode": "standard", "norm_coefficient": 0.1}),
+    ("Momentum", 3, {"alpha": 0.9, "beta": 0.5, "mode": "nesterov", "norm_coefficient": 0.1})])
+@pytest.mark.parametrize("step", [0, 3])
+def test_optimizers_against_the_reference(op: str, per: int, attrs: dict, step: int) -> None:
+    """A model importing only the training domain; two tensor groups of odd shapes."""
+    from onnx.reference import ReferenceEvaluator
+
+    model, names = _optimizer_model(op, 2, per, [3, 7], **attrs)
+    feeds = {n: (np.abs(arr([3, 7])) if n.startswith(f"i{per - 1}_") else arr([3, 7]))
+             for n in names[2:]}
+    feeds = {"R": np.array(0.1, np.float32), "T": np.array(step, np.int64), **feeds}
+    expected = ReferenceEvaluator(model).run(None, feeds)
+    got = tilefuse.onnx.load(model).run(None, feeds)
+    for g, e in zip(got, expected):
+        assert_close(g, e.astype(np.float32))
+
+
+def test_training_domain_alone_converts_no_default_op() -> None:
+    node = helper.make_node("Add", ["x", "x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F32, [2])],
+                              [helper.make_tensor_value_info("y", F32, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(TRAINING, 1)])
+    model.ir_version = 8
+    with pytest.raises(OnnxError, match="unsupported ONNX op Add"):
+        tilefuse.onnx.load(model)(arr([2]))

@@ -29,6 +29,10 @@ from tilefuse.onnx.external_data import load_external
 from tilefuse.onnx.tensors import MAX_DIM, OnnxError, attribute_values, tensor_to_array, to_dtype
 
 MIN_OPSET = 1
+TRAINING_DOMAIN = "ai.onnx.preview.training"
+DOMAINS_ALONE = frozenset({TRAINING_DOMAIN})
+"""Domains a model may import without the default one (its default-domain opset is then 0:
+no default-domain op converts)."""
 MAX_MODEL_BYTES = 2**31 - 1   # protobuf's own limit
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -148,6 +152,8 @@ def _opsets(model: ModelProto) -> dict[str, int]:
         domain = "" if domain in DEFAULT_DOMAINS else domain
         domains[domain] = int(entry.version)
     if "" not in domains:
+        if domains and set(domains) <= DOMAINS_ALONE:
+            return {**domains, "": 0}
         others = ", ".join(sorted(domains)) or "none"
         raise OnnxError("the model imports no opset of the default ONNX domain (it imports "
                         f"{others}; tilefuse does not support other domains alone)")
