@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "onnx"))
-from onnxcheck import F32, arr, init, make_model, ort_run  # noqa: E402
+from onnx import helper
+from onnxcheck import F32, arr, init, make_model, ort_run
 
-import tilefuse.onnx  # noqa: E402
-from onnx import helper  # noqa: E402
-from tilefuse.errors import GuardError  # noqa: E402
-from tilefuse.runtime.dynamic import DynamicExecutable  # noqa: E402
-from tilefuse.testing import assert_close  # noqa: E402
+import tilefuse.onnx
+from tilefuse.errors import GuardError
+from tilefuse.runtime.dynamic import DynamicExecutable
+from tilefuse.testing import assert_close
 
 SIZES = (1, 7, 513, 2)
 

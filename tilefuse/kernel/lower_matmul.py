@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -49,7 +49,7 @@ from tilefuse.kernel.access import (
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.packing import pack_b, pack_kernel, packed_shape
 from tilefuse.kernel.scalar_expr import element_expr
-from tilefuse.kernel.schedule import SYMBOLIC_DIM_HINT, Schedule
+from tilefuse.kernel.schedule import MIN_ACCUMULATORS, SYMBOLIC_DIM_HINT, Schedule
 from tilefuse.loop.ir import (
     BufferParam,
     Expr,
@@ -202,8 +202,10 @@ def matmul_function(name: str, shape: MatmulShape, dtype: DType, params: MatmulP
 
 
 def matmul_body(shape: MatmulShape, dtype: DType, params: MatmulParams,
-                outputs: Sequence[TileOutput], a: BufferParam, b: BufferParam) -> Stmt:
-    """The loop nest of :func:`matmul_function` (building it calls the outputs' values)."""
+                outputs: Sequence[TileOutput], a: BufferParam, b: BufferParam,
+                panel: int | None = None) -> Stmt:
+    """The loop nest of :func:`matmul_function` (building it calls the outputs' values);
+    ``panel``: B's packed panel width when it is not ``params.nr`` (:func:`b_panel_width`)."""
     if dtype not in MATMUL_DTYPES:
         raise CompileError(f"the matmul kernel computes in f32 or f64, not {dtype}")
     if not outputs:
@@ -214,17 +216,70 @@ def matmul_body(shape: MatmulShape, dtype: DType, params: MatmulParams,
     static = [d for d in (shape.m, shape.n, shape.k, *shape.batch) if not is_extent(d)]
     if min(static) <= 0:
         raise CompileError(f"empty matmul {shape}: nothing to lower")
-    return _NestBuilder(shape, dtype, params, tuple(outputs), a, b).build()
+    general = _NestBuilder(shape, dtype, params, tuple(outputs), a, b, panel=panel)
+    if not is_extent(shape.m) or general.mr < 2:
+        return general.build()
+    return small_m_buckets(general)
+
+
+def small_m_buckets(general: _NestBuilder) -> Stmt:
+    """A runtime M below the register tile's MR runs the nest a static compile of that exact
+    M emits (``M x NR'`` tiles, NR' widened as the default rule widens it, so an M = 1 GEMV
+    keeps 8 FMA chains, not 2), chosen at run time; M >= MR runs the general nest. B is
+    packed in panels as wide as the widest of these tiles (:func:`b_panel_width`: what a
+    static M = 1 packs, so the per-call packing of a runtime B costs the same) and every tile
+    width divides the panel's."""
+    s, p, tags = general.s, general.p, general.tags
+    buckets: list[Stmt] = []
+    for rows in range(1, general.mr):
+        nr = small_m_tile(rows, p, s.n)
+        params = replace(p, mr=rows, nr=nr, nc=_block(p.nc or nr, s.n, nr),
+                         parallel="n" if p.parallel == "m" else p.parallel)
+        nest = _NestBuilder(replace(s, m=rows), general.dtype, params, general.outputs,
+                            general.a, general.b, panel=general.panel, tags=tags,
+                            suffix=f"_m{rows}")
+        buckets.append(If(binary(XOp.EQ, s.m, rows), nest.build()))
+        tags = nest.tags
+    general.tags = tags
+    return If(binary(XOp.LT, s.m, general.mr), block(*buckets), general.build())
+
+
+def small_m_tile(rows: int, params: MatmulParams, n: int) -> int:
+    """NR for an M of ``rows`` below MR: wide enough for MIN_ACCUMULATORS FMA chains (the
+    default schedule's rule), within the accumulators the MR x NR tile has, ``params.nr``
+    times a power of two (so that each such width divides the widest) and at most N."""
+    lanes, nr = params.lanes, params.nr
+    budget = max(1, params.mr * (nr // lanes) // rows)   # accumulators per row
+    vectors = min(-(-MIN_ACCUMULATORS // rows), max(1, n // lanes), budget)
+    width = nr
+    while width < vectors * lanes and width * 2 <= max(nr, n):
+        width *= 2
+    return width
+
+
+def b_panel_width(shape: MatmulShape, params: MatmulParams) -> int:
+    """The width of B's packed panels: the tile's NR, or for a runtime M (whose small sizes
+    get wider tiles, :func:`small_m_buckets`) the widest of those tiles."""
+    mr = min(params.mr, SYMBOLIC_DIM_HINT)
+    if not is_extent(shape.m) or not params.pack_b or mr < 2 or is_extent(shape.n):
+        return params.nr
+    return small_m_tile(1, replace(params, mr=mr), shape.n)
 
 
 class _NestBuilder:
-    """Builds the loop nest of one matmul kernel (see the module docstring)."""
+    """Builds the loop nest of one matmul kernel (see the module docstring). ``panel``: the
+    width of B's packed panels when it is not the tile's NR (a multiple of it); ``tags``:
+    the first micro-kernel number and ``suffix`` of the loop variables (nests of one kernel
+    name theirs apart)."""
 
     def __init__(self, shape: MatmulShape, dtype: DType, params: MatmulParams,
-                 outputs: tuple[TileOutput, ...], a: BufferParam, b: BufferParam):
+                 outputs: tuple[TileOutput, ...], a: BufferParam, b: BufferParam, *,
+                 panel: int | None = None, tags: int = 0, suffix: str = ""):
         self.s, self.dtype, self.p, self.outputs = shape, dtype, params, outputs
         self.a, self.b = a, b
         self.nr = params.nr
+        self.panel = panel or params.nr
+        self.sfx = suffix   # appended to the loop variables' names (unique per kernel)
         # a runtime M: the register tile and M block are the schedule's (the block for the
         # hint size when it asks for all of M); tails cover every runtime remainder
         m = SYMBOLIC_DIM_HINT if is_extent(shape.m) else shape.m
@@ -237,28 +292,28 @@ class _NestBuilder:
         self.n_full = shape.n // self.nr * self.nr
         count = shape.batch_size
         batched = (is_extent(count) or count > 1) or params.parallel == "b"
-        self.bt: Expr = var("bt") if batched else const(0)
-        self.kc_var: Expr = var("kc") if self.kc < shape.k else const(0)
-        self.tags = 0  # numbers the micro-kernels, so that their names are unique
+        self.bt: Expr = var("bt" + self.sfx) if batched else const(0)
+        self.kc_var: Expr = var("kc" + self.sfx) if self.kc < shape.k else const(0)
+        self.tags = tags  # numbers the micro-kernels, so that their names are unique
 
     # ---------------------------------------------------------------- the nest
     def build(self) -> Stmt:
         s = self.s
-        jc, ic = var("jc"), var("ic")
+        jc, ic = var("jc" + self.sfx), var("ic" + self.sfx)
         nest: list[Stmt] = self.panels(jc, ic)
         for axis in reversed(self.p.order):
             kind = LoopKind.PARALLEL if axis == self.p.parallel else LoopKind.SERIAL
             if axis == "n":
-                nest = [loop("jc", 0, s.n, nest, step=self.nc, kind=kind)]
+                nest = [loop("jc" + self.sfx, 0, s.n, nest, step=self.nc, kind=kind)]
             elif axis == "m":
-                nest = [loop("ic", 0, s.m, nest, step=self.mc, kind=kind)]
+                nest = [loop("ic" + self.sfx, 0, s.m, nest, step=self.mc, kind=kind)]
             elif axis == "k" and self.kc < s.k:
-                nest = [loop("kc", 0, s.k, nest, step=self.kc)]
+                nest = [loop("kc" + self.sfx, 0, s.k, nest, step=self.kc)]
             elif axis == "b" and self.bt.op is XOp.VAR:
-                nest = [loop("bt", 0, s.batch_size, nest, kind=kind)]
+                nest = [loop("bt" + self.sfx, 0, s.batch_size, nest, kind=kind)]
         if "b" not in self.p.order and self.bt.op is XOp.VAR:
             kind = LoopKind.PARALLEL if self.p.parallel == "b" else LoopKind.SERIAL
-            nest = [loop("bt", 0, s.batch_size, nest, kind=kind)]
+            nest = [loop("bt" + self.sfx, 0, s.batch_size, nest, kind=kind)]
         return block(*nest)
 
     def panels(self, jc: Expr, ic: Expr) -> list[Stmt]:
@@ -266,8 +321,8 @@ class _NestBuilder:
         s = self.s
         stmts: list[Stmt] = []
         if self.n_full:
-            jr = var("jr")
-            stmts.append(loop("jr", jc, minimum(jc + self.nc, self.n_full),
+            jr = var("jr" + self.sfx)
+            stmts.append(loop("jr" + self.sfx, jc, minimum(jc + self.nc, self.n_full),
                               self.rows(ic, jr, column_chunks(self.nr, self.p.lanes), "f"),
                               step=self.nr))
         if s.n > self.n_full:
@@ -280,8 +335,8 @@ class _NestBuilder:
         """The register tiles of one panel within this row block."""
         stmts: list[Stmt] = []
         if self.m_full:
-            ir = var(f"ir_{tag}")
-            stmts.append(loop(f"ir_{tag}", ic, minimum(ic + self.mc, self.m_full),
+            ir = var(f"ir_{tag}{self.sfx}")
+            stmts.append(loop(f"ir_{tag}{self.sfx}", ic, minimum(ic + self.mc, self.m_full),
                               self.micro(self.mr, ir, j0, chunks), step=self.mr))
         if is_extent(self.s.m):
             stmts.extend(self.runtime_m_tail(ic, j0, chunks))
@@ -376,14 +431,20 @@ class _NestBuilder:
 
     # ---------------------------------------------------------------- indices
     def b_index(self, j0: Expr, k: Expr, off: int) -> Expr:
-        """Element (k, j0 + off) of B: in its panel (j0 starts one), or row-major."""
-        s = self.s
+        """Element (k, j0 + off) of B: in its panel, or row-major. j0 is a multiple of the
+        tile's NR; a panel wider than NR holds several tiles (NR divides it), a narrower one
+        is part of a tile (off reaches into the next panels)."""
+        s, panel = self.s, self.panel
         if not self.p.pack_b:
             base = self.bt * (s.k * s.n) if s.b_batched else const(0)
             return base + k * s.n + j0 + off
-        panels = -(-s.n // self.nr)
-        base = self.bt * (panels * s.k * self.nr) if s.b_batched else const(0)
-        return base + j0 * s.k + k * self.nr + off
+        panels = -(-s.n // panel)
+        base = self.bt * (panels * s.k * panel) if s.b_batched else const(0)
+        if panel == self.nr:
+            return base + j0 * s.k + k * panel + off
+        if panel < self.nr:
+            return base + j0 * s.k + (off // panel * panel) * s.k + k * panel + off % panel
+        return base + j0 // panel * (panel * s.k) + j0 % panel + off + k * panel
 
     def c_index(self, i: Expr, j: Expr) -> Expr:
         return (self.bt * self.s.m + i) * self.s.n + j
@@ -494,11 +555,14 @@ class LoweredMatmul:
     constant_b: str | None
     params: MatmulParams
     shape: MatmulShape
+    panel: int = 0   # B's packed panel width (0: params.nr)
 
     def prepare_b(self, b: np.ndarray) -> np.ndarray:
         """The constant operand B (``[..., K, N]``, the matmul's dtype) as the kernel reads
         it: packed when the schedule packs, else C-contiguous."""
-        return pack_b(b, self.params.nr) if self.params.pack_b else np.require(b, requirements="C")
+        if not self.params.pack_b:
+            return np.require(b, requirements="C")
+        return pack_b(b, self.panel or self.params.nr)
 
 
 class _GroupLowering:
@@ -597,13 +661,14 @@ def lower_matmul(group: KernelGroup, schedule: Schedule, *,
     low = _GroupLowering(group, params)
     a_value, b_value = low.node.inputs
     a = low.operand(a_value, "a_rows", None)
+    panel = b_panel_width(low.shape, params)
     if constant_b:
         b = BufferParam(low.namer.fresh("b_const"), low.dtype, readonly=True,
                         align=64 if params.pack_b else 0)
     else:
-        b = low.operand(b_value, "b_panels", params.nr if params.pack_b else None)
+        b = low.operand(b_value, "b_panels", panel if params.pack_b else None)
     outputs = low.outputs()
-    body = matmul_body(low.shape, low.dtype, params, outputs, a, b)
+    body = matmul_body(low.shape, low.dtype, params, outputs, a, b, panel)
     used = _loaded(body)
     extra = tuple(p for p in low.buffers.inputs.values() if p.name in used and p not in (a, b))
     main = _assemble(low.name, body, a, b, outputs, extra, low.scalars)
@@ -612,7 +677,7 @@ def lower_matmul(group: KernelGroup, schedule: Schedule, *,
     functions = (*low.functions, main)
     names = {buf.name for fn in functions for buf in fn.buffers}
     return LoweredMatmul(functions, {n: v for n, v in bindings.items() if n in names},
-                         low.scratch, b.name if constant_b else None, params, low.shape)
+                         low.scratch, b.name if constant_b else None, params, low.shape, panel)
 
 
 def _assemble(name: str, body: Stmt, a: BufferParam, b: BufferParam,
