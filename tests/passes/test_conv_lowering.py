@@ -259,9 +259,12 @@ def test_channels_last_network_runs_natively(c, hw, seed):
     ("avg_pool2d", {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1, 1, 1),
                     "count_include_pad": True}, True),
     ("avg_pool2d", {"kernel": (2, 2), "stride": (1, 2)}, True),
-    # the divisor varies with the padding left out, and ceil mode has overhanging windows:
+    # the divisor counts the input taps of each window (a constant per window):
     ("avg_pool2d", {"kernel": (3, 3), "stride": (1, 1), "padding": (1, 1, 1, 1),
-                    "count_include_pad": False}, False),
+                    "count_include_pad": False}, True),
+    ("avg_pool2d", {"kernel": (3, 2), "stride": (2, 1), "padding": (0, 0, 1, 1),
+                    "count_include_pad": False}, True),
+    # ceil mode has overhanging windows:
     ("max_pool2d", {"kernel": (3, 3), "stride": (2, 2), "ceil_mode": True}, False),
 ])
 def test_pools_after_a_conv(op, attrs, lowered):

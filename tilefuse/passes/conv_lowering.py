@@ -29,8 +29,10 @@ takes elementwise ops of exactly the matmul's shape into it):
   residual add of a ResNet block become the conv's epilogue);
 - a ``concat`` along channels of same-sized activations is a ``concat`` of the matrices along
   their columns;
-- a ``max_pool2d`` without ceil mode is a max over the ``window_patches`` of the -inf padded
-  NHWC input (one reduction kernel that gathers its taps);
+- a ``max_pool2d`` / ``avg_pool2d`` without ceil mode is a max / mean over the
+  ``window_patches`` of the -inf / zero padded NHWC input (one reduction kernel that gathers
+  its taps; an average that leaves the padding out of its divisor divides the taps' sum by a
+  constant count per window);
 - every other reader of a value gets it in NCHW: ``reshape`` to [N, H, W, C] and ``transpose``
   (made once per value, where first needed), and a graph input or an NCHW result a matrix
   reader needs is ``transpose`` d and ``reshape`` d the other way (once per value). Graph
@@ -46,10 +48,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from tilefuse.dtypes import DType
 from tilefuse.errors import SourceLoc
 from tilefuse.graph.builder import GraphBuilder
-from tilefuse.graph.ir import Graph, Node, Value
+from tilefuse.graph.ir import Graph, Literal, Node, Value
 from tilefuse.ops.registry import OpKind
 
 
@@ -158,13 +162,9 @@ def _rewrite(layout: _Layout, node: Node, producers: dict[Value, Node]) -> bool:
 
 
 def _tap_pool(node: Node) -> bool:
-    """A pool whose every window folds all its taps with one fill: max, or an average that
-    divides by the whole window (no padding, or padding counted); no ceil-mode overhang."""
-    if node.op.name not in ("max_pool2d", "avg_pool2d") or node.attrs["ceil_mode"] or \
-            not node.outputs[0].dtype.is_float:
-        return False
-    return node.op.name == "max_pool2d" or node.attrs["count_include_pad"] or \
-        not any(node.attrs["padding"])
+    """A float pool without ceil-mode overhang (whose divisor the taps would not show)."""
+    return node.op.name in ("max_pool2d", "avg_pool2d") and not node.attrs["ceil_mode"] and \
+        node.outputs[0].dtype.is_float
 
 
 def _pixels(v: Value) -> tuple:
@@ -278,11 +278,30 @@ def _taps(layout: _Layout, node: Node, x: Value, kernel: tuple[int, int],
 
 
 def _pool(layout: _Layout, node: Node) -> Value:
-    """A pool as max / mean over the window taps of the padded NHWC input: [N·OH·OW, C]."""
-    is_max = node.op.name == "max_pool2d"
+    """A pool as max / mean over the window taps of the padded NHWC input: [N·OH·OW, C]; an
+    average that leaves the padding out of its divisor is the taps' sum over the count of
+    input taps in each window (a constant [N·OH·OW, 1])."""
+    b, is_max = layout.b, node.op.name == "max_pool2d"
     taps = _taps(layout, node, node.inputs[0], node.attrs["kernel"],
                  node.attrs.get("dilation", (1, 1)), -math.inf if is_max else 0.0)
-    return layout.b.add1("max" if is_max else "mean", [taps], {"axes": (1,)}, node.loc)
+    if is_max or node.attrs["count_include_pad"] or not any(node.attrs["padding"]):
+        return b.add1("max" if is_max else "mean", [taps], {"axes": (1,)}, node.loc)
+    counts = b.add1("constant", [], {"value": Literal(_window_counts(node), DType.f32)},
+                    node.loc)
+    return b.add1("div", [b.add1("sum", [taps], {"axes": (1,)}, node.loc), counts], {},
+                  node.loc)
+
+
+def _window_counts(node: Node) -> np.ndarray:
+    """How many input elements each window of an average pool covers, as [N·OH·OW, 1]."""
+    n, _, oh, ow = node.outputs[0].shape
+    top, left, _, _ = node.attrs["padding"]
+    per_axis = [np.minimum(np.arange(o) * s - before + k, size) -
+                np.maximum(np.arange(o) * s - before, 0)
+                for o, s, before, k, size in zip((oh, ow), node.attrs["stride"], (top, left),
+                                                 node.attrs["kernel"], node.inputs[0].shape[2:])]
+    counts = np.multiply.outer(*per_axis).astype(np.float32)
+    return np.broadcast_to(counts, (n, oh, ow)).reshape(n * oh * ow, 1).copy()
 
 
 __all__ = ["conv_to_matmul"]
