@@ -3,6 +3,7 @@ the per-call guard overhead, and the compile counts.
 
     .venv/bin/python benchmarks/dynamic.py [--rounds 7] [--w1-rows 1 7 64 512]
                                            [--bert 1x128 8x128 1x512] [--skip-bert]
+                                           [--cores N]
 
 **W1** ``gelu(x @ w + b)`` with ``x[M,768]``, ``w[768,3072]``: one ``tilefuse.jit`` with
 ``dynamic={"x": {0: "m"}}`` serves every M; a fresh static jit per M is the baseline.
@@ -13,12 +14,17 @@ and the specialisation looked up) against static; the difference is what dynamic
 call. Last, the compile counts (``cache_info()``) of the dynamic functions (with what the
 symbolic native build compiled once and per size) and of 100 calls with random batch sizes
 under automatic dynamic dims.
+
+``--cores N`` compiles everything for N cores (``os.cpu_count`` is N for the run): with
+``--cores 1`` every kernel is serial, which on a shared, loaded machine is the only way to get
+ratios that parallel regions waiting on a busy core do not swamp.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 
 import numpy as np
@@ -121,7 +127,11 @@ def main() -> None:
     parser.add_argument("--bert", nargs="+", default=["1x128", "8x128", "1x512"],
                         help="BxS sizes of the BERT layer")
     parser.add_argument("--skip-bert", action="store_true")
+    parser.add_argument("--cores", type=int, default=0,
+                        help="compile for this many cores (default: the machine's)")
     args = parser.parse_args()
+    if args.cores > 0:
+        os.cpu_count = lambda: args.cores  # read when each build makes its CPU target
     guard_overhead(args.rounds)
     counted = [("W1", run_w1(args.w1_rows, args.rounds))]
     if not args.skip_bert:

@@ -203,9 +203,10 @@ def matmul_function(name: str, shape: MatmulShape, dtype: DType, params: MatmulP
 
 def matmul_body(shape: MatmulShape, dtype: DType, params: MatmulParams,
                 outputs: Sequence[TileOutput], a: BufferParam, b: BufferParam,
-                panel: int | None = None) -> Stmt:
+                small_panel: int | None = None) -> Stmt:
     """The loop nest of :func:`matmul_function` (building it calls the outputs' values);
-    ``panel``: B's packed panel width when it is not ``params.nr`` (:func:`b_panel_width`)."""
+    ``small_panel``: the width of B's panels when a runtime M is below MR (B then packed so at
+    run time, :func:`b_panel_width`), else B's panels are ``params.nr`` wide."""
     if dtype not in MATMUL_DTYPES:
         raise CompileError(f"the matmul kernel computes in f32 or f64, not {dtype}")
     if not outputs:
@@ -216,19 +217,19 @@ def matmul_body(shape: MatmulShape, dtype: DType, params: MatmulParams,
     static = [d for d in (shape.m, shape.n, shape.k, *shape.batch) if not is_extent(d)]
     if min(static) <= 0:
         raise CompileError(f"empty matmul {shape}: nothing to lower")
-    general = _NestBuilder(shape, dtype, params, tuple(outputs), a, b, panel=panel)
+    general = _NestBuilder(shape, dtype, params, tuple(outputs), a, b)
     if not is_extent(shape.m) or general.mr < 2:
         return general.build()
-    return small_m_buckets(general)
+    return small_m_buckets(general, small_panel or params.nr)
 
 
-def small_m_buckets(general: _NestBuilder) -> Stmt:
+def small_m_buckets(general: _NestBuilder, panel: int) -> Stmt:
     """A runtime M below the register tile's MR runs the nest a static compile of that exact
     M emits (``M x NR'`` tiles, NR' widened as the default rule widens it, so an M = 1 GEMV
-    keeps 8 FMA chains, not 2), chosen at run time; M >= MR runs the general nest. B is
-    packed in panels as wide as the widest of these tiles (:func:`b_panel_width`: what a
-    static M = 1 packs, so the per-call packing of a runtime B costs the same) and every tile
-    width divides the panel's."""
+    keeps 8 FMA chains, not 2), chosen at run time; M >= MR runs the general nest. These
+    nests read B from panels ``panel`` wide (a runtime B is packed per call in panels as wide
+    as the widest of these tiles when M < MR, :func:`b_panel_width`: what a static M = 1
+    packs; a constant B keeps NR-wide panels); every tile width divides it or is a multiple."""
     s, p, tags = general.s, general.p, general.tags
     buckets: list[Stmt] = []
     for rows in range(1, general.mr):
@@ -236,7 +237,7 @@ def small_m_buckets(general: _NestBuilder) -> Stmt:
         params = replace(p, mr=rows, nr=nr, nc=_block(p.nc or nr, s.n, nr),
                          parallel="n" if p.parallel == "m" else p.parallel)
         nest = _NestBuilder(replace(s, m=rows), general.dtype, params, general.outputs,
-                            general.a, general.b, panel=general.panel, tags=tags,
+                            general.a, general.b, panel=panel, tags=tags,
                             suffix=f"_m{rows}")
         buckets.append(If(binary(XOp.EQ, s.m, rows), nest.build()))
         tags = nest.tags
@@ -258,8 +259,10 @@ def small_m_tile(rows: int, params: MatmulParams, n: int) -> int:
 
 
 def b_panel_width(shape: MatmulShape, params: MatmulParams) -> int:
-    """The width of B's packed panels: the tile's NR, or for a runtime M (whose small sizes
-    get wider tiles, :func:`small_m_buckets`) the widest of those tiles."""
+    """The width of a runtime B's packed panels when a runtime M is below MR (whose small
+    sizes get wider tiles, :func:`small_m_buckets`): the widest of those tiles; else NR.
+    Measured on W1 (B packed per call, 2 threads): M=1 1.19x -> 1.00x of static, where 128-
+    wide panels for every M made M=512 1.16x (its 12x32 tiles reading a quarter panel)."""
     mr = min(params.mr, SYMBOLIC_DIM_HINT)
     if not is_extent(shape.m) or not params.pack_b or mr < 2 or is_extent(shape.n):
         return params.nr
@@ -555,14 +558,11 @@ class LoweredMatmul:
     constant_b: str | None
     params: MatmulParams
     shape: MatmulShape
-    panel: int = 0   # B's packed panel width (0: params.nr)
 
     def prepare_b(self, b: np.ndarray) -> np.ndarray:
         """The constant operand B (``[..., K, N]``, the matmul's dtype) as the kernel reads
         it: packed when the schedule packs, else C-contiguous."""
-        if not self.params.pack_b:
-            return np.require(b, requirements="C")
-        return pack_b(b, self.panel or self.params.nr)
+        return pack_b(b, self.params.nr) if self.params.pack_b else np.require(b, requirements="C")
 
 
 class _GroupLowering:
@@ -587,21 +587,25 @@ class _GroupLowering:
         self.scalars = symbol_scalars([*group.inputs, *group.outputs,
                                        *(o for n in group.nodes for o in n.outputs)])
 
-    def operand(self, value: Value, hint: str, nr: int | None) -> BufferParam:
+    def operand(self, value: Value, hint: str, nr: int | None,
+                wide: tuple[int, Expr, int] | None = None) -> BufferParam:
         """The buffer the matmul reads operand ``value`` from: the group input itself (when
         no packing is asked), else a scratch buffer that a new kernel fills with the value
-        (evaluating its prologue), packed into ``nr``-wide panels (``nr`` None: row-major)."""
+        (evaluating its prologue), packed into ``nr``-wide panels (``nr`` None: row-major).
+        ``wide`` = (width, M, MR): when the runtime M is below MR a second kernel packs it in
+        panels that wide instead (the scratch is sized for the wider)."""
         if value in self.buffers.inputs and nr is None:
             return self.buffers.inputs[value]
         shape = dims(value.shape)
         *batch, rows, cols = shape
         width = cols if nr is None else nr
         dst = BufferParam(self.namer.fresh(hint), self.dtype, align=64)
+        largest = width if wide is None else max(width, wide[0])
         if self.scalars:  # a runtime size: an Expr over the kernel's scalars
-            self.scratch[dst.name] = math.prod(packed_shape(tuple(shape), width)) * \
+            self.scratch[dst.name] = math.prod(packed_shape(tuple(shape), largest)) * \
                 self.dtype.itemsize
         else:
-            self.scratch[dst.name] = int(np.prod(packed_shape(tuple(shape), width))) * \
+            self.scratch[dst.name] = int(np.prod(packed_shape(tuple(shape), largest))) * \
                 self.dtype.itemsize
         inputs = self.operand_inputs(value)
 
@@ -610,14 +614,23 @@ class _GroupLowering:
             return element_expr(self.group, value, index, lanes, self.load)
 
         count = math.prod(shape[:-1]) if self.scalars else int(np.prod(shape[:-1]))
+
+        def pack(name: str, panel: int) -> LoopFunction:
+            try:
+                return pack_kernel(name, count, rows, cols, panel, dst, element, inputs,
+                                   self.params.lanes, self.scalars)
+            except NotVectorizable:  # lanes strided in some input (a transposed weight)
+                return pack_kernel(name, count, rows, cols, panel, dst, element, inputs, 1,
+                                   self.scalars)
         name = f"{self.name}_{dst.name}"
-        try:
-            kernel = pack_kernel(name, count, rows, cols, width, dst, element, inputs,
-                                 self.params.lanes, self.scalars)
-        except NotVectorizable:  # lanes strided in some input (a transposed weight): gather
-            kernel = pack_kernel(name, count, rows, cols, width, dst, element, inputs, 1,
-                                 self.scalars)
-        self.functions.append(kernel)
+        kernel = pack(name, width)
+        if wide is None:
+            self.functions.append(kernel)
+        else:
+            other = pack(f"{name}_wide", wide[0])
+            _, m, mr = wide
+            self.functions += [replace(kernel, body=If(_ge(m, mr), kernel.body)),
+                               replace(other, body=If(binary(XOp.LT, m, mr), other.body))]
         return BufferParam(dst.name, self.dtype, readonly=True, align=64)
 
     def operand_inputs(self, value: Value) -> tuple[BufferParam, ...]:
@@ -661,14 +674,17 @@ def lower_matmul(group: KernelGroup, schedule: Schedule, *,
     low = _GroupLowering(group, params)
     a_value, b_value = low.node.inputs
     a = low.operand(a_value, "a_rows", None)
-    panel = b_panel_width(low.shape, params)
+    panel = params.nr if constant_b else b_panel_width(low.shape, params)
     if constant_b:
         b = BufferParam(low.namer.fresh("b_const"), low.dtype, readonly=True,
                         align=64 if params.pack_b else 0)
+    elif panel != params.nr:   # B packed per call: wide panels when M < MR
+        b = low.operand(b_value, "b_panels", params.nr,
+                        wide=(panel, low.shape.m, min(params.mr, SYMBOLIC_DIM_HINT)))
     else:
-        b = low.operand(b_value, "b_panels", panel if params.pack_b else None)
+        b = low.operand(b_value, "b_panels", params.nr if params.pack_b else None)
     outputs = low.outputs()
-    body = matmul_body(low.shape, low.dtype, params, outputs, a, b, panel)
+    body = matmul_body(low.shape, low.dtype, params, outputs, a, b, small_panel=panel)
     used = _loaded(body)
     extra = tuple(p for p in low.buffers.inputs.values() if p.name in used and p not in (a, b))
     main = _assemble(low.name, body, a, b, outputs, extra, low.scalars)
@@ -677,7 +693,7 @@ def lower_matmul(group: KernelGroup, schedule: Schedule, *,
     functions = (*low.functions, main)
     names = {buf.name for fn in functions for buf in fn.buffers}
     return LoweredMatmul(functions, {n: v for n, v in bindings.items() if n in names},
-                         low.scratch, b.name if constant_b else None, params, low.shape, panel)
+                         low.scratch, b.name if constant_b else None, params, low.shape)
 
 
 def _assemble(name: str, body: Stmt, a: BufferParam, b: BufferParam,
