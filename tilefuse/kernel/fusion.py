@@ -365,6 +365,10 @@ class _ContractionSpace(_Space):
 class _ReductionSpace(_Space):
     shared_roles = frozenset({Role.ANCHOR})
 
+    def candidates(self, node: Node) -> list[Role]:  # no compute leaves: a pool's taps would
+        roles = self._roles(node)                     # evaluate one per window reading it
+        return [*roles, Role.LEAF] if is_pointwise(node) and op_cost(node) == 0 else roles
+
     def __init__(self, anchor: Node):
         self.size = SymProduct.of(anchor.inputs[0].type.shape)
 
