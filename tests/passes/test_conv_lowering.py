@@ -20,6 +20,7 @@ from tilefuse.graph.ir import Graph, Literal
 from tilefuse.graph.parser import parse_graph
 from tilefuse.graph.printer import print_graph
 from tilefuse.kernel.fusion import KernelKind, form_kernels
+from tilefuse.ops.registry import OpKind
 from tilefuse.passes.conv_lowering import conv_to_matmul
 from tilefuse.passes.decompose import decompose_composites
 from tilefuse.passes.manager import run_pipeline
@@ -332,5 +333,29 @@ def test_grouped_and_depthwise_convs(c, o, groups, k, stride, padding, hw):
     exe = build_native(run_pipeline(graph, GRAPH_PIPELINE)[0])
     assert exe.fallbacks == []
     args = [random_array(np.random.default_rng(1), (2, c, *hw), DType.f32)]
+    for got, want in zip(exe(*args), interpret(graph, *args), strict=True):
+        assert_close(got, want, reduction=True)
+
+
+def test_pool_taps_do_not_recompute_arithmetic():
+    """An elementwise value read by a pool's taps is written once, not recomputed per window
+    reading it (ZFNet's LRN before its max pool)."""
+    rng = np.random.default_rng(12)
+    b = GraphBuilder("lrn_pool")
+    x = b.input(((1, 3, 9, 9), DType.f32), "x")
+    spatial = b.input(((1, 1, 9, 9), DType.f32), "s")
+    h = b.add1("conv2d", [x, _const(b, rng, (16, 3, 3, 3))], {"padding": (1, 1, 1, 1)})
+    scale = b.add1("exp", [b.add1("mul", [h, spatial])])  # NCHW: not a per-channel operand
+    y = b.add1("max_pool2d", [b.add1("div", [h, scale])],
+               {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1, 1, 1)})
+    graph = b.build([y])
+    optimized, _ = run_pipeline(graph, GRAPH_PIPELINE)
+    plan = form_kernels(decompose_composites(optimized)[0])
+    (taps,) = [g for g in plan.groups if g.kind is KernelKind.REDUCTION]
+    assert {n.op.kind for n in taps.nodes if n is not taps.anchor} <= {OpKind.MOVEMENT}
+    exe = build_native(optimized)
+    assert exe.fallbacks == []
+    args = [random_array(np.random.default_rng(2), tuple(v.shape), DType.f32)
+            for v in graph.inputs]
     for got, want in zip(exe(*args), interpret(graph, *args), strict=True):
         assert_close(got, want, reduction=True)
