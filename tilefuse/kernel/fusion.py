@@ -37,7 +37,8 @@ The rules (they are the design; the tests hold the code to them):
    + b)`` is one kernel); PROLOGUE / PROLOGUE_B members compute operand A / B element by element
    (the operand's element count), evaluated while packing; remaps, slices and constant pads
    of any size (``_gathered``) join A's too, so im2col gathers from the unpadded activations.
-5. **REDUCTION**: the anchor and a PROLOGUE computing its input element by element (as in 4).
+5. **REDUCTION**: the anchor and a PROLOGUE computing its input element by element (as in 4);
+   its leaves are remaps and fills only (a pool's taps would recompute arithmetic per window).
 6. **ELEMENTWISE**: the remaining pointwise nodes, seeded from the last backwards. DOMAIN members
    have the seed's element count |D| (reshape and transpose keep it, so they fuse); inputs of
    other shapes broadcast into it. A smaller producer would be evaluated per element of D that
@@ -365,8 +366,8 @@ class _ContractionSpace(_Space):
 class _ReductionSpace(_Space):
     shared_roles = frozenset({Role.ANCHOR})
 
-    def candidates(self, node: Node) -> list[Role]:  # no compute leaves: a pool's taps would
-        roles = self._roles(node)                     # evaluate one per window reading it
+    def candidates(self, node: Node) -> list[Role]:
+        roles = self._roles(node)
         return [*roles, Role.LEAF] if is_pointwise(node) and op_cost(node) == 0 else roles
 
     def __init__(self, anchor: Node):
