@@ -205,8 +205,8 @@ def matmul_body(shape: MatmulShape, dtype: DType, params: MatmulParams,
                 outputs: Sequence[TileOutput], a: BufferParam, b: BufferParam,
                 small_panel: int | None = None) -> Stmt:
     """The loop nest of :func:`matmul_function` (building it calls the outputs' values);
-    ``small_panel``: the width of B's panels when a runtime M is below MR (B then packed so at
-    run time, :func:`b_panel_width`), else B's panels are ``params.nr`` wide."""
+    ``small_panel``: the width of B's panels when a runtime M has a nest of its own (B then
+    packed so at run time, :func:`b_panel_width`), else B's panels are ``params.nr`` wide."""
     if dtype not in MATMUL_DTYPES:
         raise CompileError(f"the matmul kernel computes in f32 or f64, not {dtype}")
     if not outputs:
@@ -224,15 +224,19 @@ def matmul_body(shape: MatmulShape, dtype: DType, params: MatmulParams,
 
 
 def small_m_buckets(general: _NestBuilder, panel: int) -> Stmt:
-    """A runtime M below the register tile's MR runs the nest a static compile of that exact
-    M emits (``M x NR'`` tiles, NR' widened as the default rule widens it, so an M = 1 GEMV
-    keeps 8 FMA chains, not 2), chosen at run time; M >= MR runs the general nest. These
-    nests read B from panels ``panel`` wide (a runtime B is packed per call in panels as wide
-    as the widest of these tiles when M < MR, :func:`b_panel_width`: what a static M = 1
-    packs; a constant B keeps NR-wide panels); every tile width divides it or is a multiple."""
+    """A runtime M below the register tile's MR whose static tile is wider than NR
+    (:func:`small_m_rows`) runs the nest a static compile of that exact M emits (``M x NR'``
+    tiles, NR' widened as the default rule widens it, so an M = 1 GEMV keeps 8 FMA chains, not
+    2), chosen at run time; any other M runs the general nest (its remainder kernels are the
+    static tiles of 4..MR-1 rows). These nests read B from panels ``panel`` wide (a B packed
+    per call is packed so for those M, :func:`b_panel_width`: what a static M = 1 packs; a
+    constant B keeps NR-wide panels); every tile width divides it or is a multiple of it."""
     s, p, tags = general.s, general.p, general.tags
+    sizes = small_m_rows(replace(p, mr=general.mr), s.n)
+    if not sizes:
+        return general.build()
     buckets: list[Stmt] = []
-    for rows in range(1, general.mr):
+    for rows in sizes:
         nr = small_m_tile(rows, p, s.n)
         params = replace(p, mr=rows, nr=nr, nc=_block(p.nc or nr, s.n, nr),
                          parallel="n" if p.parallel == "m" else p.parallel)
@@ -242,7 +246,14 @@ def small_m_buckets(general: _NestBuilder, panel: int) -> Stmt:
         buckets.append(If(binary(XOp.EQ, s.m, rows), nest.build()))
         tags = nest.tags
     general.tags = tags
-    return If(binary(XOp.LT, s.m, general.mr), block(*buckets), general.build())
+    return If(binary(XOp.LT, s.m, sizes[-1] + 1), block(*buckets), general.build())
+
+
+def small_m_rows(params: MatmulParams, n: int) -> list[int]:
+    """The runtime sizes of M that get a nest of their own: those below MR whose static tile
+    is wider than NR (1, 2, 3 for W1; from 4 rows the hint tile's remainder kernel is what a
+    static compile emits, and a nest for each would multiply the LLVM build time)."""
+    return [rows for rows in range(1, params.mr) if small_m_tile(rows, params, n) > params.nr]
 
 
 def small_m_tile(rows: int, params: MatmulParams, n: int) -> int:
@@ -259,12 +270,13 @@ def small_m_tile(rows: int, params: MatmulParams, n: int) -> int:
 
 
 def b_panel_width(shape: MatmulShape, params: MatmulParams) -> int:
-    """The width of a runtime B's packed panels when a runtime M is below MR (whose small
-    sizes get wider tiles, :func:`small_m_buckets`): the widest of those tiles; else NR.
+    """The width of a runtime B's packed panels when a runtime M has a nest of its own (its
+    tile wider than NR, :func:`small_m_buckets`): the widest of those tiles; else NR.
     Measured on W1 (B packed per call, 2 threads): M=1 1.19x -> 1.00x of static, where 128-
     wide panels for every M made M=512 1.16x (its 12x32 tiles reading a quarter panel)."""
     mr = min(params.mr, SYMBOLIC_DIM_HINT)
-    if not is_extent(shape.m) or not params.pack_b or mr < 2 or is_extent(shape.n):
+    if not is_extent(shape.m) or not params.pack_b or mr < 2 or is_extent(shape.n) or \
+            not small_m_rows(replace(params, mr=mr), shape.n):
         return params.nr
     return small_m_tile(1, replace(params, mr=mr), shape.n)
 
@@ -592,8 +604,8 @@ class _GroupLowering:
         """The buffer the matmul reads operand ``value`` from: the group input itself (when
         no packing is asked), else a scratch buffer that a new kernel fills with the value
         (evaluating its prologue), packed into ``nr``-wide panels (``nr`` None: row-major).
-        ``wide`` = (width, M, MR): when the runtime M is below MR a second kernel packs it in
-        panels that wide instead (the scratch is sized for the wider)."""
+        ``wide`` = (width, M, bound): when the runtime M is below the bound a second kernel
+        packs it in panels that wide instead (the scratch is sized for the wider)."""
         if value in self.buffers.inputs and nr is None:
             return self.buffers.inputs[value]
         shape = dims(value.shape)
@@ -678,9 +690,9 @@ def lower_matmul(group: KernelGroup, schedule: Schedule, *,
     if constant_b:
         b = BufferParam(low.namer.fresh("b_const"), low.dtype, readonly=True,
                         align=64 if params.pack_b else 0)
-    elif panel != params.nr:   # B packed per call: wide panels when M < MR
-        b = low.operand(b_value, "b_panels", params.nr,
-                        wide=(panel, low.shape.m, min(params.mr, SYMBOLIC_DIM_HINT)))
+    elif panel != params.nr:   # B packed per call: wide panels for the M with a nest
+        rows = small_m_rows(replace(params, mr=min(params.mr, SYMBOLIC_DIM_HINT)), low.shape.n)
+        b = low.operand(b_value, "b_panels", params.nr, wide=(panel, low.shape.m, rows[-1] + 1))
     else:
         b = low.operand(b_value, "b_panels", params.nr if params.pack_b else None)
     outputs = low.outputs()
