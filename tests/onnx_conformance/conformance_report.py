@@ -43,11 +43,11 @@ Buckets, one per test:
   with the reason. An excluded test that passes fails as a stale entry.
 - **load error / run error / result differs**: fail the suite unless excluded.
 
-Runtime: the whole suite (2,033 tests, every data set) took about 6 minutes on the shared
-2-core dev machine at the last regeneration, most of it compiling the nine light models' kernels
-(their convolutions run natively through im2col + matmul); the compile-free "not implemented"
-tests are fast. There is no subset rule and no environment variable for a fuller run; `-k` picks
-directories while iterating.
+Runtime: the whole suite (2,033 tests, every data set) took about 15 minutes on the shared
+2-core dev machine at the last regeneration (2026-12-01, with other work loading it), most of it
+compiling the kernels of the ~1,450 passing models, the nine light ones the longest; the
+compile-free "not implemented" tests are fast. There is no subset rule and no environment
+variable for a fuller run; `-k` picks directories while iterating.
 
 Graph inputs that a converter needs as constants (Reshape's shape, Unsqueeze's axes, Pad's pads,
 ... fed as inputs, as most node tests do) are handled by compiling per value of those inputs
