@@ -299,6 +299,13 @@ class NodeContext:
     def const_zeros(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
         return self.const(np.zeros(shape, dtype=dtype.np))
 
+    def slice_axis(self, t: Tensor, axis: int, start: int, stop: int, step: int = 1) -> Tensor:
+        """``t[start:stop:step]`` along ``axis`` (NumPy semantics), the other axes whole."""
+        axis = self.axis(axis, t.rank)
+        starts, stops, steps = [0] * t.rank, list(t.shape), [1] * t.rank
+        starts[axis], stops[axis], steps[axis] = start, stop, step
+        return self.op("slice", t, starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
+
     def cast(self, t: Tensor, dtype: DType) -> Tensor:
         return t if t.dtype is dtype else self.op("cast", t, dtype=dtype)
 

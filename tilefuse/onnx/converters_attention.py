@@ -53,31 +53,24 @@ def _neg_inf_where_not(ctx: NodeContext, allowed: Tensor, dtype: DType) -> Tenso
 
 def _frontier_bias(ctx: NodeContext, sq: int, sk: int, offset: int | Tensor, causal: bool,
                    left: int, right: int, dtype: DType) -> Tensor | None:
-    """The causal and window bias for query i and key j at distance ``i + offset - j``:
-    [Sq, Sk] for a scalar offset, [B, 1, Sq, Sk] for a per-batch one."""
-    if not causal and left < 0 and right < 0:
+    """The causal and window bias for query i and key j at distance ``d = i + offset - j``
+    (allowed: ``d >= 0`` when causal, ``d <= left``, ``d >= -right``): [Sq, Sk] for a scalar
+    offset, [B, 1, Sq, Sk] for a per-batch one."""
+    bounds = [("ge", 0)] * causal + [("le", left)] * (left >= 0) + [("ge", -right)] * (right >= 0)
+    if not bounds:
         return None
     rel = np.arange(sq)[:, None] - np.arange(sk)[None, :]            # i - j
     if isinstance(offset, int):
-        diff = rel + offset
-        allowed = np.ones(diff.shape, dtype=bool)
-        if causal:
-            allowed &= diff >= 0
-        if left >= 0:
-            allowed &= diff <= left
-        if right >= 0:
-            allowed &= -diff <= right
+        compare = {"ge": np.greater_equal, "le": np.less_equal}
+        allowed = np.ones(rel.shape, dtype=bool)
+        for name, bound in bounds:
+            allowed &= compare[name](rel + offset, bound)
         return ctx.const(np.where(allowed, 0, -np.inf).astype(dtype.np))
     per_batch = ctx.op("reshape", offset, shape=(offset.shape[0], 1, 1, 1))
     diff = ctx.op("add", ctx.const(rel.astype(np.int64)), per_batch)  # [B, 1, Sq, Sk]
     allowed = None
-    tests = [("ge", 0)] if causal else []
-    tests += [("le", left)] if left >= 0 else []
-    for compare, bound in tests:
-        test = ctx.op(compare, diff, ctx.scalar(bound, DType.i64))
-        allowed = test if allowed is None else ctx.op("logical_and", allowed, test)
-    if right >= 0:
-        test = ctx.op("le", ctx.op("neg", diff), ctx.scalar(right, DType.i64))
+    for name, bound in bounds:
+        test = ctx.op(name, diff, ctx.scalar(bound, DType.i64))
         allowed = test if allowed is None else ctx.op("logical_and", allowed, test)
     assert allowed is not None
     return _neg_inf_where_not(ctx, allowed, dtype)

@@ -42,7 +42,7 @@ def _one_hot(ctx: NodeContext) -> list[Tensor]:
                  ctx.op("add", idx, ctx.scalar(n, DType.i64)), idx)  # -1 means depth - 1
     hot = ctx.op("eq", ctx.op("expand_dims", idx, axes=(axis,)),
                  ctx.const(_along(rank, axis, np.arange(n, dtype=np.int64))))
-    off, on = (ctx.op("slice", values, starts=(i,), stops=(i + 1,), steps=(1,)) for i in (0, 1))
+    off, on = (ctx.slice_axis(values, 0, i, i + 1) for i in (0, 1))
     return [ctx.op("where", hot, ctx.op("reshape", on, shape=()),
                    ctx.op("reshape", off, shape=()))]
 
@@ -72,18 +72,14 @@ def _shifted(ctx: NodeContext, x: Tensor, axis: int, by: int, fill: float) -> Te
     n = x.shape[axis]
     if by >= n:
         return ctx.const(np.full(x.shape, fill, dtype=x.dtype.np))
-    stops = list(x.shape)
-    stops[axis] = n - by
-    kept = ctx.op("slice", x, starts=(0,) * x.rank, stops=tuple(stops), steps=(1,) * x.rank)
+    kept = ctx.slice_axis(x, axis, 0, n - by)
     filled = list(x.shape)
     filled[axis] = by
     return ctx.op("concat", ctx.const(np.full(filled, fill, dtype=x.dtype.np)), kept, axis=axis)
 
 
 def _flip(ctx: NodeContext, x: Tensor, axis: int) -> Tensor:
-    starts, stops, steps = [0] * x.rank, list(x.shape), [1] * x.rank
-    starts[axis], stops[axis], steps[axis] = x.shape[axis] - 1, -(2**62), -1
-    return ctx.op("slice", x, starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
+    return ctx.slice_axis(x, axis, x.shape[axis] - 1, -(2**62), -1)
 
 
 def scan_along(ctx: NodeContext, op: str, identity: float) -> Tensor:

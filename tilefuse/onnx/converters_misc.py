@@ -17,13 +17,6 @@ from tilefuse.onnx.converters_nn import pool_with
 from tilefuse.onnx.tensors import to_dtype
 
 
-def _strided(ctx: NodeContext, t: Tensor, start: int, stop: int, step: int = 1) -> Tensor:
-    """``t[..., start:stop:step]``."""
-    rank = t.rank
-    return ctx.op("slice", t, starts=(*(0,) * (rank - 1), start),
-                  stops=(*t.shape[:-1], stop), steps=(*(1,) * (rank - 1), step))
-
-
 def _rotary_embedding(ctx: NodeContext) -> list[Tensor]:
     x, cos, sin, positions = ctx.input(0), ctx.input(1), ctx.input(2), ctx.optional(3)
     if x.rank == 4:   # [B, heads, S, D] -> [B, S, heads, D]
@@ -45,9 +38,9 @@ def _rotary_embedding(ctx: NodeContext) -> list[Tensor]:
         raise ctx.error(f"the caches' last dim must be rotary_embedding_dim/2 = {half}")
     cos, sin = (ctx.op("expand_dims", ctx.cast(c, x.dtype), axes=(2,)) for c in (cos, sin))
     if ctx.attr("interleaved", 0):
-        x1, x2 = _strided(ctx, x4, 0, rotated, 2), _strided(ctx, x4, 1, rotated, 2)
+        x1, x2 = ctx.slice_axis(x4, -1, 0, rotated, 2), ctx.slice_axis(x4, -1, 1, rotated, 2)
     else:
-        x1, x2 = _strided(ctx, x4, 0, half), _strided(ctx, x4, half, rotated)
+        x1, x2 = ctx.slice_axis(x4, -1, 0, half), ctx.slice_axis(x4, -1, half, rotated)
     real = ctx.op("sub", ctx.op("mul", cos, x1), ctx.op("mul", sin, x2))
     imag = ctx.op("add", ctx.op("mul", sin, x1), ctx.op("mul", cos, x2))
     if ctx.attr("interleaved", 0):
@@ -56,7 +49,7 @@ def _rotary_embedding(ctx: NodeContext) -> list[Tensor]:
     else:
         out = ctx.op("concat", real, imag, axis=-1)
     if rotated < head:
-        out = ctx.op("concat", out, _strided(ctx, x4, rotated, head), axis=-1)
+        out = ctx.op("concat", out, ctx.slice_axis(x4, -1, rotated, head), axis=-1)
     if x.rank == 4:
         return [ctx.op("transpose", out, perm=(0, 2, 1, 3))]
     return [ctx.op("reshape", out, shape=x.shape)]

@@ -22,7 +22,7 @@ from tilefuse.onnx.tensors import to_dtype
 _RANGES = {DType.u8: (0, 255), DType.i8: (-128, 127), DType.i16: (-32768, 32767)}
 
 
-def _along(ctx: NodeContext, p: Tensor, shape: tuple[int, ...], axis: int,
+def _broadcastable(ctx: NodeContext, p: Tensor, shape: tuple[int, ...], axis: int,
            block: int) -> Tensor:
     """A scale or zero point shaped to broadcast against a tensor of ``shape``."""
     if p.rank == 0 or (p.rank == 1 and p.shape[0] == 1 and not block):
@@ -45,11 +45,7 @@ def _along(ctx: NodeContext, p: Tensor, shape: tuple[int, ...], axis: int,
     joined = (*p.shape[:axis], blocks * block, *p.shape[axis + 1:])
     rep = ctx.op("reshape", ctx.op("broadcast_to", ctx.op("reshape", p, shape=split),
                                    shape=wide), shape=joined)
-    if blocks * block == shape[axis]:
-        return rep
-    stops = list(joined)
-    stops[axis] = shape[axis]
-    return ctx.op("slice", rep, starts=(0,) * rank, stops=tuple(stops), steps=(1,) * rank)
+    return rep if blocks * block == shape[axis] else ctx.slice_axis(rep, axis, 0, shape[axis])
 
 
 def _saturate(ctx: NodeContext, y: Tensor, dtype: DType) -> Tensor:
@@ -75,8 +71,8 @@ def _quantize_linear(ctx: NodeContext) -> list[Tensor]:
     given = ctx.attr("output_dtype")
     dtype = zero.dtype if zero is not None else (
         to_dtype(int(given), "output_dtype") if given else DType.u8)
-    s = _along(ctx, scale, x.shape, axis, block)
-    z = None if zero is None else _along(ctx, zero, x.shape, axis, block)
+    s = _broadcastable(ctx, scale, x.shape, axis, block)
+    z = None if zero is None else _broadcastable(ctx, zero, x.shape, axis, block)
     return [quantize(ctx, x, s, z, dtype)]
 
 
@@ -91,8 +87,8 @@ def dequantize(ctx: NodeContext, x: Tensor, scale: Tensor, zero: Tensor | None) 
 def _dequantize_linear(ctx: NodeContext) -> list[Tensor]:
     x, scale, zero = ctx.input(0), ctx.input(1), ctx.optional(2)
     axis, block = int(ctx.attr("axis", 1)), int(ctx.attr("block_size", 0))
-    y = dequantize(ctx, x, _along(ctx, scale, x.shape, axis, block),
-                   None if zero is None else _along(ctx, zero, x.shape, axis, block))
+    y = dequantize(ctx, x, _broadcastable(ctx, scale, x.shape, axis, block),
+                   None if zero is None else _broadcastable(ctx, zero, x.shape, axis, block))
     given = ctx.attr("output_dtype")
     return [ctx.cast(y, to_dtype(int(given), "output_dtype")) if given else y]
 

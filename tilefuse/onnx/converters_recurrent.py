@@ -87,12 +87,15 @@ def _activations(ctx: NodeContext, defaults: tuple[str, ...], directions: int) -
 
 @dataclass
 class Step:
-    """What a cell gets at one time step: the input projection ``xw`` [batch, gates·H] and the
-    state; it returns the new ``h`` (and ``c`` for LSTM)."""
+    """What a cell gets at one time step: the input projection ``xw`` [batch, gates·H], the
+    state, and its direction's recurrence weight ``r`` [gates·H, H] and bias ``rb`` (None
+    without B), taken from R and B once a direction; it returns the new ``h`` (and ``c``)."""
 
     xw: Tensor
     h: Tensor
     c: Tensor | None
+    r: Tensor
+    rb: Tensor | None
 
 
 Cell = Callable[[NodeContext, Step, int], tuple[Tensor, Tensor | None]]
@@ -100,16 +103,12 @@ Cell = Callable[[NodeContext, Step, int], tuple[Tensor, Tensor | None]]
 
 def _pick(ctx: NodeContext, t: Tensor, axis: int, index: int) -> Tensor:
     """``t[index]`` along ``axis``, the axis removed."""
-    starts, stops = [0] * t.rank, list(t.shape)
-    starts[axis], stops[axis] = index, index + 1
-    part = ctx.op("slice", t, starts=tuple(starts), stops=tuple(stops), steps=(1,) * t.rank)
-    return ctx.op("squeeze", part, axes=(axis,))
+    return ctx.op("squeeze", ctx.slice_axis(t, axis, index, index + 1), axes=(axis,))
 
 
 def gate(ctx: NodeContext, t: Tensor, index: int, hidden: int) -> Tensor:
-    """Gate ``index`` of a [batch, gates·H] tensor."""
-    return ctx.op("slice", t, starts=(0, index * hidden), stops=(t.shape[0], (index + 1) * hidden),
-                  steps=(1, 1))
+    """Gate ``index`` of a [..., gates·H] tensor (weights, biases, products)."""
+    return ctx.slice_axis(t, -1, index * hidden, (index + 1) * hidden)
 
 
 def clipped(ctx: NodeContext, t: Tensor) -> Tensor:
@@ -147,12 +146,12 @@ def run_layer(ctx: NodeContext, gates: int, cell: Cell, with_cell_state: bool) -
         states = [None if s is None else ctx.op("transpose", s, perm=(1, 0, 2)) for s in states]
     ys, hs, cs = [], [], []
     for d in range(directions):
-        wd = _pick(ctx, w, 0, d)
+        rd = _pick(ctx, r, 0, d)
         bd = None if bias is None else _pick(ctx, bias, 0, d)
-        xw = ctx.op("matmul", x, ctx.op("transpose", wd, perm=(1, 0)))
+        rb = None if bd is None else ctx.slice_axis(bd, 0, gates * hidden, 2 * gates * hidden)
+        xw = _matmul_t(ctx, x, _pick(ctx, w, 0, d))
         if bd is not None:
-            xw = ctx.op("add", xw, ctx.op("slice", bd, starts=(0,), stops=(gates * hidden,),
-                                          steps=(1,)))
+            xw = ctx.op("add", xw, ctx.slice_axis(bd, 0, 0, gates * hidden))
         zeros = ctx.const(np.zeros((batch, hidden), dtype=x.dtype.np))
         h = zeros if states[0] is None else _pick(ctx, states[0], 0, d)
         c = None if not with_cell_state else (zeros if states[1] is None
@@ -160,7 +159,7 @@ def run_layer(ctx: NodeContext, gates: int, cell: Cell, with_cell_state: bool) -
         reverse = direction == "reverse" or d == 1
         outs: list[Tensor | None] = [None] * seq
         for t in (reversed(range(seq)) if reverse else range(seq)):
-            new_h, new_c = cell(ctx, Step(_pick(ctx, xw, 0, t), h, c), d)
+            new_h, new_c = cell(ctx, Step(_pick(ctx, xw, 0, t), h, c, rd, rb), d)
             if keep is not None:
                 k = _pick(ctx, keep, 0, t)
                 new_h = ctx.op("where", k, new_h, h)
@@ -183,25 +182,10 @@ def run_layer(ctx: NodeContext, gates: int, cell: Cell, with_cell_state: bool) -
     return results
 
 
-def recurrent_bias(ctx: NodeContext, direction: int, gates: int, hidden: int) -> Tensor | None:
-    """The recurrence bias Rb of a direction (the second half of B), or None."""
-    bias = ctx.optional(3)
-    if bias is None:
-        return None
-    bd = _pick(ctx, bias, 0, direction)
-    return ctx.op("slice", bd, starts=(gates * hidden,), stops=(2 * gates * hidden,), steps=(1,))
-
-
-def recurrent_weight(ctx: NodeContext, direction: int) -> Tensor:
-    return _pick(ctx, ctx.input(2), 0, direction)
-
-
-def hidden_product(ctx: NodeContext, step: Step, direction: int, gates: int) -> Tensor:
+def hidden_product(ctx: NodeContext, step: Step) -> Tensor:
     """``xw + H · Rᵀ + Rb`` for all gates."""
-    hidden = step.h.shape[-1]
-    pre = ctx.op("add", step.xw, _matmul_t(ctx, step.h, recurrent_weight(ctx, direction)))
-    rb = recurrent_bias(ctx, direction, gates, hidden)
-    return pre if rb is None else ctx.op("add", pre, rb)
+    pre = ctx.op("add", step.xw, _matmul_t(ctx, step.h, step.r))
+    return pre if step.rb is None else ctx.op("add", pre, step.rb)
 
 
 # ---- the cells -------------------------------------------------------------------------------
@@ -215,7 +199,7 @@ def _rnn(ctx: NodeContext) -> list[Tensor]:
     acts = _activations(ctx, ("Tanh",), _directions(ctx))
 
     def cell(ctx: NodeContext, step: Step, d: int) -> tuple[Tensor, Tensor | None]:
-        return acts[d][0](clipped(ctx, hidden_product(ctx, step, d, 1))), None
+        return acts[d][0](clipped(ctx, hidden_product(ctx, step))), None
 
     return run_layer(ctx, 1, cell, with_cell_state=False)
 
@@ -227,21 +211,18 @@ def _gru(ctx: NodeContext) -> list[Tensor]:
     def cell(ctx: NodeContext, step: Step, d: int) -> tuple[Tensor, Tensor | None]:
         f, g = acts[d]
         n = step.h.shape[-1]
-        weight = recurrent_weight(ctx, d)
-        rb = recurrent_bias(ctx, d, 3, n)
-        hr = _matmul_t(ctx, step.h, weight)                      # [batch, 3H]
-        if rb is not None:
-            hr = ctx.op("add", hr, rb)
+        hr = _matmul_t(ctx, step.h, step.r)                      # [batch, 3H]
+        if step.rb is not None:
+            hr = ctx.op("add", hr, step.rb)
         z, r = (f(clipped(ctx, ctx.op("add", gate(ctx, step.xw, k, n), gate(ctx, hr, k, n))))
                 for k in (0, 1))
         if linear_before_reset:
             recur = ctx.op("mul", r, gate(ctx, hr, 2, n))
         else:
-            w_h = ctx.op("slice", weight, starts=(2 * n, 0), stops=(3 * n, n), steps=(1, 1))
+            w_h = ctx.slice_axis(step.r, 0, 2 * n, 3 * n)
             recur = _matmul_t(ctx, ctx.op("mul", r, step.h), w_h)
-            if rb is not None:
-                recur = ctx.op("add", recur, ctx.op("slice", rb, starts=(2 * n,),
-                                                    stops=(3 * n,), steps=(1,)))
+            if step.rb is not None:
+                recur = ctx.op("add", recur, gate(ctx, step.rb, 2, n))
         candidate = g(clipped(ctx, ctx.op("add", gate(ctx, step.xw, 2, n), recur)))
         one = ctx.scalar(1, step.h.dtype)
         new = ctx.op("add", ctx.op("mul", ctx.op("sub", one, z), candidate),
@@ -260,12 +241,11 @@ def _lstm(ctx: NodeContext) -> list[Tensor]:
         f, g, h = acts[d]
         n = step.h.shape[-1]
         assert step.c is not None
-        pre = hidden_product(ctx, step, d, 4)
+        pre = hidden_product(ctx, step)
         i_in, o_in, f_in, c_in = (gate(ctx, pre, k, n) for k in range(4))
         if peepholes is not None:
             p = _pick(ctx, peepholes, 0, d)
-            p_i, p_o, p_f = (ctx.op("slice", p, starts=(k * n,), stops=((k + 1) * n,),
-                                    steps=(1,)) for k in range(3))
+            p_i, p_o, p_f = (gate(ctx, p, k, n) for k in range(3))
             i_in = ctx.op("add", i_in, ctx.op("mul", p_i, step.c))
             f_in = ctx.op("add", f_in, ctx.op("mul", p_f, step.c))
         i = f(clipped(ctx, i_in))
