@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections.abc import Callable
@@ -77,6 +78,18 @@ def _g1_graph(shape: tuple[int, ...], dtype: DType) -> Graph:
     return b.build([b.add1("gelu", [y])])
 
 
+def _g8_graph(shape: tuple[int, ...], dtype: DType) -> Graph:
+    batch, heads, seq, d = shape
+    b = GraphBuilder("g8")
+    q, k, v = (b.input(((batch, heads, seq, d), dtype), name) for name in "qkv")
+    return b.build([b.add1("attention", [q, k, v], {"scale": 1 / math.sqrt(d)})])
+
+
+def _g8_torch(q, k, v):  # type: ignore[no-untyped-def]
+    import torch
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
 def _g1_torch(x, w, b):  # type: ignore[no-untyped-def]
     import torch
     return torch.nn.functional.gelu(x @ w + b)
@@ -110,7 +123,18 @@ WORKLOADS = [
                 _g3_graph, _g3_torch, True, None),
     GpuWorkload("G3b", "softmax bf16 [16,16,1024,1024]", (16, 16, 1024, 1024), DType.bf16,
                 _g3_graph, _g3_torch, True, 0.255),
+    GpuWorkload("G8", "attention B8 H16 S2048 D64 bf16", (8, 16, 2048, 64), DType.bf16,
+                _g8_graph, _g8_torch, True, 0.35),
 ]
+
+
+def _flops(name: str, shape: tuple[int, ...]) -> float:
+    if name == "G1":
+        return 2.0 * shape[0] * shape[1] * shape[2]
+    if name == "G8":
+        batch, heads, seq, d = shape
+        return 4.0 * batch * heads * seq * seq * d
+    return 0.0
 
 
 def _torch_time(fn: Callable[[], object], repeats: int) -> float:
@@ -199,7 +223,7 @@ def run_workload(w: GpuWorkload, rounds: int, repeats: int, quick: bool,
     program = executables[next(iter(targets))].program
     out = program.graph.outputs[0]
     nbytes = sum(a.nbytes for a in arrays) + int(np.prod(out.shape)) * out.dtype.itemsize
-    flops = 2.0 * shape[0] * shape[1] * shape[2] if w.name == "G1" else 0.0
+    flops = _flops(w.name, shape)
     steps = [type(s).__name__ for s in program.steps]
     return {"name": w.name, "title": w.title, "shape": list(shape), "ms": times,
             "bytes": nbytes, "flops": flops, "steps": steps, "target_ms": w.target_ms}
@@ -246,6 +270,48 @@ def g1_parts(repeats: int = 10, rounds: int = 5) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def g8_configs(specs: str, repeats: int = 10, rounds: int = 7) -> dict[str, float]:
+    """G8's fused kernel alone under other blockings (``block_m x block_n x warps x
+    min_blocks``, comma-separated), each checked against eager SDPA first, then timed
+    interleaved with the default and eager (median ms)."""
+    import torch
+
+    from tilefuse.codegen.nvptx_attention import FlashConfig, FlashShape, flash_attention
+    from tilefuse.runtime.cuda_driver import CudaContext
+
+    batch, heads, seq, d = WORKLOADS[-1].shape
+    shape = FlashShape(batch * heads, seq, seq, d, d, 1 / math.sqrt(d))
+    ctx = CudaContext()
+    q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    want = _g8_torch(q, k, v).float()
+    runs: dict[str, Callable[[], object]] = {"eager sdpa": lambda: _g8_torch(q, k, v)}
+    outs = []   # alive while the launches write them
+    for spec in ["128x64x4x2", *filter(None, specs.split(","))]:
+        config = FlashConfig(*(int(x) for x in spec.split("x")))
+        kernel = flash_attention(shape, config)
+        fn = ctx.load_ptx(kernel.ptx).function(kernel.name)
+        out = torch.full_like(q, float("nan"))
+        outs.append(out)
+        args = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()]
+
+        def run(fn=fn, kernel=kernel, args=args):  # type: ignore[no-untyped-def]
+            ctx.launch(fn, kernel.grid, kernel.block, args)
+
+        run()
+        torch.cuda.synchronize()
+        err = ((out.float() - want).norm() / want.norm()).item()
+        print(f"  G8 config {spec}: relative error {err:.2e} vs eager")
+        if not err < 1e-2:
+            continue
+        runs[spec] = run
+    samples: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            samples[name].append(_torch_time(run, repeats))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1/16 of each size, 3 rounds")
@@ -255,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="extra tilefuse variants timed beside the default: "
                              "name:field=value+field=value,... (GpuTarget fields)")
     parser.add_argument("--g1-parts", action="store_true", help="time G1's pieces alone")
+    parser.add_argument("--g8-configs", default=None, help="time G8's fused kernel under "
+                        "these blockings too (MxNxWARPSxMINBLOCKS,...), then the workloads")
     parser.add_argument("--tune", default="", help="comma-separated workloads to tune first "
                         "(tilefuse.tune.gpu, into --tune-db) and time as variant 'tuned'")
     parser.add_argument("--tune-db", type=Path, default=Path("gpu_tune.sqlite"))
@@ -263,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.g1_parts:
         for name, ms in g1_parts().items():
             print(f"  G1 part {name}: {ms:.3f} ms")
+    if args.g8_configs is not None:
+        flops = _flops("G8", WORKLOADS[-1].shape)
+        for name, ms in g8_configs(args.g8_configs).items():
+            print(f"  G8 {name}: {ms:.3f} ms {flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s")
     rounds, repeats = (3, 3) if args.quick else (7, 10)
     peak = _copy_peak()
     print(f"device: {torch.cuda.get_device_name()}  copy peak {peak / 1e12:.2f} TB/s")
@@ -289,8 +361,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {w.name} variant {name}: {ms:.3f} ms")
         bw = r["bytes"] / (t["tilefuse"] * 1e-3)  # type: ignore[index,operator]
         if r["flops"]:
-            print(f"  {w.name}: {r['flops'] / (t['tilefuse'] * 1e-3) / 1e12:.0f} TFLOP/s "
-                  f"(steps {r['steps']})")
+            rates = ", ".join(f"{k} {r['flops'] / (t[k] * 1e-3) / 1e12:.0f}"  # type: ignore
+                              for k in ("tilefuse", "eager", "inductor"))
+            print(f"  {w.name}: TFLOP/s {rates} (steps {r['steps']})")
         print(f"| {w.name} {w.title} | {t['tilefuse']:.3f} | {t['eager']:.3f} | "
               f"{t['inductor']:.3f} | {t['inductor'] / t['tilefuse']:.2f}x | {bw / 1e12:.2f} | "
               f"{100 * bw / peak:.0f}% | {w.target_ms or '-'} |")

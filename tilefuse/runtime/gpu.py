@@ -7,7 +7,10 @@ without a GPU:
    constant groups, lower each group with the GPU lowerings (:mod:`tilefuse.kernel.lower_gpu`)
    and compile it to PTX (:mod:`tilefuse.codegen.llvm_nvptx`). A matmul group becomes a cuBLAS
    product (:mod:`tilefuse.runtime.cublas`) followed by its epilogue as a generated elementwise
-   kernel. A group with no GPU lowering becomes a *host step* run with the NumPy references;
+   kernel. An attention group is one fused kernel (:mod:`tilefuse.codegen.nvptx_attention`);
+   an attention that kernel does not take is decomposed first and runs unfused (logged on the
+   ``fallback`` topic, :mod:`tilefuse.kernel.lower_gpu_attention`). A group with no GPU
+   lowering becomes a *host step* run with the NumPy references;
    the step's reason is logged on the ``fallback`` topic and the dump's ``partition.txt``
    shows every step's device and each copy between device and host.
 2. :class:`CudaExecutable` loads the PTX into the device's primary context, uploads the
@@ -32,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from tilefuse.codegen.llvm_nvptx import SM90, GpuTarget, compile_ptx, launch_extent
+from tilefuse.codegen.nvptx_attention import FlashKernel, flash_attention
 from tilefuse.codegen.nvptx_mma import MmaGemm, mma_gemm, supports
 from tilefuse.dump import DumpWriter
 from tilefuse.errors import CompileError, GuardError
@@ -41,6 +45,7 @@ from tilefuse.graph.types import is_static
 from tilefuse.kernel.access import kernel_buffers
 from tilefuse.kernel.fusion import KernelGroup, KernelKind, Role, form_kernels
 from tilefuse.kernel.lower_gpu import GPU_KINDS, lower_group_gpu
+from tilefuse.kernel.lower_gpu_attention import group_attention, unfuse_attention
 from tilefuse.kernel.lower_matmul import matmul_node, matmul_shape
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import LoopFunction
@@ -104,7 +109,21 @@ class HostGroup:
         return self.group.outputs
 
 
-GpuStep = GpuKernel | GemmStep | HostGroup
+@dataclass(frozen=True)
+class FusedStep:
+    """A kernel generated directly as LLVM IR (the fused attention): ``bindings`` are the
+    graph values of its pointer parameters, in order."""
+
+    group: KernelGroup
+    kernel: FlashKernel
+    bindings: tuple[Value, ...]
+
+    @property
+    def outputs(self) -> tuple[Value, ...]:
+        return self.group.outputs
+
+
+GpuStep = GpuKernel | GemmStep | FusedStep | HostGroup
 
 
 @dataclass
@@ -150,6 +169,11 @@ class GpuProgram:
             if isinstance(step, GpuKernel):
                 lines.append(f"device {step.group.name} [{step.group.kind.value}] ({ops}) "
                              f"grid={step.grid} block={step.block} simt={step.simt_width}")
+            elif isinstance(step, FusedStep):
+                k = step.kernel
+                lines.append(f"device {step.group.name} [{step.group.kind.value}] "
+                             f"({k.name}) grid={k.grid} block={k.block} "
+                             f"shared={k.shared_bytes}")
             elif isinstance(step, GemmStep):
                 sh = step.shape
                 lines.append(f"cublas {step.group.name} [matmul] batch={sh.batch} m={sh.m} "
@@ -171,10 +195,12 @@ class GpuProgram:
                 writer.write(f"kernels/{step.fn.name}.ptx", step.ptx)
             elif isinstance(step, GemmStep) and step.mma is not None:
                 writer.write(f"kernels/{step.mma.name}.ptx", step.mma.ptx)
+            elif isinstance(step, FusedStep):
+                writer.write(f"kernels/{step.kernel.name}.ptx", step.kernel.ptx)
 
 
 def _reads(step: GpuStep) -> tuple[Value, ...]:
-    if isinstance(step, GpuKernel):
+    if isinstance(step, (GpuKernel, FusedStep)):
         return step.bindings
     if isinstance(step, GemmStep):
         return (step.a, step.b)
@@ -193,7 +219,7 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
     for v in [*graph.inputs, *(o for n in graph.nodes for o in n.outputs)]:
         if not is_static(v.shape):
             raise CompileError(f"the cuda target needs static shapes, got {v.type}")
-    graph, _ = decompose_composites(graph)
+    graph, _ = decompose_composites(unfuse_attention(graph))
     constants = {n.output: n.attrs["value"].array for n in graph.nodes
                  if n.op.name == "constant"}
     program = GpuProgram(graph, target, constants)
@@ -206,11 +232,16 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
             if group.kind is KernelKind.CONTRACTION:
                 program.steps.extend(_contraction_steps(group, target))
                 log.debug("kernel %s: product through cuBLAS, epilogue generated", group.name)
+            elif group.kind is KernelKind.ATTENTION:
+                shape, bindings = group_attention(group)
+                program.steps.append(FusedStep(group, flash_attention(shape, target=target),
+                                               bindings))
             else:
                 program.steps.append(compile_group(
                     group, tuned_target(group, constants, target, database)))
         except CompileError as err:
-            reason = str(err) if group.kind in GPU_KINDS | {KernelKind.CONTRACTION} else \
+            reason = str(err) if group.kind in GPU_KINDS | {KernelKind.CONTRACTION,
+                                                            KernelKind.ATTENTION} else \
                 f"no GPU lowering for {group.kind.value} kernels yet"
             log.debug("kernel %s runs on the host: %s", group.name, reason)
             program.steps.append(HostGroup(group, reason))
@@ -307,7 +338,10 @@ class CudaExecutable:
         self._functions = {}
         self._grids: dict[str, int] = {}
         for step in program.steps:
-            if isinstance(step, GpuKernel):
+            if isinstance(step, FusedStep):
+                module = self.context.load_ptx(step.kernel.ptx)
+                self._functions[step.kernel.name] = (module, module.function(step.kernel.name))
+            elif isinstance(step, GpuKernel):
                 module = self.context.load_ptx(step.ptx)
                 function = module.function(step.fn.name)
                 self._functions[step.fn.name] = (module, function)
@@ -414,6 +448,10 @@ class CudaExecutable:
                 _, function = self._functions[step.fn.name]
                 self.context.launch(function, self._grids[step.fn.name], step.block,
                                     [self._bound_ptr(v) for v in step.bindings])
+            elif isinstance(step, FusedStep):
+                _, function = self._functions[step.kernel.name]
+                self.context.launch(function, step.kernel.grid, step.kernel.block,
+                                    [self._bound_ptr(v) for v in step.bindings])
             elif isinstance(step, GemmStep):
                 assert self._cublas is not None
                 args = [self._bound_ptr(step.a), self._bound_ptr(step.b),
@@ -448,5 +486,5 @@ def build_cuda(graph: Graph, dump_dir: Path | str | None = None) -> CudaExecutab
     return CudaExecutable(build_gpu_program(graph, target, dump_dir), context)
 
 
-__all__ = ["CudaExecutable", "GpuKernel", "GpuProgram", "HostGroup", "build_cuda",
+__all__ = ["CudaExecutable", "FusedStep", "GpuKernel", "GpuProgram", "HostGroup", "build_cuda",
            "build_gpu_program", "compile_group", "evaluate_group", "launch_grid"]

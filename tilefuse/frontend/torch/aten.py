@@ -24,6 +24,7 @@ import torch
 from torch import fx
 
 from tilefuse.dtypes import DType
+from tilefuse.frontend.torch.aten_attention import sdpa_converters
 from tilefuse.frontend.torch.convert import (
     Converter,
     Lowering,
@@ -578,6 +579,7 @@ def _table() -> Mapping[Any, Converter]:
         aten.arange.start_step: _arange, aten.arange.start: _arange,
         operator.getitem: _getitem,
     })
+    table.update(sdpa_converters())   # the fused SDPA ops of traced CUDA tensors
     for view in (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
                  aten.unsqueeze.default, aten.squeeze.dims, aten.squeeze.dim,
                  aten.squeeze.default, aten.flatten.using_ints):
