@@ -46,6 +46,7 @@ from tilefuse.kernel.access import (
     symbol_scalars,
     unflatten,
 )
+from tilefuse.kernel.conv_window import WindowA, view_of_input, window_operand
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.packing import pack_b, pack_kernel, packed_shape
 from tilefuse.kernel.scalar_expr import element_expr
@@ -68,6 +69,7 @@ from tilefuse.loop.ir import (
     expr_children,
     fma,
     loop,
+    maximum,
     minimum,
     var,
     walk_expr,
@@ -203,10 +205,11 @@ def matmul_function(name: str, shape: MatmulShape, dtype: DType, params: MatmulP
 
 def matmul_body(shape: MatmulShape, dtype: DType, params: MatmulParams,
                 outputs: Sequence[TileOutput], a: BufferParam, b: BufferParam,
-                small_panel: int | None = None) -> Stmt:
+                small_panel: int | None = None, window: WindowA | None = None) -> Stmt:
     """The loop nest of :func:`matmul_function` (building it calls the outputs' values);
     ``small_panel``: the width of B's panels when a runtime M has a nest of its own (B then
-    packed so at run time, :func:`b_panel_width`), else B's panels are ``params.nr`` wide."""
+    packed so at run time, :func:`b_panel_width`), else B's panels are ``params.nr`` wide.
+    ``window``: A is read in place from a convolution's source (``a`` holds it), not row-major."""
     if dtype not in MATMUL_DTYPES:
         raise CompileError(f"the matmul kernel computes in f32 or f64, not {dtype}")
     if not outputs:
@@ -217,7 +220,10 @@ def matmul_body(shape: MatmulShape, dtype: DType, params: MatmulParams,
     static = [d for d in (shape.m, shape.n, shape.k, *shape.batch) if not is_extent(d)]
     if min(static) <= 0:
         raise CompileError(f"empty matmul {shape}: nothing to lower")
-    general = _NestBuilder(shape, dtype, params, tuple(outputs), a, b)
+    if window is not None and (shape.symbolic or shape.batch or window.k != shape.k):
+        raise CompileError(f"a windowed A operand needs a static 2-D matmul of K={window.k}, "
+                           f"got {shape}")
+    general = _NestBuilder(shape, dtype, params, tuple(outputs), a, b, window=window)
     if not is_extent(shape.m) or general.mr < 2:
         return general.build()
     return small_m_buckets(general, small_panel or params.nr)
@@ -285,13 +291,14 @@ class _NestBuilder:
     """Builds the loop nest of one matmul kernel (see the module docstring). ``panel``: the
     width of B's packed panels when it is not the tile's NR (a multiple of it); ``tags``:
     the first micro-kernel number and ``suffix`` of the loop variables (nests of one kernel
-    name theirs apart)."""
+    name theirs apart); ``window``: A's rows are windows of a convolution's source."""
 
     def __init__(self, shape: MatmulShape, dtype: DType, params: MatmulParams,
                  outputs: tuple[TileOutput, ...], a: BufferParam, b: BufferParam, *,
-                 panel: int | None = None, tags: int = 0, suffix: str = ""):
+                 panel: int | None = None, tags: int = 0, suffix: str = "",
+                 window: WindowA | None = None):
         self.s, self.dtype, self.p, self.outputs = shape, dtype, params, outputs
-        self.a, self.b = a, b
+        self.a, self.b, self.window = a, b, window
         self.nr = params.nr
         self.panel = panel or params.nr
         self.sfx = suffix   # appended to the loop variables' names (unique per kernel)
@@ -398,30 +405,49 @@ class _NestBuilder:
 
     def k_loops(self, tag: int, rows: int, i0: Expr, j0: Expr, chunks: list[tuple[int, int]],
                 accs: list[Local]) -> list[Stmt]:
-        """The k loop (unrolled by ``unroll_k``, with a remainder loop)."""
-        s, u = self.s, self.p.unroll_k
+        """The k loop of this K block (unrolled by ``unroll_k``, with a remainder loop); for a
+        windowed A, one such loop over each kernel row's run inside a loop over the rows."""
+        s = self.s
         k0 = self.kc_var
         k1: Expr = minimum(k0 + self.kc, s.k) if self.kc < s.k else const(s.k)
+        if self.window is None:
+            a_base = self.bt * (s.m * s.k) if s.a_batched else const(0)
+            return self.unrolled_k(str(tag), k0, k1, lambda t, k: self.fmas(
+                t, rows, j0, k, chunks, accs, lambda r: a_base + (i0 + r) * s.k + k))
+        w = self.window
+        kh = var(f"kh{tag}")
+        first = Let(f"kf{tag}", kh * w.run)   # the k of the kernel row's first column
+        step = Let(f"ka{tag}", kh * w.kernel_row_stride)
+        if self.kc >= s.k:      # one K block: every run whole
+            lo, hi = const(0), const(w.run)
+        else:
+            lo, hi = maximum(k0 - first.ref, 0), minimum(k1 - first.ref, w.run)
+        run = self.unrolled_k(f"{tag}w", lo, hi, lambda t, c: self.fmas(
+            t, rows, j0, first.ref + c, chunks, accs,
+            lambda r: w.row_offset(i0 + r) + step.ref + c))
+        kh0 = k0 // w.run if self.kc < s.k else const(0)
+        kh1 = (k1 + (w.run - 1)) // w.run if self.kc < s.k else const(w.kernel_rows)
+        return [loop(f"kh{tag}", kh0, kh1, [first, step, *run])]
+
+    def unrolled_k(self, tag: str, k0: Expr, k1: Expr,
+                   step: Callable[[str, Expr], list[Stmt]]) -> list[Stmt]:
+        """``step(tag, k)`` for k in [k0, k1): unrolled ``unroll_k`` times, then a remainder."""
+        u = self.p.unroll_k
+        k = var(f"k{tag}")
         if u == 1:
-            k = var(f"k{tag}")
-            return [loop(f"k{tag}", k0, k1, self.fmas(f"{tag}", rows, i0, j0, k, chunks, accs))]
+            return [loop(f"k{tag}", k0, k1, step(tag, k))]
         ku, kk = var(f"ku{tag}"), var(f"kk{tag}")
         main_end = Let(f"kend{tag}", k0 + (k1 - k0) // u * u)
-        unrolled = loop(f"kk{tag}", 0, u, self.fmas(f"{tag}u", rows, i0, j0, ku + kk, chunks,
-                                                      accs), kind=LoopKind.UNROLLED)
-        k = var(f"k{tag}")
+        unrolled = loop(f"kk{tag}", 0, u, step(f"{tag}u", ku + kk), kind=LoopKind.UNROLLED)
         return [main_end, loop(f"ku{tag}", k0, main_end.ref, [unrolled], step=u),
-                loop(f"k{tag}", main_end.ref, k1,
-                     self.fmas(f"{tag}r", rows, i0, j0, k, chunks, accs))]
+                loop(f"k{tag}", main_end.ref, k1, step(f"{tag}r", k))]
 
-    def fmas(self, tag: str, rows: int, i0: Expr, j0: Expr, k: Expr,
-             chunks: list[tuple[int, int]], accs: list[Local]) -> list[Stmt]:
-        """One step of k: B vectors loaded once, A broadcast per row, one fma per accumulator."""
-        s = self.s
-        a_base = self.bt * (s.m * s.k) if s.a_batched else const(0)
+    def fmas(self, tag: str, rows: int, j0: Expr, k: Expr, chunks: list[tuple[int, int]],
+             accs: list[Local], a_index: Callable[[Expr], Expr]) -> list[Stmt]:
+        """One step of k: B vectors loaded once, A (element ``a_index(row)``) broadcast per
+        row, one fma per accumulator."""
         b_values = [self.b.load(self.b_index(j0, k, off), lanes) for off, lanes in chunks]
-        return fma_tile_step(tag, rows, accs, b_values,
-                             lambda r: self.a.load(a_base + (i0 + r) * s.k + k))
+        return fma_tile_step(tag, rows, accs, b_values, lambda r: self.a.load(a_index(r)))
 
     def finish(self, tag: int, rows: int, i0: Expr, j0: Expr, chunks: list[tuple[int, int]],
                accs: list[Local]) -> Stmt:
@@ -645,6 +671,14 @@ class _GroupLowering:
                                replace(other, body=If(binary(XOp.LT, m, mr), other.body))]
         return BufferParam(dst.name, self.dtype, readonly=True, align=64)
 
+    def window_source(self, window: WindowA) -> BufferParam:
+        """The buffer a windowed A is read from: the group input holding the convolution's
+        source when it is one (or a reshape of one), else a scratch copy of the source."""
+        held = view_of_input(self.group, window.source)
+        if held is not None:
+            return self.buffers.inputs[held]
+        return self.operand(window.source, "a_src", None)
+
     def operand_inputs(self, value: Value) -> tuple[BufferParam, ...]:
         _, reads = operand_cone(self.group, value)
         return tuple(self.buffers.inputs[v] for v in reads)
@@ -685,7 +719,8 @@ def lower_matmul(group: KernelGroup, schedule: Schedule, *,
     params = params_from_schedule(schedule)
     low = _GroupLowering(group, params)
     a_value, b_value = low.node.inputs
-    a = low.operand(a_value, "a_rows", None)
+    window = None if low.shape.symbolic or low.shape.batch else window_operand(group, a_value)
+    a = low.operand(a_value, "a_rows", None) if window is None else low.window_source(window)
     panel = params.nr if constant_b else b_panel_width(low.shape, params)
     if constant_b:
         b = BufferParam(low.namer.fresh("b_const"), low.dtype, readonly=True,
@@ -696,7 +731,8 @@ def lower_matmul(group: KernelGroup, schedule: Schedule, *,
     else:
         b = low.operand(b_value, "b_panels", params.nr if params.pack_b else None)
     outputs = low.outputs()
-    body = matmul_body(low.shape, low.dtype, params, outputs, a, b, small_panel=panel)
+    body = matmul_body(low.shape, low.dtype, params, outputs, a, b, small_panel=panel,
+                       window=window)
     used = _loaded(body)
     extra = tuple(p for p in low.buffers.inputs.values() if p.name in used and p not in (a, b))
     main = _assemble(low.name, body, a, b, outputs, extra, low.scalars)

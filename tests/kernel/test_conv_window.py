@@ -1,0 +1,124 @@
+"""The implicit-GEMM A operand: a convolution's windows read in place from its NHWC source
+(:mod:`tilefuse.kernel.conv_window`), checked against the graph interpreter for strides,
+dilations, paddings, channel counts that are not a vector's multiple, batches and K blocks that
+do and do not line up with the kernel rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilefuse.codegen import compile_kernel, host_target
+from tilefuse.codegen.jit import aligned_empty
+from tilefuse.dtypes import DType
+from tilefuse.graph.builder import GraphBuilder
+from tilefuse.graph.interpreter import interpret as interpret_graph
+from tilefuse.graph.ir import Graph
+from tilefuse.kernel.conv_window import window_operand
+from tilefuse.kernel.fusion import KernelKind, form_kernels
+from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node
+from tilefuse.kernel.schedule import Schedule, default_schedule
+from tilefuse.loop import interpret
+from tilefuse.testing import assert_close, random_array
+
+F32 = DType.f32
+
+
+def window_graph(n: int, hw: tuple[int, int], c: int, o: int, kernel: tuple[int, int],
+                 strides: tuple[int, int], dilations: tuple[int, int], pad: int,
+                 source: str = "nhwc") -> Graph:
+    """relu(windows(x) @ w + bias) as the convolution lowering writes it; ``source`` "nhwc":
+    x arrives as NHWC, "matrix": as the [N·H·W, C] matrix a previous convolution leaves,
+    "nchw": as NCHW (transposed first, as a network's first convolution)."""
+    b = GraphBuilder("conv")
+    h, w = hw
+    if source == "nchw":
+        x = b.add1("transpose", [b.input(((n, c, h, w), F32), "x")], {"perm": (0, 2, 3, 1)})
+    elif source == "matrix":
+        x = b.add1("reshape", [b.input(((n * h * w, c), F32), "x")], {"shape": (n, h, w, c)})
+    else:
+        x = b.input(((n, h, w, c), F32), "x")
+    if pad:
+        x = b.add1("pad", [x], {"mode": "constant", "value": 0.0,
+                                "pads": (0, 0, pad, pad + 1, pad, pad, 0, 0)})
+    patches = b.add1("window_patches", [x], {"kernel": kernel, "strides": strides,
+                                             "dilations": dilations})
+    _, oh, ow, kh, kw, _ = patches.shape
+    a = b.add1("reshape", [patches], {"shape": (n * oh * ow, kh * kw * c)})
+    y = b.add1("matmul", [a, b.input(((kh * kw * c, o), F32), "w")])
+    y = b.add1("add", [y, b.input(((o,), F32), "bias")])
+    return b.build([b.add1("relu", [y])])
+
+
+def run_conv(graph: Graph, arrays: list[np.ndarray], schedule: Schedule | None = None,
+             interpreted: bool = False) -> tuple[np.ndarray, list[str]]:
+    """The output of the graph's one contraction kernel and the names of its functions."""
+    [group] = form_kernels(graph).groups
+    lowered = lower_matmul(group, schedule or default_schedule(group, host_target()))
+    values = dict(zip(graph.inputs, arrays))
+    [out_value] = graph.outputs
+    out = np.full(tuple(out_value.shape), np.nan, np.float32)
+    values[out_value] = out
+    scratch = {name: aligned_empty(nbytes // 4, np.float32)
+               for name, nbytes in lowered.scratch.items()}
+    for fn in lowered.functions:
+        args = [scratch[b.name] if b.name in scratch else values[lowered.bindings[b.name]]
+                for b in fn.buffers]
+        if interpreted:
+            interpret(fn, *args)
+        else:
+            compile_kernel(fn)(*args)
+    return out, [fn.name for fn in lowered.functions]
+
+
+def check(graph: Graph, seed: int, **kwargs: object) -> list[str]:
+    rng = np.random.default_rng(seed)
+    arrays = [random_array(rng, tuple(v.shape), v.dtype) for v in graph.inputs]
+    [expected] = interpret_graph(graph, *arrays)
+    got, names = run_conv(graph, arrays, **kwargs)
+    assert_close(got, expected, reduction=True)
+    return names
+
+
+CASES = [  # n, hw, c, o, kernel, strides, dilations, pad, source
+    (1, (9, 7), 3, 5, (3, 3), (1, 1), (1, 1), 1, "nhwc"),
+    (2, (7, 9), 17, 33, (3, 3), (2, 2), (1, 1), 1, "matrix"),
+    (1, (13, 11), 3, 64, (7, 7), (2, 2), (1, 1), 3, "nchw"),
+    (1, (11, 9), 16, 7, (3, 1), (1, 2), (2, 1), 2, "nhwc"),
+    (2, (9, 9), 5, 16, (1, 1), (2, 2), (1, 1), 0, "matrix"),
+    (1, (1, 7), 7, 1, (1, 3), (1, 1), (1, 1), 0, "nhwc"),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_windows_read_in_place_match_the_reference(case):
+    n, hw, c, o, kernel, strides, dilations, pad, source = case
+    names = check(window_graph(n, hw, c, o, kernel, strides, dilations, pad, source),
+                  seed=sum(hw) + c + o)
+    assert not any("a_rows" in name for name in names)   # no im2col matrix was written
+    # the source is copied only when the group computes it (a pad, a transpose)
+    assert any("a_src" in name for name in names) == (pad > 0 or source == "nchw")
+
+
+@pytest.mark.parametrize("kc", [5, 16, 27, 40])
+def test_k_blocks_that_split_kernel_rows(kc):
+    """K blocks shorter than, equal to and straddling a kernel row's run (3·9 = 27)."""
+    graph = window_graph(1, (9, 8), 9, 19, (3, 3), (1, 1), (1, 1), 1, "matrix")
+    schedule = Schedule(KernelKind.CONTRACTION, tiles=(("m", 24), ("n", 16), ("k", kc)),
+                        order=("n", "k", "m"), vector_axis="n", vector_width=16,
+                        parallel_axes=("m",), unroll=(("k", 3),), pack=("B",),
+                        micro_tile=(6, 16))
+    check(graph, seed=kc, schedule=schedule)
+
+
+def test_interpreted_loop_ir_matches():
+    check(window_graph(1, (5, 6), 3, 4, (3, 3), (2, 1), (1, 1), 1, "nhwc"), seed=3,
+          interpreted=True)
+
+
+def test_dilation_along_w_keeps_the_materialised_matrix():
+    graph = window_graph(1, (9, 9), 4, 6, (3, 3), (1, 1), (1, 2), 1, "nhwc")
+    [group] = form_kernels(graph).groups
+    assert window_operand(group, matmul_node(group).inputs[0]) is None
+    names = check(graph, seed=9)
+    assert any("a_rows" in name for name in names)
