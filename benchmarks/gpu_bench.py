@@ -272,7 +272,8 @@ def g1_parts(repeats: int = 10, rounds: int = 5) -> dict[str, float]:
 
 def g8_configs(specs: str, repeats: int = 10, rounds: int = 7) -> dict[str, float]:
     """G8's fused kernel alone under other blockings (``block_m x block_n x warps x
-    min_blocks``, comma-separated), each checked against eager SDPA first, then timed
+    min_blocks[ x sum_mma x pipeline x exp_pairs]``, comma-separated), each checked against
+    eager SDPA first, then timed
     interleaved with the default and eager (median ms)."""
     import torch
 
@@ -322,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                              "name:field=value+field=value,... (GpuTarget fields)")
     parser.add_argument("--g1-parts", action="store_true", help="time G1's pieces alone")
     parser.add_argument("--g8-configs", default=None, help="time G8's fused kernel under "
-                        "these blockings too (MxNxWARPSxMINBLOCKS,...), then the workloads")
+                        "these FlashConfigs too (MxNxWARPSxMINBLOCKS[xSUMxPIPExPAIRS],...), "
+                        "then the workloads")
     parser.add_argument("--tune", default="", help="comma-separated workloads to tune first "
                         "(tilefuse.tune.gpu, into --tune-db) and time as variant 'tuned'")
     parser.add_argument("--tune-db", type=Path, default=Path("gpu_tune.sqlite"))

@@ -140,7 +140,7 @@ def test_sdpa_ops_of_cuda_traces_convert_to_attention() -> None:
     torch = pytest.importorskip("torch")
     import torch.nn.functional as F
 
-    import tilefuse.torch  # noqa: F401
+    import tilefuse.torch
 
     aten = torch.ops.aten
 
@@ -154,10 +154,10 @@ def test_sdpa_ops_of_cuda_traces_convert_to_attention() -> None:
     q, k, v = (torch.randn(2, 3, 37, 16) for _ in range(3))
     mask = torch.randn(2, 1, 37, 37)
     torch._dynamo.reset()
-    got = torch.compile(flash, backend="tilefuse")(q, k, v)
+    got = torch.compile(flash, backend=tilefuse.torch.backend)(q, k, v)
     assert torch.allclose(got, F.scaled_dot_product_attention(q, k, v, is_causal=True),
                           atol=1e-5)
-    got = torch.compile(efficient, backend="tilefuse")(q, k, v, mask)
+    got = torch.compile(efficient, backend=tilefuse.torch.backend)(q, k, v, mask)
     assert torch.allclose(got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                               scale=0.3), atol=1e-5)
 
@@ -224,6 +224,36 @@ def test_fused_attention_matches_float64(name: str) -> None:
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
         assert err < 1e-2, (name, err)
         assert np.abs(got - ref).max() < 1.6e-2 * max(1.0, np.abs(ref).max()), name
+
+
+@gpu
+@pytest.mark.parametrize("config", [
+    FlashConfig(sum_mma=1), FlashConfig(exp_pairs=1), FlashConfig(128, 32, 4, 2, pipeline=1),
+    FlashConfig(128, 32, 4, 2, pipeline=1, exp_pairs=1), FlashConfig(pipeline=1, exp_pairs=1),
+], ids=["sum_mma", "exp_pairs", "pipeline_32_keys", "pipeline_exp_pairs_32_keys",
+        "pipeline_exp_pairs"])
+@pytest.mark.parametrize("name", ["seq7", "seq513", "f16_dv48_negative_scale",
+                                  "mask_padding_odd_keys", "mask_causal", "sq_ne_sk"])
+def test_kernel_knobs_match_float64(name: str, config: FlashConfig) -> None:
+    from tilefuse.kernel.lower_gpu_attention import attention_shape
+    from tilefuse.runtime.cuda_driver import CudaContext
+
+    batch, sq, sk, d, dv, dtype, mask = CASES[name]
+    scale = -0.3 if "negative" in name else 1 / math.sqrt(d)
+    shape = None if mask is None else ((sq, sk) if mask == "causal" else mask)
+    graph = attention_graph(batch, sq, sk, d, dv, dtype, scale, shape)
+    kernel = flash_attention(attention_shape(graph.nodes[-1]), config)
+    ctx = CudaContext()
+    function = ctx.load_ptx(kernel.ptx).function(kernel.name)
+    arrays = _case_arrays(name, 5)
+    buffers = [ctx.upload(a) for a in arrays]
+    out = ctx.upload(np.full((*batch, sq, dv), np.nan, dtype.np))
+    ctx.launch(function, kernel.grid, kernel.block, [b.ptr for b in buffers] + [out.ptr])
+    got = out.copy_to(np.empty((*batch, sq, dv), dtype.np)).astype(np.float64)
+    ref = _reference(*[a.astype(np.float64) for a in arrays[:3]],
+                     arrays[3].astype(np.float64) if len(arrays) > 3 else None, scale)
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
 
 
 @gpu

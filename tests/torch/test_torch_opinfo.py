@@ -63,6 +63,11 @@ NO_OPINFO: dict[str, str] = {
     "aten.lift_fresh_copy.default": "no OpInfo (internal, from torch.tensor constants)",
     "aten.empty.memory_format": "OpInfo 'empty' exists, but its values are undefined: "
                                 "there is nothing to compare with eager",
+    **{f"aten._scaled_dot_product_{kind}_attention{extra}.default":
+       "the fused SDPA kernels' op, which only CUDA traces give (CPU traces decompose SDPA); "
+       "converted in tests/gpu/test_attention.py"
+       for kind, extra in (("flash", ""), ("efficient", ""), ("cudnn", ""),
+                           ("fused", "_overrideable"))},
 }
 """Mapped ATen ops that no OpInfo sample exercises here, with why."""
 

@@ -37,6 +37,7 @@ up to 128 (else :class:`CompileError`: the attention then runs unfused).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -102,6 +103,14 @@ class FlashConfig:
     block_n: int = 64
     warps: int = 4
     min_blocks: int = 2
+    sum_mma: int = 0
+    """1: row sums by one more mma a k16 step, of P against a fragment of ones (f32
+    accumulation of the rounded P the numerator uses; no adds, no final shuffles)."""
+    pipeline: int = 0
+    """1: the next tile's scores computed under this tile's softmax (``pipelined_loop``)."""
+    exp_pairs: int = 0
+    """1: two exponentials an instruction (``ex2.approx.ftz.bf16x2`` of the arguments
+    rounded to bf16), which are then the P·V operand as they are; implies ``sum_mma``."""
 
     @property
     def threads(self) -> int:
@@ -191,9 +200,11 @@ def flash_attention(shape: FlashShape, config: FlashConfig | None = None,
     reason = unsupported(shape, config)
     if reason is not None:
         raise CompileError(reason)
+    knobs = "".join(f"_{k}" for k in ("sum_mma", "pipeline", "exp_pairs")
+                    if getattr(config, k))
     name = (f"flash_attention_{shape.bh}x{shape.sq}x{shape.sk}x{shape.d}x{shape.dv}_"
             f"{shape.dtype.value}{'_mask' if shape.mask else ''}_{config.block_m}x"
-            f"{config.block_n}")
+            f"{config.block_n}x{config.warps}{knobs}")
     module = ir.Module(name=name)
     module.triple = PTX_TRIPLE
     module.data_layout = str(gpu_target_machine(target).target_data)
@@ -226,6 +237,7 @@ class _Flash:
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.p = PtxBuilder(self.b, shared_array(module, "smem", self.lay.elements))
         self.full_tiles, self.tail_keys = divmod(shape.sk, config.block_n)
+        self.sum_mma = bool(config.sum_mma or config.exp_pairs)
         self.tiles = self.full_tiles + (1 if self.tail_keys else 0)
 
     # ---- index helpers ------------------------------------------------------------------
@@ -264,8 +276,7 @@ class _Flash:
         self.v_base = b.mul(bh, p.i64(s.sk * s.dv))
         self.o_base = b.mul(bh, p.i64(s.sq * s.dv))
         self.mask_rows = self.mask_row_offsets() if s.mask else None
-        q_frags = self.prologue()
-        state = self.key_loop(q_frags)
+        state = self.pipelined_loop() if c.pipeline else self.key_loop(self.prologue())
         self.finish(*state)
         b.ret_void()
 
@@ -314,19 +325,33 @@ class _Flash:
 
     def copy_tile(self, tile: ir.Value, stage: ir.Value | int, bounded: bool) -> None:
         """Key tile ``tile``'s K and V rows into stage ``stage`` (its element offset)."""
+        self.copy_part(tile, stage, "k", bounded)
+        self.copy_part(tile, stage, "v", bounded)
+
+    def copy_part(self, tile: ir.Value, stage: ir.Value | int, part: str, bounded: bool
+                  ) -> None:
+        """Key tile ``tile``'s K (``part`` "k") or V rows into stage ``stage``."""
         s, c, lay = self.s, self.c, self.lay
         k0 = self.b.mul(tile, self.i32(c.block_n))
         st = stage if isinstance(stage, ir.Value) else self.i32(stage)
-        self.copy_rows(st, self.k_ptr, self.k_base, k0, s.sk, c.block_n, s.d, lay.ldk, bounded)
-        self.copy_rows(self.b.add(st, self.i32(lay.k_tile)), self.v_ptr, self.v_base, k0, s.sk,
-                       c.block_n, s.dv, lay.ldv, bounded)
+        if part == "k":
+            self.copy_rows(st, self.k_ptr, self.k_base, k0, s.sk, c.block_n, s.d, lay.ldk,
+                           bounded)
+        else:
+            self.copy_rows(self.b.add(st, self.i32(lay.k_tile)), self.v_ptr, self.v_base, k0,
+                           s.sk, c.block_n, s.dv, lay.ldv, bounded)
 
-    def prologue(self) -> list[list[Frag]]:
-        """The Q block and key tile 0 copied; Q's A fragments ``[m tile][k16 step]``."""
+    def prologue(self, with_v: bool = True) -> list[list[Frag]]:
+        """The Q block and key tile 0 (its K only, unless ``with_v``) copied; Q's A fragments
+        ``[m tile][k16 step]``."""
         s, c, p = self.s, self.c, self.p
         self.copy_rows(self.lay.q, self.q_ptr, self.q_base, self.q0, s.sq, c.block_m, s.d,
                        self.lay.ldk, s.sq % c.block_m != 0)
-        self.copy_tile(self.i32(0), 0, self.tiles == 1 and self.tail_keys != 0)
+        bounded = self.tiles == 1 and self.tail_keys != 0
+        if with_v:
+            self.copy_tile(self.i32(0), 0, bounded)
+        else:
+            self.copy_part(self.i32(0), 0, "k", bounded)
         p.cp_async_commit()
         p.cp_async_wait(0)
         p.barrier()
@@ -339,47 +364,127 @@ class _Flash:
         return frags
 
     # ---- the key loop --------------------------------------------------------------------
+    def counted_loop(self, count: int, state: list[ir.Value],
+                     body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]]
+                     ) -> list[ir.Value]:
+        """``for j < count: state = body(j, state)`` with the f32 ``state`` in phis."""
+        b = self.b
+        before = b.block
+        head = self.fn.append_basic_block("keys.head")
+        loop_body = self.fn.append_basic_block("keys.body")
+        done = self.fn.append_basic_block("keys.done")
+        b.branch(head)
+        b.position_at_end(head)
+        j = b.phi(I32, name="tile")
+        j.add_incoming(self.i32(0), before)
+        phis = [b.phi(F32) for _ in state]
+        for ph, v in zip(phis, state):
+            ph.add_incoming(v, before)
+        b.cbranch(b.icmp_unsigned("<", j, self.i32(count)), loop_body, done)
+        b.position_at_end(loop_body)
+        out = body(j, list(phis))
+        j.add_incoming(b.add(j, self.i32(1)), b.block)
+        for ph, v in zip(phis, out):
+            ph.add_incoming(v, b.block)
+        b.branch(head)
+        b.position_at_end(done)
+        return list(phis)
+
+    def initial_state(self) -> tuple[list[list[Frag]], list, list]:
+        rows = 2 * self.c.row_tiles
+        o = [[[self.p.f32(0.0)] * 4 for _ in range(self.s.dv // 8)]
+             for _ in range(self.c.row_tiles)]
+        return o, [self.p.f32(NEG_INF)] * rows, [self.p.f32(0.0)] * rows
+
+    def stage_of(self, j: ir.Value) -> ir.Value:
+        return self.b.mul(self.b.and_(j, self.i32(1)), self.i32(self.lay.stage))
+
     def key_loop(self, q_frags: list[list[Frag]]) -> tuple[list[list[Frag]], list, list]:
         """Every full key tile in a loop, then the partial last one peeled; returns the
         final (O, m, l)."""
-        b, c = self.b, self.c
-        rows = 2 * c.row_tiles
-        o = [[[self.p.f32(0.0)] * 4 for _ in range(self.s.dv // 8)] for _ in range(c.row_tiles)]
-        m = [self.p.f32(NEG_INF)] * rows
-        l_sum = [self.p.f32(0.0)] * rows
+        o, m, l_sum = self.initial_state()
+
+        def body(j: ir.Value, flat: list[ir.Value]) -> list[ir.Value]:
+            stage = self.stage_of(j)
+            self.top_of_tile(self.b.add(j, self.i32(1)),
+                             self.b.sub(self.i32(self.lay.stage), stage))
+            state = self.tile(q_frags, j, stage, None, *self.unflatten(flat))
+            return self.flatten(*state)
+
         if self.full_tiles:
-            before = b.block
-            head = self.fn.append_basic_block("keys.head")
-            body = self.fn.append_basic_block("keys.body")
-            done = self.fn.append_basic_block("keys.done")
-            b.branch(head)
-            b.position_at_end(head)
-            j = b.phi(I32, name="tile")
-            j.add_incoming(self.i32(0), before)
-            flat = [x for tile in o for frag in tile for x in frag] + m + l_sum
-            phis = [b.phi(F32) for _ in flat]
-            for ph, v in zip(phis, flat):
-                ph.add_incoming(v, before)
-            b.cbranch(b.icmp_unsigned("<", j, self.i32(self.full_tiles)), body, done)
-            b.position_at_end(body)
-            o_in, m_in, l_in = self.unflatten(phis)
-            stage = b.mul(b.and_(j, self.i32(1)), self.i32(self.lay.stage))
-            following = b.add(j, self.i32(1))
-            self.top_of_tile(following, b.sub(self.i32(self.lay.stage), stage))
-            o_out, m_out, l_out = self.tile(q_frags, j, stage, None, o_in, m_in, l_in)
-            j.add_incoming(following, b.block)
-            out = [x for tile in o_out for frag in tile for x in frag] + m_out + l_out
-            for ph, v in zip(phis, out):
-                ph.add_incoming(v, b.block)
-            b.branch(head)
-            b.position_at_end(done)
-            o, m, l_sum = self.unflatten(phis)
+            o, m, l_sum = self.unflatten(self.counted_loop(self.full_tiles,
+                                                           self.flatten(o, m, l_sum), body))
         if self.tail_keys:
             j = self.i32(self.full_tiles)
             self.top_of_tile(None, None)
             o, m, l_sum = self.tile(q_frags, j, self.i32((self.full_tiles % 2) * self.lay.stage),
                                     self.tail_keys, o, m, l_sum)
         return o, m, l_sum
+
+    def pipelined_loop(self) -> tuple[list[list[Frag]], list, list]:
+        """The ``pipeline`` schedule: tile ``j+1``'s scores are issued in the iteration that
+        takes tile ``j``'s softmax and P·V, so the tensor cores have independent work while
+        the exponentials run. K leads V by one tile: the copies an iteration issues are
+        K ``j+2`` (into K ``j``'s stage) and V ``j+1`` (into V ``j-1``'s)."""
+        p, last = self.p, self.tiles - 1
+        q_frags = self.prologue(with_v=False)
+        p.barrier()   # every warp has its Q fragments: the Q region (stage 1) is free
+        if self.tiles > 1:
+            self.copy_part(self.i32(1), self.lay.stage, "k", last == 1 and self.tail_keys > 0)
+        self.copy_part(self.i32(0), 0, "v", last == 0 and self.tail_keys > 0)
+        p.cp_async_commit()
+        scores = self.scores(q_frags, self.i32(0))
+        o, m, l_sum = self.initial_state()
+        n_scores = len(self.flatten_scores(scores))
+
+        def body(j: ir.Value, flat: list[ir.Value]) -> list[ir.Value]:
+            b = self.b
+            p.cp_async_wait(0)
+            p.barrier()
+            stage, following = self.stage_of(j), b.add(j, self.i32(1))
+            self.guarded(b.add(j, self.i32(2)), lambda: self.copy_part(
+                b.add(j, self.i32(2)), stage, "k", self.tail_keys > 0))
+            self.copy_part(following, b.sub(self.i32(self.lay.stage), stage), "v",
+                           self.tail_keys > 0)
+            p.cp_async_commit()
+            upcoming = self.scores(q_frags, b.sub(self.i32(self.lay.stage), stage))
+            current = self.unflatten_scores(flat[:n_scores])
+            state = self.update(current, j, stage, None, *self.unflatten(flat[n_scores:]))
+            return self.flatten_scores(upcoming) + self.flatten(*state)
+
+        if last:
+            flat = self.counted_loop(last, self.flatten_scores(scores) + self.flatten(o, m, l_sum),
+                                     body)
+            scores, (o, m, l_sum) = (self.unflatten_scores(flat[:n_scores]),
+                                     self.unflatten(flat[n_scores:]))
+        p.cp_async_wait(0)
+        p.barrier()
+        return self.update(scores, self.i32(last), self.i32((last % 2) * self.lay.stage),
+                           self.tail_keys or None, o, m, l_sum)
+
+    def guarded(self, tile: ir.Value, emit: Callable[[], None]) -> None:
+        """``emit()`` only when key tile ``tile`` exists."""
+        b = self.b
+        issue = self.fn.append_basic_block("prefetch")
+        after = self.fn.append_basic_block("prefetch.done")
+        b.cbranch(b.icmp_unsigned("<", tile, self.i32(self.tiles)), issue, after)
+        b.position_at_end(issue)
+        emit()
+        b.branch(after)
+        b.position_at_end(after)
+
+    @staticmethod
+    def flatten(o: list[list[Frag]], m: list, l_sum: list) -> list[ir.Value]:
+        return [x for tile in o for frag in tile for x in frag] + list(m) + list(l_sum)
+
+    @staticmethod
+    def flatten_scores(scores: list[list[Frag]]) -> list[ir.Value]:
+        return [x for tile in scores for frag in tile for x in frag]
+
+    def unflatten_scores(self, flat: list[ir.Value]) -> list[list[Frag]]:
+        n = self.c.block_n // 8
+        return [[list(flat[(mt * n + nt) * 4:(mt * n + nt) * 4 + 4]) for nt in range(n)]
+                for mt in range(self.c.row_tiles)]
 
     def unflatten(self, flat: list) -> tuple[list[list[Frag]], list, list]:
         c, n = self.c, self.s.dv // 8
@@ -392,29 +497,31 @@ class _Flash:
     def top_of_tile(self, following: ir.Value | None, other_stage: ir.Value | None) -> None:
         """Wait for this tile's copies, publish them block-wide, then (when there is one)
         issue tile ``following`` into the other stage."""
-        p, b = self.p, self.b
+        p = self.p
         p.cp_async_wait(0)
         p.barrier()
         if following is None:
             return
-        issue = self.fn.append_basic_block("prefetch")
-        after = self.fn.append_basic_block("prefetch.done")
-        b.cbranch(b.icmp_unsigned("<", following, self.i32(self.tiles)), issue, after)
-        b.position_at_end(issue)
-        self.copy_tile(following, other_stage, self.tail_keys != 0)
-        b.branch(after)
-        b.position_at_end(after)
+        assert other_stage is not None
+        self.guarded(following, lambda: self.copy_tile(following, other_stage,
+                                                       self.tail_keys != 0))
         p.cp_async_commit()
 
     def tile(self, q_frags: list[list[Frag]], j: ir.Value, stage: ir.Value, tail: int | None,
              o: list[list[Frag]], m: list, l_sum: list) -> tuple[list[list[Frag]], list, list]:
         """One key tile: scores, their softmax step, the rescale and O += P·V."""
-        scores = self.scores(q_frags, stage)
+        return self.update(self.scores(q_frags, stage), j, stage, tail, o, m, l_sum)
+
+    def update(self, scores: list[list[Frag]], j: ir.Value, stage: ir.Value, tail: int | None,
+               o: list[list[Frag]], m: list, l_sum: list) -> tuple[list[list[Frag]], list, list]:
+        """Tile ``j``'s softmax step on its ``scores``, the rescale and O += P·V (V in
+        ``stage``)."""
         k0 = self.b.mul(j, self.i32(self.c.block_n))
         probs, alpha, m, l_sum = self.softmax(scores, k0, tail, m, l_sum)
         o = [[[self.b.fmul(x, alpha[2 * mt + e // 2]) for e, x in enumerate(frag)]
               for frag in tile] for mt, tile in enumerate(o)]
-        return self.pv(probs, stage, o), m, l_sum
+        o, l_sum = self.pv(probs, stage, o, l_sum)
+        return o, m, l_sum
 
     def scores(self, q_frags: list[list[Frag]], stage: ir.Value) -> list[list[Frag]]:
         """S = Q·Kᵀ of this tile: ``[m tile][n8 key tile]`` accumulators."""
@@ -432,18 +539,20 @@ class _Flash:
                                                   acc[mt][nt], self.f16)
         return acc
 
-    def pv(self, probs: list[list[Frag]], stage: ir.Value, o: list[list[Frag]]
-           ) -> list[list[Frag]]:
-        """O += P·V: P's accumulators packed into A fragments in registers."""
+    def pv(self, probs: list[list[Frag]], stage: ir.Value, o: list[list[Frag]], l_sum: list
+           ) -> tuple[list[list[Frag]], list]:
+        """O += P·V with P's packed pairs as the A fragments, as they are in registers (and,
+        with ``sum_mma``, the row sums l += P·1 by one more product a k16 step)."""
         p, b, c = self.p, self.b, self.c
         base = b.add(b.add(stage, self.i32(self.lay.k_tile)), self.v_lane)
+        ones = p.i32(0x3C003C00 if self.f16 else 0x3F803F80)
+        sums = [[l_sum[2 * mt], l_sum[2 * mt], l_sum[2 * mt + 1], l_sum[2 * mt + 1]]
+                for mt in range(c.row_tiles)]
         for kk in range(c.block_n // 16):
-            a = []
-            for mt in range(c.row_tiles):
-                left, right = probs[mt][2 * kk], probs[mt][2 * kk + 1]
-                a.append([p.pack2(left[0], left[1], self.f16), p.pack2(left[2], left[3], self.f16),
-                          p.pack2(right[0], right[1], self.f16),
-                          p.pack2(right[2], right[3], self.f16)])
+            a = [[*probs[mt][2 * kk], *probs[mt][2 * kk + 1]] for mt in range(c.row_tiles)]
+            if self.sum_mma:
+                sums = [p.mma_16816(a[mt], [ones, ones], sums[mt], self.f16)
+                        for mt in range(c.row_tiles)]
             for pair in range(self.s.dv // 16):
                 frag = p.ldmatrix_x4(b.add(base, self.i32(kk * 16 * self.lay.ldv + pair * 16)),
                                      trans=True)
@@ -452,17 +561,20 @@ class _Flash:
                         nt = 2 * pair + half
                         o[mt][nt] = p.mma_16816(a[mt], frag[2 * half:2 * half + 2], o[mt][nt],
                                                 self.f16)
-        return o
+        if self.sum_mma:
+            l_sum = [x for frag in sums for x in (frag[0], frag[2])]
+        return o, l_sum
 
     # ---- the online softmax --------------------------------------------------------------
     def softmax(self, scores: list[list[Frag]], k0: ir.Value, tail: int | None, m: list,
-                l_sum: list) -> tuple[list[list[Frag]], list, list, list]:
-        """Per row the tile's probabilities (in the scores' layout), rescale factor, and the
-        running max and partial sum (module docstring)."""
+                l_sum: list) -> tuple[list[list[list]], list, list, list]:
+        """Per row: the tile's probabilities as packed pairs ``[m tile][n8 tile][half]`` (the
+        P·V A operand), the rescale factor, the running max and the running sum (the
+        thread's partial sum; with ``sum_mma`` only rescaled here, :meth:`pv` adds)."""
         b, p, s = self.b, self.p, self.s
         fold = s.mask is None and s.scale > 0
         c = p.f32(s.scale * LOG2_E)
-        probs = [[[None] * 4 for _ in tile] for tile in scores]
+        probs: list[list[list]] = [[[None, None] for _ in tile] for tile in scores]
         alphas, m_out, l_out = [], [], []
         for mt, h, _row in self.rows_of_thread():
             r = 2 * mt + h
@@ -485,15 +597,23 @@ class _Flash:
             m_use = b.select(b.fcmp_ordered("==", m_new, p.f32(NEG_INF)), p.f32(0.0), m_new)
             alpha = p.ex2(b.fsub(m[r], m_use))
             neg = b.fneg(m_use)
+            args = [p.fma(v, c, neg) if fold else b.fadd(v, neg) for v in values]
             total = None
-            for (nt, i), v in zip(cells, values):
-                e = p.ex2(p.fma(v, c, neg) if fold else b.fadd(v, neg))
-                probs[mt][nt][i] = e
-                total = e if total is None else b.fadd(total, e)
+            for nt in range(len(scores[mt])):
+                lo, hi = args[2 * nt], args[2 * nt + 1]
+                if self.c.exp_pairs:
+                    probs[mt][nt][h] = p.ex2_pair(p.pack2(lo, hi, self.f16), self.f16)
+                    continue
+                lo, hi = p.ex2(lo), p.ex2(hi)
+                probs[mt][nt][h] = p.pack2(lo, hi, self.f16)
+                if not self.sum_mma:
+                    pair = b.fadd(lo, hi)
+                    total = pair if total is None else b.fadd(total, pair)
             alphas.append(alpha)
             m_out.append(m_new)
-            l_out.append(p.fma(l_sum[r], alpha, total))
-        return probs, alphas, m_out, l_out  # type: ignore[return-value]
+            l_out.append(b.fmul(l_sum[r], alpha) if total is None
+                         else p.fma(l_sum[r], alpha, total))
+        return probs, alphas, m_out, l_out
 
     def past_keys(self, value: ir.Value, column: int, tail: int) -> ir.Value:
         """``value`` or -inf when this thread's key ``column + 2q`` of the last tile is past
@@ -553,7 +673,9 @@ class _Flash:
         b, p, s = self.b, self.p, self.s
         del m
         for mt, h, row in self.rows_of_thread():
-            total = p.quad_reduce(l_sum[2 * mt + h], "add")
+            total = l_sum[2 * mt + h]
+            if not self.sum_mma:   # the quad's partial sums
+                total = p.quad_reduce(total, "add")
             inverse = b.fdiv(p.f32(1.0), total)
             after = None
             if s.sq % self.c.block_m:

@@ -155,6 +155,12 @@ class PtxBuilder:
         """2**x on the special-function unit (``ex2.approx.ftz.f32``: -inf gives 0)."""
         return self.b.call(declare(self.module, "llvm.nvvm.ex2.approx.ftz.f", F32, [F32]), [x])
 
+    def ex2_pair(self, x: ir.Value, f16: bool = False) -> ir.Value:
+        """2**x of both 16-bit halves of ``x`` in one special-function instruction
+        (``ex2.approx.ftz.bf16x2``, sm_90; ``ex2.approx.f16x2`` for f16)."""
+        text = "ex2.approx.f16x2 $0, $1;" if f16 else "ex2.approx.ftz.bf16x2 $0, $1;"
+        return self.asm(I32, [x], text, "=r,r")
+
     def fmax(self, a: ir.Value, b: ir.Value) -> ir.Value:
         return self.b.call(declare(self.module, "llvm.maxnum.f32", F32, [F32, F32]), [a, b])
 

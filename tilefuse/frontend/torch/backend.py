@@ -54,6 +54,7 @@ from torch.utils import _pytree as pytree
 
 from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import TilefuseError
+from tilefuse.frontend.torch.convert import tensors_on
 from tilefuse.frontend.torch.partition import PartitionReport, partition_and_compile, write_report
 from tilefuse.frontend.torch.symbolic import is_symbolic_graph, trace_symbolic
 from tilefuse.graph.ir import Graph
@@ -164,7 +165,8 @@ def compile_traced(traced: fx.GraphModule, frozen: Mapping[int, torch.Tensor],
     placeholder positions to the tensors frozen into the compiled code."""
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     constants = {placeholders[i]: t.detach() for i, t in frozen.items()}
-    report = partition_and_compile(traced, constants, _compiler(options, dump))
+    with tensors_on("cuda" if options.target == "cuda" else "cpu"):
+        report = partition_and_compile(traced, constants, _compiler(options, dump))
     if dump is not None:
         write_report(dump, traced, report)
     return report

@@ -14,7 +14,9 @@ added anything; the partitioner then leaves that node to torch and logs the reas
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,13 +66,28 @@ def meta_type(node: fx.Node) -> TensorType:
     return val_type(node.meta.get("val"), node.name, op_name(node))
 
 
+_DEVICE: ContextVar[str] = ContextVar("tilefuse_torch_device", default="cpu")
+"""The device type whose tensors convert (the target's: "cuda" for the cuda target)."""
+
+
+@contextmanager
+def tensors_on(device: str) -> Iterator[None]:
+    """Within the block, values on ``device`` convert and values elsewhere stay in torch."""
+    token = _DEVICE.set(device)
+    try:
+        yield
+    finally:
+        _DEVICE.reset(token)
+
+
 def val_type(val: Any, name: str, op: str) -> TensorType:
     """The tilefuse type of a recorded (fake) tensor ``val`` (a plain symbolic size is a
     :class:`Sym`); Unsupported when it has none."""
     if not isinstance(val, torch.Tensor):
         raise Unsupported(f"value {name} is not a tensor ({type(val).__name__})", op=op)
-    if val.device.type != "cpu":
-        raise Unsupported(f"value {name} lives on {val.device}, not the CPU", op=op)
+    if val.device.type != _DEVICE.get():
+        raise Unsupported(f"value {name} lives on {val.device}, not the target's "
+                          f"{_DEVICE.get()}", op=op)
     try:
         shape = tuple(d if isinstance(d, int) else sym_dim(d) for d in val.shape)
     except CompoundSize as err:
@@ -212,6 +229,8 @@ def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
     bf16 goes through an int16 view, as NumPy has no bf16 of its own."""
     if t.requires_grad:
         t = t.detach()
+    if t.device.type != "cpu":   # a constant of a cuda-target graph: copied once
+        t = t.cpu()
     if not t.is_contiguous():
         t = t.contiguous()
     if t.dtype == torch.bfloat16:
