@@ -19,9 +19,12 @@ Lowering choices:
 * ``Local`` arrays are allocas in the function's entry block; with constant indices (unrolled
   loops) SROA turns them into registers.
 * A ``parallel`` loop is outlined: its free values and buffers go into a context struct on the
-  stack; ``GOMP_parallel(fn, ctx, num_threads, 0)`` runs ``fn`` on each thread, which takes its
-  static chunk of iterations from ``omp_get_thread_num()``/``omp_get_num_threads()`` and calls
-  the loop body function (again with ``noalias`` buffers).
+  stack; ``GOMP_parallel(fn, ctx, num_threads, 0)`` runs ``fn`` on each thread. Each thread owns
+  the contiguous range a static schedule would give it (from ``omp_get_thread_num()`` /
+  ``omp_get_num_threads()``) and takes it in grains through an atomic counter, then steals the
+  grains other threads have not taken yet, calling the loop body function (again with
+  ``noalias`` buffers) per grain: on a busy machine a descheduled thread no longer holds up
+  the loop for its whole share.
 """
 
 from __future__ import annotations
@@ -249,14 +252,16 @@ class LoopLowering:
         free = sorted(free_names(s.body) - inner)
         captured = [(n, st.env[n]) for n in free]
         buffers = [st.buffers[n] for n in sorted(buffer_names(s.body))]
-        fields = [PTR] * len(buffers) + [v.type for _, v in captured] + [I64, I64]
+        fields = [PTR] * len(buffers) + [v.type for _, v in captured] + [I64, I64, PTR]
         ctx_type = ir.LiteralStructType(fields)
         name = f"{self.fn.name}.par{self.outlined}"
         self.outlined += 1
         body_fn = self.parallel_body(name, s, [buf for _, buf in buffers], captured)
         worker = self.parallel_worker(name, ctx_type, body_fn, s.step)
         ctx = st.allocas.alloca(ctx_type, name=f"{name}.ctx")
-        values = [ptr for ptr, _ in buffers] + [v for _, v in captured] + [start, stop]
+        taken = st.allocas.alloca(TAKEN_TYPE, name=f"{name}.taken")
+        st.b.store(ir.Constant(TAKEN_TYPE, None), taken)
+        values = [ptr for ptr, _ in buffers] + [v for _, v in captured] + [start, stop, taken]
         for i, v in enumerate(values):
             st.b.store(v, st.b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
         gomp = declare(self.module, "GOMP_parallel", VOID, [PTR, PTR, I32, I32])
@@ -275,32 +280,65 @@ class LoopLowering:
 
     def parallel_worker(self, name: str, ctx_type: ir.LiteralStructType,
                         body_fn: ir.Function, step: int) -> ir.Function:
-        """``void name(ptr ctx)``: this thread's static chunk of the loop's iterations."""
+        """``void name(ptr ctx)``: runs this thread's share of the loop, then steals.
+
+        The iterations are split into one contiguous range per thread (at most
+        ``len(TAKEN_TYPE)`` ranges), as a static schedule splits them, so a thread keeps the
+        same data from call to call. Each range is taken from its front in grains of a
+        quarter of it through an atomic counter of the trips taken from it (``ctx.taken``):
+        a thread takes its own range first, then what is left of the others'. A thread that
+        the OS has descheduled therefore delays the loop by at most the grain it holds,
+        instead of its whole share (what a static schedule costs on a busy machine)."""
         fn = ir.Function(self.module, ir.FunctionType(VOID, [PTR]), name)
         fn.linkage = "internal"
         fn.attributes.add("nounwind")
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        entry = fn.append_basic_block("entry")
+        b = ir.IRBuilder(entry)
         ctx = fn.args[0]
         fields = [b.load(b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)],
                                source_etype=ctx_type), typ=t)
                   for i, t in enumerate(ctx_type.elements)]
-        start, stop = fields[-2], fields[-1]
-        thread_fn = declare(self.module, "omp_get_thread_num", I32, [])
-        count_fn = declare(self.module, "omp_get_num_threads", I32, [])
-        tid = b.sext(b.call(thread_fn, []), I64)
-        nthreads = b.sext(b.call(count_fn, []), I64)
-        one, step_c = ir.Constant(I64, 1), ir.Constant(I64, step)
+        start, stop, taken = fields[-3], fields[-2], fields[-1]
+        tid = b.sext(b.call(declare(self.module, "omp_get_thread_num", I32, []), []), I64)
+        nthreads = b.sext(b.call(declare(self.module, "omp_get_num_threads", I32, []), []), I64)
+        zero, one, step_c = ir.Constant(I64, 0), ir.Constant(I64, 1), ir.Constant(I64, step)
         span = b.sub(stop, start)
         trips = b.sdiv(b.add(span, ir.Constant(I64, step - 1)), step_c)
-        trips = b.select(b.icmp_signed(">", span, ir.Constant(I64, 0)), trips,
-                         ir.Constant(I64, 0))
-        chunk = b.sdiv(b.sub(b.add(trips, nthreads), one), nthreads)
-        first = b.mul(tid, chunk)
-        last = b.add(first, chunk)
-        last = b.select(b.icmp_signed("<", last, trips), last, trips)
-        lo = b.add(start, b.mul(first, step_c))
-        hi = b.add(start, b.mul(last, step_c))
-        b.call(body_fn, [*fields[:-2], tid, lo, hi])
+        trips = b.select(b.icmp_signed(">", span, zero), trips, zero)
+        slots = _smin(b, nthreads, ir.Constant(I64, TAKEN_TYPE.count))
+        chunk = b.sdiv(b.sub(b.add(trips, slots), one), slots)
+        grain = b.sdiv(b.add(chunk, ir.Constant(I64, 3)), ir.Constant(I64, 4))
+        grain = b.select(b.icmp_signed(">", grain, zero), grain, one)
+        first_slot = b.srem(tid, slots)
+        # for visit in 0..slots: range (first_slot + visit) % slots, grain by grain
+        visit_head = fn.append_basic_block("visit")
+        grab = fn.append_basic_block("grab")
+        run = fn.append_basic_block("run")
+        next_visit = fn.append_basic_block("next_visit")
+        done = fn.append_basic_block("done")
+        b.branch(visit_head)
+        b.position_at_end(visit_head)
+        visit = b.phi(I64, "visit")
+        visit.add_incoming(zero, entry)
+        b.cbranch(b.icmp_signed("<", visit, slots), grab, done)
+        b.position_at_end(grab)
+        slot = b.srem(b.add(first_slot, visit), slots)
+        own_lo = b.mul(slot, chunk)
+        own_hi = _smin(b, b.add(own_lo, chunk), trips)
+        counter = b.gep(taken, [ir.Constant(I32, 0), b.trunc(slot, I32)], source_etype=TAKEN_TYPE)
+        got = b.atomic_rmw("add", counter, grain, "monotonic")
+        lo = b.add(own_lo, got)
+        b.cbranch(b.icmp_signed("<", lo, own_hi), run, next_visit)
+        b.position_at_end(run)
+        hi = _smin(b, b.add(lo, grain), own_hi)
+        b.call(body_fn, [*fields[:-3], tid, b.add(start, b.mul(lo, step_c)),
+                         b.add(start, b.mul(hi, step_c))])
+        b.branch(grab)
+        b.position_at_end(next_visit)
+        after = b.add(visit, one)
+        visit.add_incoming(after, next_visit)
+        b.branch(visit_head)
+        b.position_at_end(done)
         b.ret_void()
         return fn
 
@@ -348,6 +386,14 @@ class LoopLowering:
         alloca = st.locals[name]
         i = self.expr(st, index, memo if memo is not None else {})
         return st.b.gep(alloca, [ir.Constant(I64, 0), i], inbounds=True)  # typed: no etype
+
+
+#: one counter of trips taken per thread's range (threads beyond this many only steal)
+TAKEN_TYPE = ir.ArrayType(I64, 64)
+
+
+def _smin(b: ir.IRBuilder, x: Value, y: Value) -> Value:
+    return b.select(b.icmp_signed("<", x, y), x, y)
 
 
 def _zero_bytes(lanes: int) -> ir.Constant:
