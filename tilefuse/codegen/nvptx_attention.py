@@ -108,6 +108,13 @@ class FlashConfig:
     accumulation of the rounded P the numerator uses; no adds, no final shuffles)."""
     pipeline: int = 0
     """1: the next tile's scores computed under this tile's softmax (``pipelined_loop``)."""
+    swizzle: int = 0
+    """1: shared rows unpadded, their 16-byte chunks XOR-swizzled by the row's low 3 bits
+    (conflict-free ``ldmatrix`` and copies in 2/3 of... the padded layout's bytes; D and Dv
+    multiples of 64)."""
+    q_shared: int = 0
+    """1: the Q block stays in shared memory (its own region) and its fragments are read
+    again every tile, which frees their registers."""
     exp_pairs: int = 0
     """1: two exponentials an instruction (``ex2.approx.ftz.bf16x2`` of the arguments
     rounded to bf16), which are then the P·V operand as they are; implies ``sum_mma``."""
@@ -144,11 +151,12 @@ class SharedLayout:
 
     @staticmethod
     def of(shape: FlashShape, config: FlashConfig) -> SharedLayout:
-        ldk, ldv = shape.d + PAD, shape.dv + PAD
+        pad = 0 if config.swizzle else PAD
+        ldk, ldv = shape.d + pad, shape.dv + pad
         k_tile = config.block_n * ldk
         stage = k_tile + config.block_n * ldv
         q_elems = config.block_m * ldk
-        q = stage if q_elems <= stage else 2 * stage
+        q = stage if q_elems <= stage and not config.q_shared else 2 * stage
         return SharedLayout(ldk, ldv, k_tile, stage, q, max(2 * stage, q + q_elems))
 
 
@@ -162,6 +170,9 @@ def unsupported(shape: FlashShape, config: FlashConfig | None = None) -> str | N
                 f"not D={shape.d}, Dv={shape.dv}")
     if min(shape.bh, shape.sq, shape.sk) < 1:
         return "empty attention"
+    if config.swizzle and (shape.d % 64 or shape.dv % 64):
+        return f"swizzled attention tiles need D and Dv multiples of 64, not {shape.d}, " \
+            f"{shape.dv}"
     if config.block_m % (16 * config.warps) or config.block_n % 16:
         return f"attention blocking {config} is not whole m16 tiles per warp and k16 key steps"
     nbytes = 2 * SharedLayout.of(shape, config).elements
@@ -200,8 +211,8 @@ def flash_attention(shape: FlashShape, config: FlashConfig | None = None,
     reason = unsupported(shape, config)
     if reason is not None:
         raise CompileError(reason)
-    knobs = "".join(f"_{k}" for k in ("sum_mma", "pipeline", "exp_pairs")
-                    if getattr(config, k))
+    knobs = "".join(f"_{k}" for k in ("sum_mma", "pipeline", "swizzle", "q_shared",
+                                      "exp_pairs") if getattr(config, k))
     name = (f"flash_attention_{shape.bh}x{shape.sq}x{shape.sk}x{shape.d}x{shape.dv}_"
             f"{shape.dtype.value}{'_mask' if shape.mask else ''}_{config.block_m}x"
             f"{config.block_n}x{config.warps}{knobs}")
@@ -263,13 +274,21 @@ class _Flash:
         self.q2 = b.shl(b.and_(lane, self.i32(3)), self.i32(1))
         self.wrow = b.mul(warp, self.i32(c.block_m // c.warps))
         l16, hi = b.and_(lane, self.i32(15)), b.lshr(lane, self.i32(4))
-        # this lane's ldmatrix row address within a 16×16 operand: A and trans-B layout ...
-        self.a_lane = b.add(b.mul(l16, self.i32(self.lay.ldk)), b.shl(hi, self.i32(3)))
-        self.v_lane = b.add(b.mul(l16, self.i32(self.lay.ldv)), b.shl(hi, self.i32(3)))
-        # ... and K's rows as the .col B operand of two adjacent n8 tiles
+        # this lane's ldmatrix row within a 16×16 operand and its 16-byte chunk (0 or 1):
+        # A and trans-B layout (rows lane % 16, chunk lane / 16) ...
         krow = b.add(b.and_(lane, self.i32(7)), b.shl(hi, self.i32(3)))
-        kcol = b.shl(b.and_(b.lshr(lane, self.i32(3)), self.i32(1)), self.i32(3))
-        self.k_lane = b.add(b.mul(krow, self.i32(self.lay.ldk)), kcol)
+        kchunk = b.and_(b.lshr(lane, self.i32(3)), self.i32(1))
+        # ... and K's rows as the .col B operand of two adjacent n8 tiles
+        self.lanes = {"q": (l16, hi, self.lay.ldk), "v": (l16, hi, self.lay.ldv),
+                      "k": (krow, kchunk, self.lay.ldk)}
+        swz = b.and_(lane, self.i32(7))   # every operand row's low 3 bits are the lane's
+        self.lane_at = {}
+        for kind, (row, chunk, ld) in self.lanes.items():
+            if c.swizzle:
+                self.lane_at[kind] = (b.mul(row, self.i32(ld)), b.xor(chunk, swz))
+            else:
+                self.lane_at[kind] = (b.add(b.mul(row, self.i32(ld)), b.shl(chunk, self.i32(3))),
+                                      None)
         bh = self.wide(self.bh)
         self.q_base = b.mul(bh, p.i64(s.sq * s.d))
         self.k_base = b.mul(bh, p.i64(s.sk * s.d))
@@ -279,6 +298,18 @@ class _Flash:
         state = self.pipelined_loop() if c.pipeline else self.key_loop(self.prologue())
         self.finish(*state)
         b.ret_void()
+
+    def operand_at(self, kind: str, base: ir.Value, row: int, chunk: int) -> ir.Value:
+        """The element this lane's ``ldmatrix`` row starts at, for the 16×16 operand of Q, K
+        or V (``kind``) at tile row ``row`` and 16-byte chunk ``chunk`` (even) of the tile
+        at ``base``."""
+        b = self.b
+        lane, swizzled = self.lane_at[kind]
+        ld = self.lanes[kind][2]
+        at = b.add(b.add(base, lane), self.i32(row * ld))
+        if swizzled is None:
+            return b.add(at, self.i32(chunk * 8))
+        return b.add(at, b.shl(b.xor(swizzled, self.i32(chunk)), self.i32(3)))
 
     def rows_of_thread(self) -> list[tuple[int, int, ir.Value]]:
         """(m tile, half, block row) of the 2 rows a thread holds per m16 tile."""
@@ -309,8 +340,12 @@ class _Flash:
                 b.position_at_end(then)
             row, chunk8 = b.udiv(idx, self.i32(per_row)), b.mul(b.urem(idx, self.i32(per_row)),
                                                                self.i32(8))
+            slot = chunk8
+            if self.c.swizzle:
+                slot = b.shl(b.xor(b.lshr(chunk8, self.i32(3)), b.and_(row, self.i32(7))),
+                             self.i32(3))
             at = b.add(b.add(dst if isinstance(dst, ir.Value) else self.i32(dst),
-                             b.mul(row, self.i32(ld))), chunk8)
+                             b.mul(row, self.i32(ld))), slot)
             grow = b.add(row0, row)
             size = None
             if bounded:
@@ -341,7 +376,7 @@ class _Flash:
             self.copy_rows(self.b.add(st, self.i32(lay.k_tile)), self.v_ptr, self.v_base, k0,
                            s.sk, c.block_n, s.dv, lay.ldv, bounded)
 
-    def prologue(self, with_v: bool = True) -> list[list[Frag]]:
+    def prologue(self, with_v: bool = True) -> list[list[Frag]] | None:
         """The Q block and key tile 0 (its K only, unless ``with_v``) copied; Q's A fragments
         ``[m tile][k16 step]``."""
         s, c, p = self.s, self.c, self.p
@@ -355,13 +390,14 @@ class _Flash:
         p.cp_async_commit()
         p.cp_async_wait(0)
         p.barrier()
-        frags = []
-        for mt in range(c.row_tiles):
-            row = self.b.mul(self.b.add(self.wrow, self.i32(mt * 16)), self.i32(self.lay.ldk))
-            base = self.b.add(self.b.add(row, self.a_lane), self.i32(self.lay.q))
-            frags.append([p.ldmatrix_x4(self.b.add(base, self.i32(kt * 16)))
-                          for kt in range(s.d // 16)])
-        return frags
+        return None if c.q_shared else self.q_fragments()
+
+    def q_fragments(self) -> list[list[Frag]]:
+        """Q's A fragments ``[m tile][k16 step]`` from its shared block."""
+        b, c = self.b, self.c
+        base = b.add(b.mul(self.wrow, self.i32(self.lay.ldk)), self.i32(self.lay.q))
+        return [[self.p.ldmatrix_x4(self.operand_at("q", base, mt * 16, 2 * kt))
+                 for kt in range(self.s.d // 16)] for mt in range(c.row_tiles)]
 
     # ---- the key loop --------------------------------------------------------------------
     def counted_loop(self, count: int, state: list[ir.Value],
@@ -399,7 +435,7 @@ class _Flash:
     def stage_of(self, j: ir.Value) -> ir.Value:
         return self.b.mul(self.b.and_(j, self.i32(1)), self.i32(self.lay.stage))
 
-    def key_loop(self, q_frags: list[list[Frag]]) -> tuple[list[list[Frag]], list, list]:
+    def key_loop(self, q_frags: list[list[Frag]] | None) -> tuple[list[list[Frag]], list, list]:
         """Every full key tile in a loop, then the partial last one peeled; returns the
         final (O, m, l)."""
         o, m, l_sum = self.initial_state()
@@ -507,7 +543,7 @@ class _Flash:
                                                        self.tail_keys != 0))
         p.cp_async_commit()
 
-    def tile(self, q_frags: list[list[Frag]], j: ir.Value, stage: ir.Value, tail: int | None,
+    def tile(self, q_frags: list[list[Frag]] | None, j: ir.Value, stage: ir.Value, tail: int | None,
              o: list[list[Frag]], m: list, l_sum: list) -> tuple[list[list[Frag]], list, list]:
         """One key tile: scores, their softmax step, the rescale and O += P·V."""
         return self.update(self.scores(q_frags, stage), j, stage, tail, o, m, l_sum)
@@ -523,15 +559,16 @@ class _Flash:
         o, l_sum = self.pv(probs, stage, o, l_sum)
         return o, m, l_sum
 
-    def scores(self, q_frags: list[list[Frag]], stage: ir.Value) -> list[list[Frag]]:
+    def scores(self, q_frags: list[list[Frag]] | None, stage: ir.Value) -> list[list[Frag]]:
         """S = Q·Kᵀ of this tile: ``[m tile][n8 key tile]`` accumulators."""
-        p, b, c = self.p, self.b, self.c
+        p, c = self.p, self.c
         zero = [p.f32(0.0)] * 4
         acc = [[zero for _ in range(c.block_n // 8)] for _ in range(c.row_tiles)]
-        base = b.add(stage, self.k_lane)
+        if q_frags is None:   # q_shared: read again every tile
+            q_frags = self.q_fragments()
         for pair in range(c.block_n // 16):
             for kt in range(self.s.d // 16):
-                frag = p.ldmatrix_x4(b.add(base, self.i32(pair * 16 * self.lay.ldk + kt * 16)))
+                frag = p.ldmatrix_x4(self.operand_at("k", stage, pair * 16, 2 * kt))
                 for mt in range(c.row_tiles):
                     for half in (0, 1):
                         nt = 2 * pair + half
@@ -544,7 +581,7 @@ class _Flash:
         """O += P·V with P's packed pairs as the A fragments, as they are in registers (and,
         with ``sum_mma``, the row sums l += P·1 by one more product a k16 step)."""
         p, b, c = self.p, self.b, self.c
-        base = b.add(b.add(stage, self.i32(self.lay.k_tile)), self.v_lane)
+        base = b.add(stage, self.i32(self.lay.k_tile))
         ones = p.i32(0x3C003C00 if self.f16 else 0x3F803F80)
         sums = [[l_sum[2 * mt], l_sum[2 * mt], l_sum[2 * mt + 1], l_sum[2 * mt + 1]]
                 for mt in range(c.row_tiles)]
@@ -554,8 +591,7 @@ class _Flash:
                 sums = [p.mma_16816(a[mt], [ones, ones], sums[mt], self.f16)
                         for mt in range(c.row_tiles)]
             for pair in range(self.s.dv // 16):
-                frag = p.ldmatrix_x4(b.add(base, self.i32(kk * 16 * self.lay.ldv + pair * 16)),
-                                     trans=True)
+                frag = p.ldmatrix_x4(self.operand_at("v", base, kk * 16, 2 * pair), trans=True)
                 for mt in range(c.row_tiles):
                     for half in (0, 1):
                         nt = 2 * pair + half

@@ -250,6 +250,11 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
     return program
 
 
+STRIDE_BLOCKS = 132 * 16
+"""Blocks a launch whose iteration count is not a constant gets (its loops stride over the
+rest)."""
+
+
 def compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
     """One generated kernel of ``group`` with ``target``'s knobs (CompileError if none)."""
     lowered = lower_group_gpu(group, target.row_unroll, target.elementwise_unroll,
@@ -262,7 +267,7 @@ def compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
         raise CompileError(f"kernel {fn.name}: unbound buffers {missing}")
     extent = launch_extent(fn)
     block = lowered.block or target.block_threads
-    grid = target.max_blocks if extent is None else \
+    grid = STRIDE_BLOCKS if extent is None else \
         max(1, min(target.max_blocks, -(-extent * lowered.simt_width // block)))
     return GpuKernel(group, fn, compile_ptx(fn, target, lowered.simt_width),
                      tuple(by_name[b.name] for b in fn.buffers), grid, block,
