@@ -193,7 +193,7 @@ class ContractionSpace(KnobSpace):
         knobs = {"width": widths, "nr_vectors": [1, 2, 3, 4],
                  "mr": [r for r in range(1, 17) if r <= m],
                  "mc": sorted({min(t, m) for t in (16, 32, 48, 64, 96, 128, 192, 256, 384, m)}),
-                 "nc": sorted({min(t, n) for t in (64, 128, 256, 512, 768, 1024, 1536, 2048,
+                 "nc": sorted({min(t, n) for t in (64, 128, 256, 384, 512, 768, 1024, 1536, 2048,
                                                    3072, n)}),
                  "kc": sorted({min(t, k) for t in (64, 128, 256, 384, 512, 768, 1024, k)}),
                  "parallel": parallel, "unroll_k": [u for u in (1, 2, 4, 8) if u <= k],
