@@ -33,6 +33,12 @@ broadcasts). One block of ``warps`` warps owns ``block_m`` query rows of one bat
 
 A fully masked row gives NaN (0/0), as the plain graph does. Shapes: D and Dv multiples of 16
 up to 128 (else :class:`CompileError`: the attention then runs unfused).
+
+:class:`FlashConfig` holds the blocking and the schedule variants measured on an H200
+(``benchmarks/gpu_bench.py --g8-configs``; figures in docs/PERFORMANCE.md): row sums by an
+mma, packed exponentials, the next tile's scores under this tile's softmax
+(:meth:`_Flash.pipelined_loop`), swizzled unpadded tiles, Q kept in shared memory. None beat
+the default by more than the run-to-run spread, so all are off by default.
 """
 
 from __future__ import annotations
@@ -109,9 +115,9 @@ class FlashConfig:
     pipeline: int = 0
     """1: the next tile's scores computed under this tile's softmax (``pipelined_loop``)."""
     swizzle: int = 0
-    """1: shared rows unpadded, their 16-byte chunks XOR-swizzled by the row's low 3 bits
-    (conflict-free ``ldmatrix`` and copies in 2/3 of... the padded layout's bytes; D and Dv
-    multiples of 64)."""
+    """1: shared rows unpadded, their 16-byte chunks XOR-swizzled by the row's low 3 bits, so
+    ``ldmatrix`` and the copies stay conflict-free in 8/9 of the padded layout's bytes (D and
+    Dv multiples of 64)."""
     q_shared: int = 0
     """1: the Q block stays in shared memory (its own region) and its fragments are read
     again every tile, which frees their registers."""
@@ -273,22 +279,7 @@ class _Flash:
         self.g = b.lshr(lane, self.i32(2))
         self.q2 = b.shl(b.and_(lane, self.i32(3)), self.i32(1))
         self.wrow = b.mul(warp, self.i32(c.block_m // c.warps))
-        l16, hi = b.and_(lane, self.i32(15)), b.lshr(lane, self.i32(4))
-        # this lane's ldmatrix row within a 16×16 operand and its 16-byte chunk (0 or 1):
-        # A and trans-B layout (rows lane % 16, chunk lane / 16) ...
-        krow = b.add(b.and_(lane, self.i32(7)), b.shl(hi, self.i32(3)))
-        kchunk = b.and_(b.lshr(lane, self.i32(3)), self.i32(1))
-        # ... and K's rows as the .col B operand of two adjacent n8 tiles
-        self.lanes = {"q": (l16, hi, self.lay.ldk), "v": (l16, hi, self.lay.ldv),
-                      "k": (krow, kchunk, self.lay.ldk)}
-        swz = b.and_(lane, self.i32(7))   # every operand row's low 3 bits are the lane's
-        self.lane_at = {}
-        for kind, (row, chunk, ld) in self.lanes.items():
-            if c.swizzle:
-                self.lane_at[kind] = (b.mul(row, self.i32(ld)), b.xor(chunk, swz))
-            else:
-                self.lane_at[kind] = (b.add(b.mul(row, self.i32(ld)), b.shl(chunk, self.i32(3))),
-                                      None)
+        self.setup_lanes(lane)
         bh = self.wide(self.bh)
         self.q_base = b.mul(bh, p.i64(s.sq * s.d))
         self.k_base = b.mul(bh, p.i64(s.sk * s.d))
@@ -298,6 +289,26 @@ class _Flash:
         state = self.pipelined_loop() if c.pipeline else self.key_loop(self.prologue())
         self.finish(*state)
         b.ret_void()
+
+    def setup_lanes(self, lane: ir.Value) -> None:
+        """This lane's ``ldmatrix`` row within a 16×16 operand and its 16-byte chunk (0 or 1):
+        rows ``lane % 16``, chunk ``lane / 16`` for the A (Q) and trans-B (V) layouts; for K
+        as the ``.col`` B operand of two adjacent n8 tiles, rows ``lane % 8 + 8·(lane / 16)``,
+        chunk ``(lane / 8) % 2``. Swizzled, every such row's low 3 bits are ``lane % 8``."""
+        b, c = self.b, self.c
+        l16, hi = b.and_(lane, self.i32(15)), b.lshr(lane, self.i32(4))
+        krow = b.add(b.and_(lane, self.i32(7)), b.shl(hi, self.i32(3)))
+        kchunk = b.and_(b.lshr(lane, self.i32(3)), self.i32(1))
+        self.lanes = {"q": (l16, hi, self.lay.ldk), "v": (l16, hi, self.lay.ldv),
+                      "k": (krow, kchunk, self.lay.ldk)}
+        low = b.and_(lane, self.i32(7))
+        self.lane_at: dict[str, tuple[ir.Value, ir.Value | None]] = {}
+        for kind, (row, chunk, ld) in self.lanes.items():
+            if c.swizzle:
+                self.lane_at[kind] = (b.mul(row, self.i32(ld)), b.xor(chunk, low))
+            else:
+                self.lane_at[kind] = (b.add(b.mul(row, self.i32(ld)), b.shl(chunk, self.i32(3))),
+                                      None)
 
     def operand_at(self, kind: str, base: ir.Value, row: int, chunk: int) -> ir.Value:
         """The element this lane's ``ldmatrix`` row starts at, for the 16×16 operand of Q, K
