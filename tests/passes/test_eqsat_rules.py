@@ -283,6 +283,21 @@ CASES.update({
           return %0
         }
         """),
+    "reshape_out_of_unary": (   # torch's view -> gelu -> view between two linear layers
+        """
+        graph @g(%x: f32[6,4]) -> f32[6,4] {
+          %0 = reshape(%x) {shape=[1,6,4]} : f32[1,6,4]
+          %1 = gelu(%0) {approximate="none"} : f32[1,6,4]
+          %2 = reshape(%1) {shape=[6,4]} : f32[6,4]
+          return %2
+        }
+        """,
+        """
+        graph @g(%x: f32[6,4]) -> f32[6,4] {
+          %0 = gelu(%x) {approximate="none"} : f32[6,4]
+          return %0
+        }
+        """),
     "transpose_into_unary": (
         """
         graph @g(%x: f32[2,3]) -> f32[2,3] {

@@ -12,6 +12,12 @@ extraction can put them where they cost least (or cancel them against each other
   ``transpose(a op b, p)`` (same rank, so broadcasting commutes with the permutation);
 - ``transpose(a @ b, s)`` <-> ``transpose(b, s) @ transpose(a, s)`` for a permutation ``s`` that
   swaps the last two axes (a, b and the result of one rank).
+- ``f(reshape(x, t))`` -> ``reshape(f(x), t)`` for a unary ``f`` that keeps its input's type: a
+  reshape moves past it towards its readers, where it meets their reshapes. torch's linear
+  layers write ``view -> gelu -> view`` between two ``addmm``s; once the views cancel, the gelu
+  is the first matmul's epilogue (computed on its accumulators) instead of the second's
+  prologue (a pass that reads the hidden activations and writes them back), and so for every
+  unary op between a product and its reader.
 
 The cost model charges a transpose as a full memory pass, so a transpose only survives
 extraction where it is cheapest; pushing one onto a constant is free (folded at compile time).
@@ -60,6 +66,10 @@ def _typed_constant(a: Term, c: Term, p, ta, tb, tc, t, *, right: bool) -> list:
 
 
 layout_rules.register(
+    rule(eq(e).to(Term.unary(op, Term.reshape(x, t))), eq(t).to(ty(e)), eq(ta).to(ty(x)),
+         name="reshape_out_of_unary")
+    .then(union(e).with_(Term.reshape(Term.unary(op, x), t)),
+          _typed(Term.unary(op, x), ta), _typed(Term.reshape(Term.unary(op, x), t), t)),
     rule(eq(e).to(Term.transpose(Term.unary(op, x), p)), eq(t).to(ty(e)),
          eq(ta).to(transposed(ty(x), p)), name="transpose_into_unary")
     .then(union(e).with_(Term.unary(op, Term.transpose(x, p))),
