@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import statistics
 import sys
@@ -278,6 +279,7 @@ def g8_configs(specs: str, repeats: int = 10, rounds: int = 7) -> dict[str, floa
     import torch
 
     from tilefuse.codegen.nvptx_attention import FlashConfig, FlashShape, flash_attention
+    from tilefuse.codegen.nvptx_wgmma_attention import WGMMA_CONFIG
     from tilefuse.runtime.cuda_driver import CudaContext
 
     batch, heads, seq, d = WORKLOADS[-1].shape
@@ -289,7 +291,8 @@ def g8_configs(specs: str, repeats: int = 10, rounds: int = 7) -> dict[str, floa
     runs: dict[str, Callable[[], object]] = {"eager sdpa": lambda: _g8_torch(q, k, v)}
     outs = []   # alive while the launches write them
     for spec in ["128x64x4x2", *filter(None, specs.split(","))]:
-        config = FlashConfig(*(int(x) for x in spec.split("x")))
+        config = WGMMA_CONFIG if spec == "wgmma" else \
+            FlashConfig(*(int(x) for x in spec.split("x")))
         kernel = flash_attention(shape, config)
         fn = ctx.load_ptx(kernel.ptx).function(kernel.name)
         out = torch.full_like(q, float("nan"))
@@ -323,13 +326,19 @@ def main(argv: list[str] | None = None) -> int:
                              "name:field=value+field=value,... (GpuTarget fields)")
     parser.add_argument("--g1-parts", action="store_true", help="time G1's pieces alone")
     parser.add_argument("--g8-configs", default=None, help="time G8's fused kernel under "
-                        "these FlashConfigs too (MxNxWARPSxMINBLOCKS[xSUMxPIPExPAIRS],...), "
+                        "these FlashConfigs too (MxNxWARPSxMINBLOCKS"
+                        "[xSUMxPIPExSWIZxQSHxPAIRSxWGMMA] or 'wgmma', comma-separated), "
                         "then the workloads")
     parser.add_argument("--tune", default="", help="comma-separated workloads to tune first "
                         "(tilefuse.tune.gpu, into --tune-db) and time as variant 'tuned'")
     parser.add_argument("--tune-db", type=Path, default=Path("gpu_tune.sqlite"))
     args = parser.parse_args(argv)
     import torch
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("  [%(name)s] %(message)s"))
+    fallback = logging.getLogger("tilefuse.fallback")
+    fallback.addHandler(handler)
+    fallback.setLevel(logging.INFO)   # which kernels the executables chose
     if args.g1_parts:
         for name, ms in g1_parts().items():
             print(f"  G1 part {name}: {ms:.3f} ms")

@@ -124,6 +124,9 @@ class FlashConfig:
     exp_pairs: int = 0
     """1: two exponentials an instruction (``ex2.approx.ftz.bf16x2`` of the arguments
     rounded to bf16), which are then the P·V operand as they are; implies ``sum_mma``."""
+    wgmma: int = 0
+    """1: both products on Hopper's warpgroup MMA (sm_90a,
+    :mod:`tilefuse.codegen.nvptx_wgmma_attention`): ``block_m = 16·warps``, ``swizzle``."""
 
     @property
     def threads(self) -> int:
@@ -181,6 +184,12 @@ def unsupported(shape: FlashShape, config: FlashConfig | None = None) -> str | N
             f"{shape.dv}"
     if config.block_m % (16 * config.warps) or config.block_n % 16:
         return f"attention blocking {config} is not whole m16 tiles per warp and k16 key steps"
+    if config.wgmma:
+        from tilefuse.codegen.nvptx_wgmma_attention import wgmma_unsupported
+
+        reason = wgmma_unsupported(shape, config)
+        if reason is not None:
+            return reason
     nbytes = 2 * SharedLayout.of(shape, config).elements
     if nbytes > MAX_STATIC_SHARED:
         return f"attention blocking {config} needs {nbytes} bytes of shared memory"
@@ -218,14 +227,20 @@ def flash_attention(shape: FlashShape, config: FlashConfig | None = None,
     if reason is not None:
         raise CompileError(reason)
     knobs = "".join(f"_{k}" for k in ("sum_mma", "pipeline", "swizzle", "q_shared",
-                                      "exp_pairs") if getattr(config, k))
+                                      "exp_pairs", "wgmma") if getattr(config, k))
+    builder: type[_Flash] = _Flash
+    if config.wgmma:   # sm_90a: the architecture-specific instructions
+        from tilefuse.codegen.nvptx_wgmma import SM90A
+        from tilefuse.codegen.nvptx_wgmma_attention import WgmmaFlash
+
+        builder, target = WgmmaFlash, SM90A
     name = (f"flash_attention_{shape.bh}x{shape.sq}x{shape.sk}x{shape.d}x{shape.dv}_"
             f"{shape.dtype.value}{'_mask' if shape.mask else ''}_{config.block_m}x"
             f"{config.block_n}x{config.warps}{knobs}")
     module = ir.Module(name=name)
     module.triple = PTX_TRIPLE
     module.data_layout = str(gpu_target_machine(target).target_data)
-    _Flash(module, name, shape, config).build()
+    builder(module, name, shape, config).build()
     try:
         parsed = llvm.parse_assembly(str(module))
         parsed.verify()
@@ -486,28 +501,41 @@ class _Flash:
 
         def body(j: ir.Value, flat: list[ir.Value]) -> list[ir.Value]:
             b = self.b
-            p.cp_async_wait(0)
-            p.barrier()
+            self.publish()
             stage, following = self.stage_of(j), b.add(j, self.i32(1))
             self.guarded(b.add(j, self.i32(2)), lambda: self.copy_part(
                 b.add(j, self.i32(2)), stage, "k", self.tail_keys > 0))
             self.copy_part(following, b.sub(self.i32(self.lay.stage), stage), "v",
                            self.tail_keys > 0)
             p.cp_async_commit()
-            upcoming = self.scores(q_frags, b.sub(self.i32(self.lay.stage), stage))
+            upcoming = self.issue_scores(q_frags, b.sub(self.i32(self.lay.stage), stage))
             current = self.unflatten_scores(flat[:n_scores])
             state = self.update(current, j, stage, None, *self.unflatten(flat[n_scores:]))
-            return self.flatten_scores(upcoming) + self.flatten(*state)
+            return self.flatten_scores(self.scores_ready(upcoming)) + self.flatten(*state)
 
         if last:
             flat = self.counted_loop(last, self.flatten_scores(scores) + self.flatten(o, m, l_sum),
                                      body)
             scores, (o, m, l_sum) = (self.unflatten_scores(flat[:n_scores]),
                                      self.unflatten(flat[n_scores:]))
-        p.cp_async_wait(0)
-        p.barrier()
+        self.publish()
         return self.update(scores, self.i32(last), self.i32((last % 2) * self.lay.stage),
                            self.tail_keys or None, o, m, l_sum)
+
+    def publish(self) -> None:
+        """Wait for this thread's copies and publish them (and every warp's reads of the
+        other stage) block-wide."""
+        self.p.cp_async_wait(0)
+        self.p.barrier()
+
+    def issue_scores(self, q_frags: list[list[Frag]] | None, stage: ir.Value
+                     ) -> list[list[Frag]]:
+        """The next tile's scores in the pipelined loop (here computed at once; the wgmma
+        kernel leaves them in flight until :meth:`scores_ready`)."""
+        return self.scores(q_frags, stage)
+
+    def scores_ready(self, scores: list[list[Frag]]) -> list[list[Frag]]:
+        return scores
 
     def guarded(self, tile: ir.Value, emit: Callable[[], None]) -> None:
         """``emit()`` only when key tile ``tile`` exists."""
@@ -545,8 +573,7 @@ class _Flash:
         """Wait for this tile's copies, publish them block-wide, then (when there is one)
         issue tile ``following`` into the other stage."""
         p = self.p
-        p.cp_async_wait(0)
-        p.barrier()
+        self.publish()
         if following is None:
             return
         assert other_stage is not None

@@ -7,12 +7,22 @@ where it broadcasts); :func:`gpu_attention_reason` says why an attention node ca
 on the GPU (f32 operands, head dims that are not multiples of 16 or over 128, broadcast batch
 dims, runtime sizes); :func:`unfuse_attention` replaces such nodes by their decomposition
 (matmuls, softmax), each logged on the ``fallback`` topic with its reason, so the rest of the
-GPU path runs them unfused.
+GPU path runs them unfused. :func:`attention_alternatives` gives the kernels the executable
+times against the default (mma.sync) kernel when it loads: the wgmma kernel where it takes the
+shape (``TILEFUSE_NO_WGMMA=1`` leaves it out).
 """
 
 from __future__ import annotations
 
-from tilefuse.codegen.nvptx_attention import FlashShape, MaskLayout, unsupported
+import os
+
+from tilefuse.codegen.nvptx_attention import (
+    FlashKernel,
+    FlashShape,
+    MaskLayout,
+    flash_attention,
+    unsupported,
+)
 from tilefuse.errors import CompileError, TilefuseError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Node, Value
@@ -68,6 +78,22 @@ def group_attention(group: KernelGroup) -> tuple[FlashShape, tuple[Value, ...]]:
     return attention_shape(node), (*node.inputs, node.outputs[0])
 
 
+def attention_alternatives(shape: FlashShape) -> tuple[FlashKernel, ...]:
+    """Kernels of ``shape`` besides the default one, to be chosen between by measurement:
+    the wgmma kernels (sm_90a) when they take the shape (why not: logged on ``fallback``)."""
+    from tilefuse.codegen.nvptx_wgmma_attention import WGMMA_CONFIG, WGMMA_CONFIGS
+
+    if os.environ.get("TILEFUSE_NO_WGMMA"):
+        return ()
+    reason = unsupported(shape, WGMMA_CONFIG)
+    if reason is not None:
+        get_logger("fallback").debug("attention %dx%dx%d: mma.sync only: %s", shape.bh,
+                                     shape.sq, shape.sk, reason)
+        return ()
+    return tuple(flash_attention(shape, c) for c in WGMMA_CONFIGS
+                 if unsupported(shape, c) is None)
+
+
 def unfuse_attention(graph: Graph) -> Graph:
     """``graph`` with every attention node the fused GPU kernel cannot take replaced by its
     decomposition (logged on the ``fallback`` topic with the reason)."""
@@ -93,5 +119,5 @@ def unfuse_attention(graph: Graph) -> Graph:
     return rewrite_nodes(graph, rule)[0]
 
 
-__all__ = ["attention_shape", "gpu_attention_reason", "group_attention",
+__all__ = ["attention_alternatives", "attention_shape", "gpu_attention_reason", "group_attention",
            "unfuse_attention"]

@@ -38,14 +38,18 @@ from tilefuse.codegen.llvm_nvptx import SM90, GpuTarget, compile_ptx, launch_ext
 from tilefuse.codegen.nvptx_attention import FlashKernel, flash_attention
 from tilefuse.codegen.nvptx_mma import MmaGemm, mma_gemm, supports
 from tilefuse.dump import DumpWriter
-from tilefuse.errors import CompileError, GuardError
+from tilefuse.errors import CompileError, GuardError, TilefuseError
 from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.graph.types import is_static
 from tilefuse.kernel.access import kernel_buffers
 from tilefuse.kernel.fusion import KernelGroup, KernelKind, Role, form_kernels
 from tilefuse.kernel.lower_gpu import GPU_KINDS, lower_group_gpu
-from tilefuse.kernel.lower_gpu_attention import group_attention, unfuse_attention
+from tilefuse.kernel.lower_gpu_attention import (
+    attention_alternatives,
+    group_attention,
+    unfuse_attention,
+)
 from tilefuse.kernel.lower_matmul import matmul_node, matmul_shape
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import LoopFunction
@@ -112,11 +116,14 @@ class HostGroup:
 @dataclass(frozen=True)
 class FusedStep:
     """A kernel generated directly as LLVM IR (the fused attention): ``bindings`` are the
-    graph values of its pointer parameters, in order."""
+    graph values of its pointer parameters, in order; ``alternatives`` are other kernels of
+    the same function (the wgmma attention), timed against ``kernel`` when the executable
+    loads (:meth:`CudaExecutable._choose_fused`)."""
 
     group: KernelGroup
     kernel: FlashKernel
     bindings: tuple[Value, ...]
+    alternatives: tuple[FlashKernel, ...] = ()
 
     @property
     def outputs(self) -> tuple[Value, ...]:
@@ -173,7 +180,9 @@ class GpuProgram:
                 k = step.kernel
                 lines.append(f"device {step.group.name} [{step.group.kind.value}] "
                              f"({k.name}) grid={k.grid} block={k.block} "
-                             f"shared={k.shared_bytes}")
+                             f"shared={k.shared_bytes}"
+                             + "".join(f" (or {a.name}, by measurement)"
+                                       for a in step.alternatives))
             elif isinstance(step, GemmStep):
                 sh = step.shape
                 lines.append(f"cublas {step.group.name} [matmul] batch={sh.batch} m={sh.m} "
@@ -196,7 +205,8 @@ class GpuProgram:
             elif isinstance(step, GemmStep) and step.mma is not None:
                 writer.write(f"kernels/{step.mma.name}.ptx", step.mma.ptx)
             elif isinstance(step, FusedStep):
-                writer.write(f"kernels/{step.kernel.name}.ptx", step.kernel.ptx)
+                for kernel in (step.kernel, *step.alternatives):
+                    writer.write(f"kernels/{kernel.name}.ptx", kernel.ptx)
 
 
 def _reads(step: GpuStep) -> tuple[Value, ...]:
@@ -235,7 +245,7 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
             elif group.kind is KernelKind.ATTENTION:
                 shape, bindings = group_attention(group)
                 program.steps.append(FusedStep(group, flash_attention(shape, target=target),
-                                               bindings))
+                                               bindings, attention_alternatives(shape)))
             else:
                 program.steps.append(compile_group(
                     group, tuned_target(group, constants, target, database)))
@@ -342,10 +352,12 @@ class CudaExecutable:
         self._bound: dict[Value, int] = {}   # inputs given as device pointers (run_device)
         self._functions = {}
         self._grids: dict[str, int] = {}
+        self._fused: dict[int, tuple[FlashKernel, Any]] = {}
         for step in program.steps:
             if isinstance(step, FusedStep):
                 module = self.context.load_ptx(step.kernel.ptx)
                 self._functions[step.kernel.name] = (module, module.function(step.kernel.name))
+                self._fused[id(step)] = self._choose_fused(step)
             elif isinstance(step, GpuKernel):
                 module = self.context.load_ptx(step.ptx)
                 function = module.function(step.fn.name)
@@ -391,6 +403,57 @@ class CudaExecutable:
             "kernel %s: %s %.3f ms, cuBLAS %.3f ms: %s chosen", step.group.name, kernel.name,
             ms["generated"], ms["cublas"], chosen)
         return function if chosen == "generated" else None
+
+    def _choose_fused(self, step: FusedStep) -> tuple[FlashKernel, Any]:
+        """The fastest of ``step``'s kernel and its alternatives on random operands (CUDA
+        events, the best of 3 after a warm-up), logged on the ``fallback`` topic; an
+        alternative that does not load here (sm_90a code on another GPU) or whose output
+        differs from the kernel's by over 1e-2 relative is not taken (logged)."""
+        first = step.kernel
+        chosen = (first, self._functions[first.name][1])
+        log = get_logger("fallback")
+        if not step.alternatives:
+            return chosen
+        if self.context.info.arch != "sm_90":
+            log.info("kernel %s: %s (the wgmma kernels need sm_90, this is %s)",
+                     step.group.name, first.name, self.context.info.arch)
+            return chosen
+        rng = np.random.default_rng(0)
+        ins = [self.context.upload(rng.standard_normal(v.shape, np.float32).astype(v.dtype.np))
+               for v in step.bindings[:-1]]
+        out_value = step.bindings[-1]
+        outs = [self.context.alloc(_nbytes(out_value)) for _ in range(2)]
+        candidates = [chosen]
+        for kernel in step.alternatives:
+            try:
+                module = self.context.load_ptx(kernel.ptx)
+            except TilefuseError as err:
+                log.info("kernel %s: %s does not load here (%s)", step.group.name,
+                         kernel.name, err)
+                continue
+            self._functions[kernel.name] = (module, module.function(kernel.name))
+            candidates.append((kernel, self._functions[kernel.name][1]))
+        ms: dict[str, float] = {}
+        want = None
+        for kernel, function in candidates:
+            def run(kernel: FlashKernel = kernel, function: Any = function) -> None:
+                self.context.launch(function, kernel.grid, kernel.block,
+                                    [b.ptr for b in ins] + [outs[kernel is not first].ptr])
+            run()
+            got = outs[kernel is not first].copy_to(
+                np.empty(out_value.shape, out_value.dtype.np)).astype(np.float32)
+            if want is None:
+                want = got
+            elif not _agrees(got, want):
+                log.warning("kernel %s: %s disagrees with %s, not taken", step.group.name,
+                            kernel.name, first.name)
+                continue
+            ms[kernel.name] = min(self.context.time_ms(run) for _ in range(3))
+            if ms[kernel.name] < ms.get(chosen[0].name, float("inf")):
+                chosen = (kernel, function)
+        log.info("kernel %s: %s: %s chosen", step.group.name,
+                 ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()), chosen[0].name)
+        return chosen
 
     def _check(self, arrays: Sequence[np.ndarray]) -> None:
         """GuardError unless count, dtypes and shapes are the graph's (the guard every
@@ -454,8 +517,8 @@ class CudaExecutable:
                 self.context.launch(function, self._grids[step.fn.name], step.block,
                                     [self._bound_ptr(v) for v in step.bindings])
             elif isinstance(step, FusedStep):
-                _, function = self._functions[step.kernel.name]
-                self.context.launch(function, step.kernel.grid, step.kernel.block,
+                kernel, function = self._fused[id(step)]
+                self.context.launch(function, kernel.grid, kernel.block,
                                     [self._bound_ptr(v) for v in step.bindings])
             elif isinstance(step, GemmStep):
                 assert self._cublas is not None
@@ -481,6 +544,12 @@ class CudaExecutable:
         evaluate_group(step.group.nodes, env)  # type: ignore[arg-type]
         for v in step.group.outputs:
             self._buffers[v].copy_from(np.ascontiguousarray(made[v], v.dtype.np))
+
+
+def _agrees(got: np.ndarray, want: np.ndarray) -> bool:
+    """Whether two attention outputs agree to bf16 accuracy (NaN never does)."""
+    scale = float(np.linalg.norm(want))
+    return bool(np.isfinite(got).all()) and float(np.linalg.norm(got - want)) <= 1e-2 * scale
 
 
 def build_cuda(graph: Graph, dump_dir: Path | str | None = None) -> CudaExecutable:
