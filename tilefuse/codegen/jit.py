@@ -68,11 +68,12 @@ class CompiledKernel:
     """A kernel in machine code. Call it as ``kernel(*arrays, *scalars, num_threads=0)``."""
 
     def __init__(self, signature: KernelSignature, engine: llvm.ExecutionEngine,
-                 target: CpuTarget, ir_text: str | None):
+                 target: CpuTarget, ir_text: str | None, object_code: bytes | None = None):
         self.signature = signature
         self.target = target
         self._engine = engine  # owns the machine code: keep it alive as long as the kernel
         self._ir_text = ir_text
+        self._object_code = object_code  # what MCJIT made, when it was captured
         address = engine.get_function_address(signature.name)
         if not address:
             raise CompileError(f"compiled code has no function {signature.name!r}")
@@ -125,8 +126,11 @@ class CompiledKernel:
         return target_machine(self.target).emit_assembly(self._module())
 
     def object_code(self) -> bytes:
-        """The object file (for a disk cache; see :func:`load_kernel`)."""
-        return target_machine(self.target).emit_object(self._module())
+        """The object file (for a disk cache; see :func:`load_kernel`): the one MCJIT made when
+        :func:`compile_kernel` built the kernel, else emitted again from the optimised IR."""
+        if self._object_code is None:
+            self._object_code = target_machine(self.target).emit_object(self._module())
+        return self._object_code
 
     def to_bytes(self) -> bytes:
         """Object code, signature and target in one blob that :func:`kernel_from_bytes` checks."""
@@ -182,8 +186,13 @@ def compile_kernel(fn: LoopFunction, *, target: CpuTarget | None = None,
     if signature.uses_openmp:
         load_openmp()
     engine = llvm.create_mcjit_compiler(module, tm)
+    # MCJIT hands the object file it generates to an object cache: keeping it spares a disk
+    # cache's store a second code generation (object_code() would otherwise emit it again).
+    objects: list[bytes] = []
+    engine.set_object_cache(lambda _module, buffer: objects.append(bytes(buffer)))
     engine.finalize_object()
-    return CompiledKernel(signature, engine, target, text)
+    made = objects[0] if len(objects) == 1 else None
+    return CompiledKernel(signature, engine, target, text, made)
 
 
 def load_kernel(obj: bytes, signature: KernelSignature, *, target: CpuTarget | None = None,
