@@ -38,7 +38,9 @@ up to 128 (else :class:`CompileError`: the attention then runs unfused).
 (``benchmarks/gpu_bench.py --g8-configs``; figures in docs/PERFORMANCE.md): row sums by an
 mma, packed exponentials, the next tile's scores under this tile's softmax
 (:meth:`_Flash.pipelined_loop`), swizzled unpadded tiles, Q kept in shared memory. None beat
-the default by more than the run-to-run spread, so all are off by default.
+the default by more than the run-to-run spread, so all are off by default. ``wgmma`` builds
+the Hopper kernel of :mod:`tilefuse.codegen.nvptx_wgmma_attention` instead (sm_90a), which the
+executable times against this one when it loads.
 """
 
 from __future__ import annotations

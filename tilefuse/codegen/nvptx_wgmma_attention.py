@@ -37,9 +37,9 @@ from tilefuse.codegen.nvptx_wgmma import ATOM_BYTES, SM90A, WgmmaOps
 from tilefuse.errors import CompileError
 
 WGMMA_CONFIG = FlashConfig(64, 64, 4, 4, swizzle=1, wgmma=1)
-"""One warpgroup a block (64 query rows), 64-key tiles, four blocks an SM: G8 0.324 ms on an
-H200 against 0.336 for two warpgroups a block and 0.431 for the mma.sync kernel (2026-12-01,
-interleaved, ``gpu_bench.py --g8-configs``)."""
+"""One warpgroup a block (64 query rows), 64-key tiles, four blocks an SM: G8 0.324–0.332 ms
+on an H200 against 0.336–0.348 for two warpgroups a block, 0.359 pipelined and 0.431–0.447
+for the mma.sync kernel (2026-12-01, two runs, interleaved, ``gpu_bench.py --g8-configs``)."""
 WGMMA_CONFIGS = (
     WGMMA_CONFIG,
     FlashConfig(128, 64, 8, 2, swizzle=1, wgmma=1),
@@ -47,7 +47,8 @@ WGMMA_CONFIGS = (
 )
 """What the executable times against the mma.sync kernel when it loads: the default, two
 warpgroups a block sharing the K/V tiles, and the next tile's S = Q·Kᵀ in flight under this
-tile's softmax (``pipeline``: 164 registers, three blocks an SM)."""
+tile's softmax (``pipeline``: 164 registers, three blocks an SM; slower at G8, kept for other
+shapes since the executable measures)."""
 
 
 def wgmma_unsupported(shape: FlashShape, config: FlashConfig) -> str | None:
