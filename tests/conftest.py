@@ -9,7 +9,10 @@ loudly, naming both texts.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -102,8 +105,74 @@ def graph_factory() -> Callable[[np.random.Generator, int], Graph]:
 @pytest.fixture(scope="session", autouse=True)
 def _session_kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Kernels compiled by tests go to one temp cache for the session, never ~/.cache.
-    (Subprocesses inherit it through the environment.)"""
+    (Subprocesses inherit it through the environment.) Under pytest-xdist the workers share
+    one: the session's base temp folder (``pytest-N/``) holds each worker's ``popen-gwK/``, and
+    the cache sits beside them. The disk cache is safe across processes (atomic writes,
+    validated reads; tests/reliability tests that); tests of the cache itself use their own."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        directory = tmp_path_factory.getbasetemp().parent / "kernel-cache"
+        directory.mkdir(mode=0o700, exist_ok=True)
+    else:
+        directory = tmp_path_factory.mktemp("kernel-cache")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TILEFUSE_CACHE_DIR", str(tmp_path_factory.mktemp("kernel-cache")))
+        patch.setenv("TILEFUSE_CACHE_DIR", str(directory))
         patch.delenv("TILEFUSE_CACHE", raising=False)
         yield
+
+
+# --- ONNX conformance bookkeeping -------------------------------------------------------------
+# tests/onnx_conformance/test_onnx_backend.py records each test's bucket in its report's
+# user_properties. The hooks that count them live here rather than in that folder's conftest.py
+# because this file is the one the pytest-xdist controller loads whatever the command line: the
+# controller receives every worker's reports, so its counts are the whole session's. Workers
+# count nothing (they would write partial reports).
+
+CONFORMANCE_REPORT_ENV = "TILEFUSE_CONFORMANCE_REPORT"
+_CONFORMANCE_ROWS: list[tuple[str, str, str, str]] = []
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _CONFORMANCE_ROWS.clear()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "call":
+        return
+    for key, value in report.user_properties:
+        if key == "conformance":
+            directory, name, bucket, detail = value
+            _CONFORMANCE_ROWS.append((directory, name, bucket, detail))
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if not _CONFORMANCE_ROWS or _is_xdist_worker(config):
+        return
+    counts: dict[str, dict[str, int]] = {}
+    for directory, _, bucket, _ in _CONFORMANCE_ROWS:
+        per = counts.setdefault(directory, {})
+        per[bucket] = per.get(bucket, 0) + 1
+    terminalreporter.section("ONNX conformance buckets")
+    for directory, per in counts.items():
+        shown = ", ".join(f"{b} {n}" for b, n in sorted(per.items()))
+        terminalreporter.write_line(f"{directory}: {shown}")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    target = os.environ.get(CONFORMANCE_REPORT_ENV)
+    if not target or not _CONFORMANCE_ROWS or _is_xdist_worker(session.config):
+        return
+    import importlib.util
+
+    import onnx
+
+    spec = importlib.util.spec_from_file_location(
+        "conformance_report", Path(__file__).parent / "onnx_conformance" / "conformance_report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = sorted(_CONFORMANCE_ROWS, key=lambda r: (r[0], r[1]))
+    Path(target).write_text(module.render(rows, onnx.__version__))

@@ -1,26 +1,22 @@
-"""The conformance suite's exclusion list and bucket bookkeeping.
+"""The conformance suite's exclusion list.
 
 ``exclusions.txt`` holds one entry a line: ``<directory>/<test name>: <reason>``; ``#`` starts a
-comment. Each test records its bucket in its report's ``user_properties``; at the end of the
-session the counts per directory print in the terminal summary and, when
-``TILEFUSE_CONFORMANCE_REPORT`` names a file, :mod:`conformance_report` writes it
-(docs/CONFORMANCE.md).
+comment. Each test records its bucket in its report's ``user_properties``; the hooks that count
+them (terminal summary, and docs/CONFORMANCE.md when ``TILEFUSE_CONFORMANCE_REPORT`` names a
+file) live in tests/conftest.py, which the pytest-xdist controller loads too: there the reports
+of every worker arrive, so the counts are the whole session's.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("onnx")   # the "onnx" extra; without it this suite is skipped
 
 EXCLUSIONS = Path(__file__).with_name("exclusions.txt")
-REPORT_ENV = "TILEFUSE_CONFORMANCE_REPORT"
-_ROWS: list[tuple[str, str, str, str]] = []
 
 
 @pytest.fixture(autouse=True)
@@ -46,39 +42,3 @@ def exclusions() -> dict[str, str]:
             raise ValueError(f"{EXCLUSIONS.name}:{number}: {test.strip()} is listed twice")
         out[test.strip()] = reason.strip()
     return out
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when != "call":
-        return
-    for key, value in report.user_properties:
-        if key == "conformance":
-            _ROWS.append(value)
-
-
-def _counts() -> dict[str, dict[str, int]]:
-    counts: dict[str, dict[str, int]] = {}
-    for directory, _, bucket, _ in _ROWS:
-        per = counts.setdefault(directory, {})
-        per[bucket] = per.get(bucket, 0) + 1
-    return counts
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not _ROWS:
-        return
-    terminalreporter.section("ONNX conformance buckets")
-    for directory, per in _counts().items():
-        shown = ", ".join(f"{b} {n}" for b, n in sorted(per.items()))
-        terminalreporter.write_line(f"{directory}: {shown}")
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    target = os.environ.get(REPORT_ENV)
-    if not target or not _ROWS:
-        return
-    import onnx
-    from conformance_report import render
-
-    rows = sorted(_ROWS, key=lambda r: (r[0], r[1]))
-    Path(target).write_text(render(rows, onnx.__version__))
