@@ -87,16 +87,21 @@ def test_threads_really_run():
                       loop("i", 0, var("n"), [out.store(var("i"), thread_id())],
                            kind=LoopKind.PARALLEL))
     kernel = compile_kernel(fn)
-    ids = np.full(64, -1, np.int64)
+    # long enough (~1 ms a call) that the second thread wakes before the first has stolen
+    # every grain, even on a loaded machine; a few calls may still run on one thread
+    n = 1 << 20
+    ids = np.full(n, -1, np.int64)
     seen: set[int] = set()
-    for _ in range(200):  # a thread may steal every grain while the other is descheduled
+    for _ in range(200):
         ids[:] = -1
-        kernel(ids, 64, num_threads=2)
-        assert set(ids.tolist()) <= {0, 1}   # every iteration ran, on one of the two
-        seen |= set(ids.tolist())
+        kernel(ids, n, num_threads=2)
+        ran = set(np.unique(ids).tolist())
+        assert ran <= {0, 1}   # every iteration ran, on one of the two
+        seen |= ran
         if seen == {0, 1}:
             break
     assert seen == {0, 1}
+    ids = ids[:64]
     kernel(ids, 64, num_threads=1)
     assert set(ids.tolist()) == {0}
     interpret(fn, ids, 64)
