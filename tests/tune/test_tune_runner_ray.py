@@ -17,7 +17,12 @@ from tilefuse.tune.runner_ray import RayRunner  # noqa: E402 - after the skip
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    """A one-CPU local Ray. Its workers run at niceness 0, not Ray's default 15: on a machine
+    busy with other processes at 0 (another pytest-xdist worker, say) a niceness-15 worker got
+    a few percent of a core, and good candidates ran past their 20 s timeout."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_worker_niceness", "0")   # read by the raylet ray.init starts
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
