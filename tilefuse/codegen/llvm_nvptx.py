@@ -427,21 +427,26 @@ def lower_to_nvptx_ir(fn: LoopFunction, target: GpuTarget = SM90,
     return module
 
 
-def compile_ptx(fn: LoopFunction, target: GpuTarget = SM90, simt_width: int = 1) -> str:
-    """PTX text for ``fn``: lowered, verified, optimised at O3 and emitted by LLVM's NVPTX
-    back end."""
+def emit_ptx(module: ir.Module, target: GpuTarget, what: str) -> str:
+    """PTX text of an NVPTX LLVM module: parsed, verified (CompileError naming ``what`` when
+    LLVM rejects it), optimised at O3 and emitted by LLVM's NVPTX back end."""
     from tilefuse.codegen.jit import optimise
 
-    text = str(lower_to_nvptx_ir(fn, target, simt_width))
     try:
-        module = llvm.parse_assembly(text)
-        module.verify()
+        parsed = llvm.parse_assembly(str(module))
+        parsed.verify()
     except RuntimeError as exc:
-        raise CompileError(f"LLVM rejected the NVPTX IR of kernel {fn.name}: {exc}") from exc
+        raise CompileError(f"LLVM rejected {what}: {exc}") from exc
     tm = gpu_target_machine(target)
-    optimise(module, tm)
-    return tm.emit_assembly(module)
+    optimise(parsed, tm)
+    return tm.emit_assembly(parsed)
+
+
+def compile_ptx(fn: LoopFunction, target: GpuTarget = SM90, simt_width: int = 1) -> str:
+    """PTX text for ``fn``: lowered, then :func:`emit_ptx`."""
+    return emit_ptx(lower_to_nvptx_ir(fn, target, simt_width), target,
+                    f"the NVPTX IR of kernel {fn.name}")
 
 
 __all__ = ["PTX_TRIPLE", "SM90", "GpuTarget", "NvptxLowering", "check_gpu_kernel", "compile_ptx",
-           "gpu_target_machine", "launch_extent", "lower_to_nvptx_ir"]
+           "emit_ptx", "gpu_target_machine", "launch_extent", "lower_to_nvptx_ir"]

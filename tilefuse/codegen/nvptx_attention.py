@@ -49,10 +49,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
-import llvmlite.binding as llvm
 from llvmlite import ir
 
-from tilefuse.codegen.llvm_nvptx import PTX_TRIPLE, SM90, GpuTarget, gpu_target_machine
+from tilefuse.codegen.llvm_nvptx import PTX_TRIPLE, SM90, GpuTarget, emit_ptx, gpu_target_machine
 from tilefuse.codegen.llvm_types import F32, I32, I64
 from tilefuse.codegen.nvptx_prims import PtxBuilder, kernel_function, shared_array
 from tilefuse.dtypes import DType
@@ -243,16 +242,8 @@ def flash_attention(shape: FlashShape, config: FlashConfig | None = None,
     module.triple = PTX_TRIPLE
     module.data_layout = str(gpu_target_machine(target).target_data)
     builder(module, name, shape, config).build()
-    try:
-        parsed = llvm.parse_assembly(str(module))
-        parsed.verify()
-    except RuntimeError as exc:
-        raise CompileError(f"LLVM rejected the attention kernel {name}: {exc}") from exc
-    from tilefuse.codegen.jit import optimise
-
-    tm = gpu_target_machine(target)
-    optimise(parsed, tm)
-    return FlashKernel(name, shape, config, tm.emit_assembly(parsed))
+    return FlashKernel(name, shape, config,
+                       emit_ptx(module, target, f"the attention kernel {name}"))
 
 
 Frag = list[ir.Value]

@@ -26,10 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-import llvmlite.binding as llvm
 from llvmlite import ir
 
-from tilefuse.codegen.llvm_nvptx import PTX_TRIPLE, SM90, GpuTarget, gpu_target_machine
+from tilefuse.codegen.llvm_nvptx import PTX_TRIPLE, SM90, GpuTarget, emit_ptx, gpu_target_machine
 from tilefuse.codegen.llvm_types import F32, I32, I64, PTR, VOID, declare
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
@@ -84,16 +83,8 @@ def mma_gemm(m: int, n: int, k: int, out_dtype: DType = DType.bf16,
     module.triple = PTX_TRIPLE
     module.data_layout = str(gpu_target_machine(target).target_data)
     _Kernel(module, name, m, n, k, out_dtype).build()
-    try:
-        parsed = llvm.parse_assembly(str(module))
-        parsed.verify()
-    except RuntimeError as exc:
-        raise CompileError(f"LLVM rejected the tensor-core kernel {name}: {exc}") from exc
-    from tilefuse.codegen.jit import optimise
-
-    tm = gpu_target_machine(target)
-    optimise(parsed, tm)
-    return MmaGemm(name, m, n, k, out_dtype, tm.emit_assembly(parsed))
+    ptx = emit_ptx(module, target, f"the tensor-core kernel {name}")
+    return MmaGemm(name, m, n, k, out_dtype, ptx)
 
 
 class _Kernel:

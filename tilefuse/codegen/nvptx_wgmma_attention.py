@@ -26,15 +26,13 @@ from __future__ import annotations
 
 from functools import cache
 
-import llvmlite.binding as llvm
 from llvmlite import ir
 
-from tilefuse.codegen.llvm_nvptx import PTX_TRIPLE, gpu_target_machine
+from tilefuse.codegen.llvm_nvptx import PTX_TRIPLE, emit_ptx, gpu_target_machine
 from tilefuse.codegen.llvm_types import I32, I64
 from tilefuse.codegen.nvptx_attention import FlashConfig, FlashShape, Frag, _Flash
 from tilefuse.codegen.nvptx_prims import PtxBuilder, kernel_function, shared_array
 from tilefuse.codegen.nvptx_wgmma import ATOM_BYTES, SM90A, WgmmaOps
-from tilefuse.errors import CompileError
 
 WGMMA_CONFIG = FlashConfig(64, 64, 4, 4, swizzle=1, wgmma=1)
 """One warpgroup a block (64 query rows), 64-key tiles, four blocks an SM: G8 0.324–0.332 ms
@@ -209,16 +207,7 @@ def wgmma_probe_ptx(f16: bool = False) -> str:
 
 
 def _emit(module: ir.Module, name: str) -> str:
-    try:
-        parsed = llvm.parse_assembly(str(module))
-        parsed.verify()
-    except RuntimeError as exc:
-        raise CompileError(f"LLVM rejected the wgmma kernel {name}: {exc}") from exc
-    from tilefuse.codegen.jit import optimise
-
-    tm = gpu_target_machine(SM90A)
-    optimise(parsed, tm)
-    return tm.emit_assembly(parsed)
+    return emit_ptx(module, SM90A, f"the wgmma kernel {name}")
 
 
 __all__ = ["WGMMA_CONFIG", "WGMMA_CONFIGS", "WgmmaFlash", "wgmma_probe_ptx", "wgmma_unsupported"]
