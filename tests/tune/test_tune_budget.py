@@ -102,3 +102,44 @@ def test_progress_rewrites_one_line_on_a_terminal_and_is_silent_elsewhere():
     quiet = io.StringIO()
     Progress(stream=quiet)(_round(0))
     assert quiet.getvalue() == ""
+
+
+def _repeated_blocks_graph():
+    """Two linear layers of one shape (different weights) and one of another shape."""
+    import numpy as np
+
+    from tilefuse.dtypes import DType
+    from tilefuse.graph.builder import GraphBuilder
+
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("blocks")
+    x = b.input(((7, 16), DType.f32), "x")
+    for n in (16, 16, 24):
+        w = b.add1("constant", [], {"value": rng.standard_normal((16, n), np.float32)})
+        x = b.add1("tanh", [b.add1("matmul", [x, w])])
+    return b.build([x])
+
+
+def test_kernels_of_one_computation_are_measured_and_tuned_once():
+    from tilefuse.tune.budget import profile_kernels, unique_tasks
+    from tilefuse.tune.task import named_tasks
+
+    named = named_tasks(_repeated_blocks_graph())
+    assert len(named) == 3
+    unique = unique_tasks(named)
+    assert [(name, count) for name, _, count in unique] == [(named[0][0], 2), (named[2][0], 1)]
+
+    class Clock:
+        """A runner whose every measurement takes 1 ms (and counts the calls)."""
+        calls = 0
+
+        def measure(self, task, schedules):
+            from tilefuse.tune.runner import MeasureResult
+            Clock.calls += 1
+            return [MeasureResult(s, 1e-3, "ok") for s in schedules]
+
+    kernels = profile_kernels(named, Clock(), passes=1)
+    assert Clock.calls == 2
+    by_count = {k.count: k for k in kernels}
+    assert math.isclose(by_count[2].share, 2 / 3) and math.isclose(by_count[1].share, 1 / 3)
+    assert by_count[2].label.startswith(f"{named[0][0]} x2 contraction")

@@ -15,7 +15,8 @@ EXAMPLE = """  tilefuse tune model.onnx --trials 200 --time-budget 300
   TILEFUSE_TUNE_DB=/tmp/tune.sqlite tilefuse bench mypkg.layers:ffn --input x=512x768"""
 
 DETAILS = """The trials go to the kernels by their share of the default time (hottest first; kernels
-under 5% keep their default). Later builds use the tuned schedules: the default database is
+of the same computation are tuned once; those under 1%, and the cold ones after the hottest
+90%, keep their default). Later builds use the tuned schedules: the default database is
 tune.sqlite in the kernel cache directory, where builds look; another --db is used through
 TILEFUSE_TUNE_DB. docs/TUNING.md says more."""
 

@@ -121,6 +121,8 @@ class KernelReport:
     bound_seconds: float
     note: str
     result: TuneResult | None = None
+    count: int = 1
+    """Kernels of the graph with this one's fingerprint (tuned once, the database serves all)."""
 
     @property
     def tuned(self) -> bool:
@@ -157,11 +159,13 @@ class TuneReport:
 
     @property
     def default_seconds(self) -> float:
-        return sum(k.default_seconds for k in self.kernels)
+        """All the graph's tunable kernels with their defaults (each counted as often as it
+        occurs)."""
+        return sum(k.default_seconds * k.count for k in self.kernels)
 
     @property
     def best_seconds(self) -> float:
-        return sum(k.best_seconds for k in self.kernels)
+        return sum(k.best_seconds * k.count for k in self.kernels)
 
     def __str__(self) -> str:
         head = (f"{'kernel':<40} {'share':>6} {'default ms':>10} {'best ms':>10} {'speedup':>7} "
@@ -325,11 +329,12 @@ def _tune_plan(run: _Run, plan: BudgetPlan, trials: int, deadline: float
         r = results.get(k.name)
         if r is None:
             rows.append(KernelReport(k.name, k.label, k.share, k.default_seconds,
-                                     k.default_seconds, 0, bound, f"default kept: {a.reason}"))
+                                     k.default_seconds, 0, bound, f"default kept: {a.reason}",
+                                     count=k.count))
         else:
             default = min(r.default_seconds, k.default_seconds)  # two measurements of it
             rows.append(KernelReport(k.name, k.label, k.share, default, r.seconds,
-                                     len(r.history.seconds), bound, r.stopped, r))
+                                     len(r.history.seconds), bound, r.stopped, r, k.count))
     return rows
 
 

@@ -17,7 +17,11 @@ The rule (:func:`profile_kernels`, :func:`split_budget`, :class:`BudgetPlan`):
    remainder rounding, so they add up to the budget), each getting at least ``min_trials``
    (the default plus one round). When the budget cannot give every kernel its minimum, the
    coldest kernels are skipped too (the reason says so). Seconds are split like the trials.
-5. **Hot first, unused budget moves on.** Kernels are tuned hottest first. A kernel that stops
+5. **Once per computation.** Kernels with the same fingerprint (the same computation on the
+   same shapes and dtypes: a ResNet's repeated blocks, a transformer's layers) are one
+   database key, so they are measured and tuned once, as the first of them, with the share of
+   all of them (:func:`unique_tasks`; the report's ``×N`` says how many it stands for).
+6. **Hot first, unused budget moves on.** Kernels are tuned hottest first. A kernel that stops
    early (at its roofline bound, or with its space exhausted) leaves trials and seconds unused;
    each kernel's budget at its turn is what is left times its planned part of what is left to
    plan (:meth:`BudgetPlan.budget_at`), so the unused part flows to the kernels after it in
@@ -50,10 +54,13 @@ class KernelShare:
     task: TuneTask
     default_seconds: float
     share: float
+    count: int = 1
+    """How many kernels of the graph this one stands for (same fingerprint)."""
 
     @property
     def label(self) -> str:
-        return f"{self.name} {self.task.kind.value} {'+'.join(node_ops(self.task.group))}"
+        times = f" x{self.count}" if self.count > 1 else ""
+        return f"{self.name}{times} {self.task.kind.value} {'+'.join(node_ops(self.task.group))}"
 
 
 @dataclass(frozen=True)
@@ -71,29 +78,47 @@ class Allocation:
         return self.trials > 0
 
 
+def unique_tasks(named: Sequence[tuple[str, TuneTask]]) -> list[tuple[str, TuneTask, int]]:
+    """The first kernel of each fingerprint, in plan order, with how many kernels share it."""
+    first: dict[str, int] = {}
+    out: list[tuple[str, TuneTask, int]] = []
+    for name, task in named:
+        key = task.fingerprint()
+        if key in first:
+            n, t, count = out[first[key]]
+            out[first[key]] = (n, t, count + 1)
+        else:
+            first[key] = len(out)
+            out.append((name, task, 1))
+    return out
+
+
 def profile_kernels(named: Sequence[tuple[str, TuneTask]], runner: Runner,
                     target: CpuTarget | None = None, passes: int = 2) -> list[KernelShare]:
-    """Measures each task's default schedule (fastest of ``passes``); the kernels hottest
-    first, with shares."""
+    """Measures the default schedule of each distinct task (fastest of ``passes``); the
+    kernels hottest first, with shares (a task's time counts once per kernel it stands for)."""
     target = target or host_target()
-    seconds = [math.inf] * len(named)
+    unique = unique_tasks(named)
+    seconds = [math.inf] * len(unique)
     for _ in range(max(1, passes)):
-        for i, (_, task) in enumerate(named):
+        for i, (_, task, _) in enumerate(unique):
             [result] = runner.measure(task, [space_for(task.group, target).default()])
             seconds[i] = min(seconds[i], result.seconds)
-    return shares_of([name for name, _ in named], [task for _, task in named], seconds)
+    return shares_of([name for name, _, _ in unique], [task for _, task, _ in unique], seconds,
+                     [count for _, _, count in unique])
 
 
-def shares_of(names: Sequence[str], tasks: Sequence[TuneTask], seconds: Sequence[float]
-              ) -> list[KernelShare]:
-    """Kernels with their shares of the total (an inf time counts as the largest finite one,
-    or 1 s when none is finite), hottest first."""
+def shares_of(names: Sequence[str], tasks: Sequence[TuneTask], seconds: Sequence[float],
+              counts: Sequence[int] | None = None) -> list[KernelShare]:
+    """Kernels with their shares of the total, each kernel's time taken ``counts`` times (an
+    inf time counts as the largest finite one, or 1 s when none is finite), hottest first."""
+    counts = list(counts) if counts is not None else [1] * len(names)
     finite = [t for t in seconds if math.isfinite(t)]
     stand_in = max(finite, default=1.0)
-    counted = [t if math.isfinite(t) else stand_in for t in seconds]
+    counted = [(t if math.isfinite(t) else stand_in) * c for t, c in zip(seconds, counts)]
     total = sum(counted) or 1.0
-    kernels = [KernelShare(n, task, t, c / total)
-               for n, task, t, c in zip(names, tasks, seconds, counted)]
+    kernels = [KernelShare(n, task, t, c / total, count)
+               for n, task, t, c, count in zip(names, tasks, seconds, counted, counts)]
     return sorted(kernels, key=lambda k: -k.share)
 
 
@@ -168,4 +193,4 @@ class BudgetPlan:
 
 
 __all__ = ["COVER", "MIN_SHARE", "Allocation", "BudgetPlan", "KernelShare", "profile_kernels",
-           "shares_of", "split_budget"]
+           "shares_of", "split_budget", "unique_tasks"]
