@@ -12,7 +12,13 @@ from tilefuse.graph.interpreter import interpret, run_node
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.graph.types import ShapeError, broadcast_shapes
 from tilefuse.kernel import KernelPlan, Role
-from tilefuse.kernel.fusion import MAX_RECOMPUTE_OPS, KernelGroup, is_pointwise, op_cost
+from tilefuse.kernel.fusion import (
+    MAX_RECOMPUTE_OPS,
+    KernelGroup,
+    is_pointwise,
+    live_nodes,
+    op_cost,
+)
 from tilefuse.testing import assert_close, random_array
 
 
@@ -102,18 +108,6 @@ def random_fusion_graph(rng: np.random.Generator, n_nodes: int) -> Graph:
     sinks = [v for v in computed if v not in used][-5:]
     extra = [computed[int(i)] for i in rng.choice(len(computed), size=int(rng.integers(0, 2)))]
     return b.build(sinks + extra or computed[-1:])
-
-
-def live_nodes(graph: Graph) -> set[Node]:
-    producer = graph.producers()
-    live: set[Node] = set()
-    stack = [producer[v] for v in graph.outputs if v in producer]
-    while stack:
-        n = stack.pop()
-        if n not in live:
-            live.add(n)
-            stack.extend(producer[v] for v in n.inputs if v in producer)
-    return live
 
 
 def check_invariants(plan: KernelPlan) -> None:

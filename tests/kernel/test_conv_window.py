@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from contraction_runner import run_contraction
 
-from tilefuse.codegen import compile_kernel, host_target
-from tilefuse.codegen.jit import aligned_empty
 from tilefuse.dtypes import DType
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import interpret as interpret_graph
 from tilefuse.graph.ir import Graph
 from tilefuse.kernel.conv_window import window_operand
 from tilefuse.kernel.fusion import KernelKind, form_kernels
-from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node
-from tilefuse.kernel.schedule import Schedule, default_schedule
-from tilefuse.loop import interpret
+from tilefuse.kernel.lower_matmul import matmul_node
+from tilefuse.kernel.schedule import Schedule
 from tilefuse.testing import assert_close, random_array
 
 F32 = DType.f32
@@ -50,32 +48,11 @@ def window_graph(n: int, hw: tuple[int, int], c: int, o: int, kernel: tuple[int,
     return b.build([b.add1("relu", [y])])
 
 
-def run_conv(graph: Graph, arrays: list[np.ndarray], schedule: Schedule | None = None,
-             interpreted: bool = False) -> tuple[np.ndarray, list[str]]:
-    """The output of the graph's one contraction kernel and the names of its functions."""
-    [group] = form_kernels(graph).groups
-    lowered = lower_matmul(group, schedule or default_schedule(group, host_target()))
-    values = dict(zip(graph.inputs, arrays))
-    [out_value] = graph.outputs
-    out = np.full(tuple(out_value.shape), np.nan, np.float32)
-    values[out_value] = out
-    scratch = {name: aligned_empty(nbytes // 4, np.float32)
-               for name, nbytes in lowered.scratch.items()}
-    for fn in lowered.functions:
-        args = [scratch[b.name] if b.name in scratch else values[lowered.bindings[b.name]]
-                for b in fn.buffers]
-        if interpreted:
-            interpret(fn, *args)
-        else:
-            compile_kernel(fn)(*args)
-    return out, [fn.name for fn in lowered.functions]
-
-
 def check(graph: Graph, seed: int, **kwargs: object) -> list[str]:
     rng = np.random.default_rng(seed)
     arrays = [random_array(rng, tuple(v.shape), v.dtype) for v in graph.inputs]
     [expected] = interpret_graph(graph, *arrays)
-    got, names = run_conv(graph, arrays, **kwargs)
+    got, names = run_contraction(graph, arrays, **kwargs)
     assert_close(got, expected, reduction=True)
     return names
 

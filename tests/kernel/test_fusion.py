@@ -28,6 +28,11 @@ def text(s: str) -> str:
     return textwrap.dedent(s).lstrip("\n")
 
 
+def plan_of(src: str) -> KernelPlan:
+    """The kernel plan of the graph text ``src`` (dedented)."""
+    return form_kernels(parse_graph(text(src)))
+
+
 def golden(src: str, expected: str, *, decompose: bool = False) -> KernelPlan:
     graph = parse_graph(text(src))
     if decompose:
@@ -210,13 +215,13 @@ def test_softmax_without_keepdims_is_one_row_kernel():
 
 
 def test_an_undecomposed_composite_is_a_one_node_row_kernel():
-    plan = form_kernels(parse_graph(text("""
+    plan = plan_of("""
         graph @g(%x: f32[4,8]) -> f32[4,8] {
           %0 = log_softmax(%x) {axis=1} : f32[4,8]
           %1 = neg(%0) : f32[4,8]
           return %1
         }
-        """)))
+        """)
     (k,) = plan.groups
     assert k.kind is KernelKind.ROW_REDUCTION and k.roles == (Role.ANCHOR, Role.DOMAIN)
     assert_plan_computes_graph(plan)
@@ -417,13 +422,13 @@ def test_elementwise_chain_with_broadcasting_and_a_transpose_is_one_kernel():
 
 
 def test_a_small_producer_joins_as_a_leaf_only_while_cheap():
-    cheap = form_kernels(parse_graph(text("""
+    cheap = plan_of("""
         graph @small(%x: f32[4,8], %b: f32[8]) -> f32[4,8] {
           %0 = exp(%b) : f32[8]
           %1 = add(%x, %0) : f32[4,8]
           return %1
         }
-        """)))
+        """)
     assert [k.roles for k in cheap.groups] == [(Role.LEAF, Role.DOMAIN)]
     costly = golden("""
         graph @small(%x: f32[4,8], %b: f32[8]) -> f32[4,8] {
@@ -547,28 +552,28 @@ def test_a_costly_shared_producer_is_materialised():
 
 
 def test_a_shared_producer_whose_inputs_outweigh_it_is_materialised():
-    plan = form_kernels(parse_graph(text("""
+    plan = plan_of("""
         graph @diamond(%x: f32[4,6], %y: f32[4,6], %w: f32[6,8]) -> (f32[4,8], f32[1,6]) {
           %0 = add(%x, %y) : f32[4,6]
           %1 = matmul(%0, %w) : f32[4,8]
           %2 = sum(%0) {axes=[0], keepdims=true} : f32[1,6]
           return %1, %2
         }
-        """)))
+        """)
     assert [[n.op.name for n in k.nodes] for k in plan.groups] == [["add"], ["matmul"], ["sum"]]
     assert plan.groups[0].outputs == (plan.graph.nodes[0].output,)
     assert_plan_computes_graph(plan)
 
 
 def test_a_shared_producer_that_is_returned_is_written_once_and_read():
-    plan = form_kernels(parse_graph(text("""
+    plan = plan_of("""
         graph @diamond(%x: f32[4,6], %w: f32[6,8]) -> (f32[4,8], f32[1,6], f32[4,6]) {
           %0 = neg(%x) : f32[4,6]
           %1 = matmul(%0, %w) : f32[4,8]
           %2 = sum(%0) {axes=[0], keepdims=true} : f32[1,6]
           return %1, %2, %0
         }
-        """)))
+        """)
     assert plan.recomputed() == {}
     assert [k.name for k in plan.groups if plan.graph.nodes[0].output in k.inputs] == ["k1", "k2"]
     assert_plan_computes_graph(plan)
@@ -651,13 +656,13 @@ def test_movement_ops_stay_their_own_kernels():
 
 
 def test_a_lone_reshape_is_a_movement_kernel_and_dead_nodes_are_left_out():
-    plan = form_kernels(parse_graph(text("""
+    plan = plan_of("""
         graph @g(%x: f32[4,8]) -> f32[8,4] {
           %0 = exp(%x) : f32[4,8]
           %1 = reshape(%x) {shape=[8,4]} : f32[8,4]
           return %1
         }
-        """)))
+        """)
     (k,) = plan.groups
     assert k.kind is KernelKind.MOVEMENT and [n.op.name for n in k.nodes] == ["reshape"]
     assert_plan_computes_graph(plan)
@@ -699,7 +704,7 @@ def test_suite_random_graphs_partition_validly(graph_factory, seed):
 # ---- plan checking and the log ---------------------------------------------------------------
 
 def _two_kernel_plan() -> KernelPlan:
-    return form_kernels(parse_graph(text("""
+    return plan_of("""
         graph @g(%x: f32[4,8]) -> f32[4,8] {
           %0 = max(%x) {axes=[1], keepdims=true} : f32[4,1]
           %1 = reshape(%0) {shape=[1,4]} : f32[1,4]
@@ -710,7 +715,7 @@ def _two_kernel_plan() -> KernelPlan:
           %6 = sub(%x, %5) : f32[4,8]
           return %6
         }
-        """)))
+        """)
 
 
 def test_verify_plan_rejects_a_wrong_launch_order_and_missing_nodes():
@@ -732,7 +737,7 @@ def test_verify_plan_rejects_a_wrong_launch_order_and_missing_nodes():
 
 def test_fusion_decisions_are_logged(caplog):
     caplog.set_level(logging.DEBUG, logger="tilefuse.fusion")
-    form_kernels(parse_graph(text("""
+    plan_of("""
         graph @diamond(%x: f32[4,6], %w: f32[6,8], %b: f32[8]) -> (f32[4,8], f32[1,6]) {
           %0 = neg(%x) : f32[4,6]
           %1 = matmul(%0, %w) : f32[4,8]
@@ -747,15 +752,15 @@ def test_fusion_decisions_are_logged(caplog):
           %10 = add(%2, %8) : f32[4,8]
           return %10, %9
         }
-        """)))
-    form_kernels(parse_graph(text("""
+        """)
+    plan_of("""
         graph @cycle(%x: f32[8,6], %w: f32[6,12]) -> f32[8,12] {
           %0 = matmul(%x, %w) : f32[8,12]
           %1 = sum(%0) {axes=[0], keepdims=true} : f32[1,12]
           %2 = sub(%0, %1) : f32[8,12]
           return %2
         }
-        """)))
+        """)
     messages = [r.getMessage() for r in caplog.records if r.name == "tilefuse.fusion"]
     assert "g0: contraction group seeded at %1 = matmul" in messages
     assert "g0: %2 = add joins as epilogue" in messages

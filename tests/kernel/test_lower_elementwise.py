@@ -374,14 +374,20 @@ def test_several_outputs_share_one_loop():
 # ----------------------------------------------------------------------------- parallel loops
 
 
-def test_parallel_chunks_with_a_small_schedule():
-    graph = chain_graph((513,))
+def parallel_loop(graph: Graph, vector_width: int, seed: int) -> For:
+    """The one parallel loop of ``graph``'s one kernel under a schedule of 64-element chunks,
+    checked on two threads."""
     (group,) = plan_of(graph).groups
     sched = Schedule(KernelKind.ELEMENTWISE, tiles=(("i", 64),), order=("i",),
-                     vector_axis="i", vector_width=8, parallel_axes=("i",))
-    (fn,) = check_groups(graph, [group], random_inputs(graph, 12), schedule=lambda g: sched,
+                     vector_axis="i", vector_width=vector_width, parallel_axes=("i",))
+    (fn,) = check_groups(graph, [group], random_inputs(graph, seed), schedule=lambda g: sched,
                          threads=2)
     (par,) = kind_loops(fn, LoopKind.PARALLEL)
+    return par
+
+
+def test_parallel_chunks_with_a_small_schedule():
+    par = parallel_loop(chain_graph((513,)), vector_width=8, seed=12)
     assert par.stop.arg == 8  # 512 whole-vector elements in chunks of 64
 
 
@@ -391,13 +397,7 @@ def test_parallel_rows_with_broadcasting():
       %0 = sub(%x, %m) : f32[9,40]
       return %0
     }""")
-    (group,) = plan_of(graph).groups
-    sched = Schedule(KernelKind.ELEMENTWISE, tiles=(("i", 64),), order=("i",),
-                     vector_axis="i", vector_width=16, parallel_axes=("i",))
-    (fn,) = check_groups(graph, [group], random_inputs(graph, 13), schedule=lambda g: sched,
-                         threads=2)
-    (par,) = kind_loops(fn, LoopKind.PARALLEL)
-    assert par.stop.arg == 9
+    assert parallel_loop(graph, vector_width=16, seed=13).stop.arg == 9
 
 
 def test_default_schedule_runs_large_kernels_in_parallel():

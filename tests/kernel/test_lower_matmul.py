@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+from contraction_runner import run_contraction
 
 from tilefuse.codegen import compile_kernel, host_target
 from tilefuse.codegen.jit import aligned_empty
@@ -211,33 +212,12 @@ def matmul_graph(m: int, k: int, n: int, epilogue: str = "", batch: tuple[int, .
     return builder.build([y])
 
 
-def run_group(graph: Graph, arrays: list[np.ndarray], *, interpreted: bool = False,
-              schedule: Schedule | None = None) -> np.ndarray:
-    """Lowers the graph's one contraction kernel and runs its functions on ``arrays``."""
-    plan = form_kernels(graph)
-    [group] = plan.groups
-    lowered = lower_matmul(group, schedule or default_schedule(group, host_target()))
-    values = dict(zip(graph.inputs, arrays))
-    [out_value] = graph.outputs
-    out = np.full(tuple(out_value.shape), np.nan, np.float32)
-    values[out_value] = out
-    scratch = {name: aligned_empty(nbytes // 4, np.float32)
-               for name, nbytes in lowered.scratch.items()}
-    for fn in lowered.functions:
-        args = [scratch[b.name] if b.name in scratch else values[lowered.bindings[b.name]]
-                for b in fn.buffers]
-        if interpreted:
-            interpret(fn, *args)
-        else:
-            compile_kernel(fn)(*args)
-    return out
-
-
 def check_group(graph: Graph, seed: int = 0, **kwargs: object) -> None:
     rng = np.random.default_rng(seed)
     arrays = [random_array(rng, tuple(v.shape), v.dtype) for v in graph.inputs]
     [expected] = interpret_graph(graph, *arrays)
-    assert_close(run_group(graph, arrays, **kwargs), expected, reduction=True)
+    got, _ = run_contraction(graph, arrays, **kwargs)
+    assert_close(got, expected, reduction=True)
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
