@@ -8,13 +8,21 @@ sizes, masks, f16 and wide heads (fresh random inputs, outputs poisoned first), 
 from __future__ import annotations
 
 import logging
-import math
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
+from attentioncheck import (
+    CASES,
+    assemble,
+    attention_graph,
+    case_arrays,
+    case_graph,
+    case_reference,
+    case_scale,
+    random_input,
+)
 
 from tilefuse.codegen.nvptx_attention import (
     FlashConfig,
@@ -25,34 +33,13 @@ from tilefuse.codegen.nvptx_attention import (
 )
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
-from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import interpret
-from tilefuse.graph.ir import Graph
 from tilefuse.runtime.cuda_driver import cuda_available
 from tilefuse.runtime.gpu import FusedStep, build_gpu_program
 
 BF16, F16, F32 = DType.bf16, DType.f16, DType.f32
 gpu = pytest.mark.skipif(not cuda_available(), reason="no CUDA device here")
 ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
-
-
-def attention_graph(batch: tuple[int, ...], sq: int, sk: int, d: int, dv: int, dtype: DType,
-                    scale: float, mask: tuple[int, ...] | None = None) -> Graph:
-    b = GraphBuilder("attention")
-    q = b.input(((*batch, sq, d), dtype), "q")
-    k = b.input(((*batch, sk, d), dtype), "k")
-    v = b.input(((*batch, sk, dv), dtype), "v")
-    operands = [q, k, v] + ([b.input((mask, dtype), "mask")] if mask is not None else [])
-    return b.build([b.add1("attention", operands, {"scale": scale})])
-
-
-def _ptxas(ptx: str, tmp_path) -> str:
-    path = tmp_path / "k.ptx"
-    path.write_text(ptx)
-    done = subprocess.run(["ptxas", "-arch=sm_90", "-v", str(path), "-o",
-                           str(tmp_path / "k.cubin")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return done.stderr
 
 
 @ptxas
@@ -76,7 +63,7 @@ def test_flash_kernel_assembles_for_sm90(shape: FlashShape, tmp_path) -> None:
     assert ".maxntid 128" in ptx
     # P goes from accumulators to A fragments in registers: no shared store in the kernel
     assert "st.shared" not in ptx
-    report = _ptxas(ptx, tmp_path)
+    report = assemble(ptx, tmp_path, "sm_90")
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
     assert registers <= 255
     if shape.mask is None:
@@ -164,61 +151,20 @@ def test_sdpa_ops_of_cuda_traces_convert_to_attention() -> None:
 
 # ---- on the device ---------------------------------------------------------------------
 
-def _reference(q, k, v, mask, scale):  # type: ignore[no-untyped-def]
-    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
-    if mask is not None:
-        s = s + mask
-    s = s - s.max(axis=-1, keepdims=True)
-    e = np.exp(s)
-    return np.matmul(e / e.sum(axis=-1, keepdims=True), v)
-
-
-def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
-    return rng.standard_normal(shape, np.float32).astype(dtype.np)
-
-
-CASES = {
-    "seq7": ((1, 1), 7, 7, 64, 64, BF16, None),
-    "seq513": ((2, 3), 513, 513, 64, 64, BF16, None),
-    "sq_ne_sk": ((2, 2), 200, 1000, 64, 64, BF16, None),
-    "f16_dv48_negative_scale": ((2, 2), 100, 70, 32, 48, F16, None),
-    "d128": ((1, 2), 130, 200, 128, 128, BF16, None),
-    "mask_full": ((2, 2), 64, 96, 64, 64, BF16, (2, 1, 64, 96)),
-    "mask_padding_odd_keys": ((2, 2), 70, 97, 64, 64, BF16, (2, 1, 1, 97)),
-    "mask_causal": ((1, 2), 300, 300, 64, 64, BF16, "causal"),
-}
-
-
-def _case_arrays(name: str, seed: int):  # type: ignore[no-untyped-def]
-    batch, sq, sk, d, dv, dtype, mask = CASES[name]
-    rng = np.random.default_rng(seed)
-    arrays = [_random(rng, (*batch, sq, d), dtype), _random(rng, (*batch, sk, d), dtype),
-              _random(rng, (*batch, sk, dv), dtype)]
-    if mask == "causal":
-        arrays.append(np.where(np.tril(np.ones((sq, sk), bool)), 0.0, -np.inf).astype(dtype.np))
-    elif mask is not None:
-        arrays.append((2 * rng.standard_normal(mask, np.float32)).astype(dtype.np))
-    return arrays
-
-
 @gpu
 @pytest.mark.parametrize("name", CASES)
 def test_fused_attention_matches_float64(name: str) -> None:
     from tilefuse.runtime.gpu import CudaExecutable
 
-    batch, sq, sk, d, dv, dtype, mask = CASES[name]
-    scale = -0.3 if "negative" in name else 1 / math.sqrt(d)
-    shape = None if mask is None else ((sq, sk) if mask == "causal" else mask)
-    graph = attention_graph(batch, sq, sk, d, dv, dtype, scale, shape)
-    executable = CudaExecutable(build_gpu_program(graph))
+    scale = case_scale(name)
+    executable = CudaExecutable(build_gpu_program(case_graph(name)))
     assert isinstance(executable.program.steps[0], FusedStep)
     out = executable.graph.outputs[0]
     for seed in (0, 1):
-        arrays = _case_arrays(name, seed)
+        arrays = case_arrays(name, seed)
         executable._buffer(out).copy_from(np.full(out.shape, np.nan, out.dtype.np))
         (got,) = executable(*arrays)
-        ref = _reference(*[a.astype(np.float64) for a in arrays[:3]],
-                         arrays[3].astype(np.float64) if len(arrays) > 3 else None, scale)
+        ref = case_reference(arrays, scale)
         got = got.astype(np.float64)
         assert np.isfinite(got).all(), name
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
@@ -241,22 +187,18 @@ def test_kernel_knobs_match_float64(name: str, config: FlashConfig) -> None:
     from tilefuse.kernel.lower_gpu_attention import attention_shape
     from tilefuse.runtime.cuda_driver import CudaContext
 
-    batch, sq, sk, d, dv, dtype, mask = CASES[name]
+    batch, sq, _, d, dv, dtype, _ = CASES[name]
     if config.swizzle and d % 64:
         pytest.skip("swizzled tiles take head dims of multiples of 64")
-    scale = -0.3 if "negative" in name else 1 / math.sqrt(d)
-    shape = None if mask is None else ((sq, sk) if mask == "causal" else mask)
-    graph = attention_graph(batch, sq, sk, d, dv, dtype, scale, shape)
-    kernel = flash_attention(attention_shape(graph.nodes[-1]), config)
+    kernel = flash_attention(attention_shape(case_graph(name).nodes[-1]), config)
     ctx = CudaContext()
     function = ctx.load_ptx(kernel.ptx).function(kernel.name)
-    arrays = _case_arrays(name, 5)
+    arrays = case_arrays(name, 5)
     buffers = [ctx.upload(a) for a in arrays]
     out = ctx.upload(np.full((*batch, sq, dv), np.nan, dtype.np))
     ctx.launch(function, kernel.grid, kernel.block, [b.ptr for b in buffers] + [out.ptr])
     got = out.copy_to(np.empty((*batch, sq, dv), dtype.np)).astype(np.float64)
-    ref = _reference(*[a.astype(np.float64) for a in arrays[:3]],
-                     arrays[3].astype(np.float64) if len(arrays) > 3 else None, scale)
+    ref = case_reference(arrays, case_scale(name))
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
 
@@ -268,7 +210,7 @@ def test_fused_attention_against_interpreter_through_build_executable() -> None:
 
     graph = attention_graph((2, 4), 256, 256, 64, 64, BF16, 0.125)
     executable = build_executable(graph, "cuda")
-    arrays = [_random(np.random.default_rng(4), tuple(v.shape), BF16) for v in graph.inputs]
+    arrays = [random_input(np.random.default_rng(4), tuple(v.shape), BF16) for v in graph.inputs]
     (got,) = executable(*arrays)
     (want,) = interpret(graph, *arrays)
     assert_close(got, want, reduction=True)

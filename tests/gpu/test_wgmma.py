@@ -8,13 +8,20 @@ float64 reference for odd sizes, masks and f16, and the executable's choice by m
 from __future__ import annotations
 
 import logging
-import math
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
+from attentioncheck import (
+    CASES,
+    assemble,
+    attention_graph,
+    case_arrays,
+    case_graph,
+    case_reference,
+    reference,
+)
 
 from tilefuse.codegen.nvptx_attention import (
     FlashConfig,
@@ -45,22 +52,13 @@ sm90 = pytest.mark.skipif(not _sm90(), reason="no sm_90 CUDA device here")
 CONFIG_IDS = ["1wg", "2wg", "1wg_pipeline"]
 
 
-def _ptxas(ptx: str, tmp_path) -> str:
-    path = tmp_path / "k.ptx"
-    path.write_text(ptx)
-    done = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(path), "-o",
-                           str(tmp_path / "k.cubin")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return done.stderr
-
-
 @ptxas
 def test_probe_assembles_for_sm90a(tmp_path) -> None:
     ptx = wgmma_probe_ptx()
     assert ".target sm_90a" in ptx
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 8
     assert "fence.proxy.async.shared::cta" in ptx and "wgmma.wait_group.sync.aligned 0" in ptx
-    assert "0 bytes spill stores" in _ptxas(ptx, tmp_path)
+    assert "0 bytes spill stores" in assemble(ptx, tmp_path, "sm_90a")
 
 
 @ptxas
@@ -80,7 +78,7 @@ def test_wgmma_attention_assembles_for_sm90a(shape: FlashShape, config: FlashCon
     assert f"wgmma.mma_async.sync.aligned.m64n64k16.f32.{kind}" in ptx
     assert "mma.sync" not in ptx and "ldmatrix.sync.aligned.m8n8.x4.trans" not in ptx
     assert "fence.proxy.async.shared::cta" in ptx and "st.shared" not in ptx
-    report = _ptxas(ptx, tmp_path)
+    report = assemble(ptx, tmp_path, "sm_90a")
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
     assert registers * config.threads * config.min_blocks <= 65536
     assert "0 bytes spill stores" in report
@@ -110,8 +108,6 @@ def test_wgmma_routes_what_it_does_not_take_to_mma_sync() -> None:
 
 
 def test_attention_step_carries_the_wgmma_alternative(tmp_path, monkeypatch) -> None:
-    from test_attention import attention_graph
-
     program = build_gpu_program(attention_graph((2,), 65, 65, 64, 64, BF16, 0.125),
                                 dump_dir=tmp_path)
     (step,) = program.steps
@@ -152,26 +148,13 @@ def test_probe_products_match_numpy(dtype: DType) -> None:
                                     FlashConfig(64, 32, 4, 4, pipeline=1, swizzle=1, wgmma=1)],
                          ids=[*CONFIG_IDS, "1wg_pipeline_32_keys"])
 def test_wgmma_attention_matches_float64(name: str, f16: bool, config: FlashConfig) -> None:
-    from test_attention import CASES, _reference, attention_graph
-
     from tilefuse.kernel.lower_gpu_attention import attention_shape
     from tilefuse.runtime.cuda_driver import CudaContext
 
-    batch, sq, sk, d, dv, _, mask = CASES[name]
+    batch, sq, _, _, dv, _, _ = CASES[name]
     dtype = F16 if f16 else BF16
-    rng = np.random.default_rng(11)
-    arrays = [rng.standard_normal((*batch, n, w), np.float32).astype(dtype.np)
-              for n, w in ((sq, d), (sk, d), (sk, dv))]
-    mask_shape = None
-    if mask == "causal":
-        arrays.append(np.where(np.tril(np.ones((sq, sk), bool)), 0.0, -np.inf)
-                      .astype(dtype.np))
-        mask_shape = (sq, sk)
-    elif mask is not None:
-        arrays.append((2 * rng.standard_normal(mask, np.float32)).astype(dtype.np))
-        mask_shape = mask
-    graph = attention_graph(batch, sq, sk, d, dv, dtype, 1 / math.sqrt(d), mask_shape)
-    shape = attention_shape(graph.nodes[-1])
+    arrays = case_arrays(name, 11, dtype)
+    shape = attention_shape(case_graph(name, dtype).nodes[-1])
     kernel = flash_attention(shape, config)
     ctx = CudaContext()
     function = ctx.load_ptx(kernel.ptx).function(kernel.name)
@@ -179,8 +162,7 @@ def test_wgmma_attention_matches_float64(name: str, f16: bool, config: FlashConf
     out = ctx.upload(np.full((*batch, sq, dv), np.nan, dtype.np))
     ctx.launch(function, kernel.grid, kernel.block, [b.ptr for b in buffers] + [out.ptr])
     got = out.copy_to(np.empty((*batch, sq, dv), dtype.np)).astype(np.float64)
-    ref = _reference(*[a.astype(np.float64) for a in arrays[:3]],
-                     arrays[3].astype(np.float64) if len(arrays) > 3 else None, shape.scale)
+    ref = case_reference(arrays, shape.scale)
     assert np.isfinite(got).all(), name
     err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     assert err < 1e-2, (name, err)
@@ -188,8 +170,6 @@ def test_wgmma_attention_matches_float64(name: str, f16: bool, config: FlashConf
 
 @sm90
 def test_executable_chooses_by_measurement_and_logs(caplog) -> None:
-    from test_attention import _reference, attention_graph
-
     from tilefuse.runtime.gpu import CudaExecutable
 
     graph = attention_graph((4, 8), 1024, 1024, 64, 64, BF16, 0.125)
@@ -200,5 +180,5 @@ def test_executable_chooses_by_measurement_and_logs(caplog) -> None:
     arrays = [rng.standard_normal(tuple(v.shape), np.float32).astype(BF16.np)
               for v in graph.inputs]
     (got,) = executable(*arrays)
-    ref = _reference(*[a.astype(np.float64) for a in arrays], None, 0.125)
+    ref = reference(*[a.astype(np.float64) for a in arrays], None, 0.125)
     assert np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref) < 1e-2

@@ -396,8 +396,9 @@ class _Flash:
                            s.sk, c.block_n, s.dv, lay.ldv, bounded)
 
     def prologue(self, with_v: bool = True) -> list[list[Frag]] | None:
-        """The Q block and key tile 0 (its K only, unless ``with_v``) copied; Q's A fragments
-        ``[m tile][k16 step]``."""
+        """The Q block and key tile 0 (its K only, unless ``with_v``) copied and published
+        (:meth:`publish`, which the wgmma kernel extends); Q's A fragments ``[m tile][k16
+        step]``, or None when the products read Q from shared memory (``q_shared``)."""
         s, c, p = self.s, self.c, self.p
         self.copy_rows(self.lay.q, self.q_ptr, self.q_base, self.q0, s.sq, c.block_m, s.d,
                        self.lay.ldk, s.sq % c.block_m != 0)
@@ -407,8 +408,7 @@ class _Flash:
         else:
             self.copy_part(self.i32(0), 0, "k", bounded)
         p.cp_async_commit()
-        p.cp_async_wait(0)
-        p.barrier()
+        self.publish()
         return None if c.q_shared else self.q_fragments()
 
     def q_fragments(self) -> list[list[Frag]]:

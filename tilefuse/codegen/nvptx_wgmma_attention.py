@@ -72,20 +72,9 @@ class WgmmaFlash(_Flash):
         self.pending: list[ir.Value] = []
         """The scores of the next tile while their products are in flight."""
 
-    def prologue(self, with_v: bool = True) -> list[list[Frag]] | None:
-        s, c, p = self.s, self.c, self.p
-        self.copy_rows(self.lay.q, self.q_ptr, self.q_base, self.q0, s.sq, c.block_m, s.d,
-                       self.lay.ldk, s.sq % c.block_m != 0)
-        bounded = self.tiles == 1 and self.tail_keys != 0
-        if with_v:
-            self.copy_tile(self.i32(0), 0, bounded)
-        else:
-            self.copy_part(self.i32(0), 0, "k", bounded)
-        p.cp_async_commit()
-        self.publish()
-        return self.q_fragments()
-
     def publish(self) -> None:
+        """The base kernel's wait and barrier with the copies fenced for the async proxy
+        between them, so the products' descriptors see them (also in the prologue)."""
         self.p.cp_async_wait(0)
         self.w.fence_proxy_async()
         self.p.barrier()
