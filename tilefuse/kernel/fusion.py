@@ -36,7 +36,7 @@ The rules (they are the design; the tests hold the code to them):
    exactly D reading the anchor or the epilogue (bias, activation, residual, scale: ``gelu(x @ w
    + b)`` is one kernel); PROLOGUE / PROLOGUE_B members compute operand A / B element by element
    (the operand's element count), evaluated while packing; remaps, slices and constant pads
-   of any size (``_gathered``) join A's too, so im2col gathers from the unpadded activations.
+   of any size (``gathered``) join A's too, so im2col gathers from the unpadded activations.
 5. **REDUCTION**: the anchor and a PROLOGUE computing its input element by element (as in 4);
    its leaves are remaps and fills only (a pool's taps would recompute arithmetic per window).
 6. **ELEMENTWISE**: the remaining pointwise nodes, seeded from the last backwards. DOMAIN members
@@ -61,7 +61,9 @@ The rules (they are the design; the tests hold the code to them):
    ATTENTION group.
 
 Groups launch in a topological order of the kernel graph (ties: earliest node first), named
-``k0, k1, ...`` in that order. Decisions are logged on the ``fusion`` topic.
+``k0, k1, ...`` in that order. Decisions are logged on the ``fusion`` topic. What these rules
+ask of a single node (pointwise or not, its cost, the axes it folds) is answered in
+:mod:`tilefuse.kernel.classify`.
 """
 
 from __future__ import annotations
@@ -76,7 +78,21 @@ from dataclasses import dataclass, field
 from tilefuse.errors import VerifyError
 from tilefuse.graph.analysis import users as value_users
 from tilefuse.graph.ir import Graph, Node, Value
-from tilefuse.graph.types import Shape, SymProduct, normalize_axes, normalize_axis
+from tilefuse.graph.types import Shape, SymProduct
+from tilefuse.kernel.classify import (
+    ARG_REDUCTIONS,  # noqa: F401  (the four sets are re-exported: this was their home)
+    AXIS_REDUCTIONS,  # noqa: F401
+    CHEAP_MOVEMENT,  # noqa: F401
+    TRANSCENDENTAL,  # noqa: F401
+    bytes_at_most,
+    gathered,
+    is_constant,
+    is_pointwise,
+    numel,
+    op_cost,
+    reduced_axes,
+    row_width,
+)
 from tilefuse.kernel.plan_printer import node_label, print_plan, value_names
 from tilefuse.log import get_logger
 from tilefuse.ops.registry import OpKind, Trait
@@ -91,14 +107,8 @@ MAX_RECOMPUTE_OPS = 8
 """The most scalar ops per element a value's cone may cost for it to be recomputed in each
 reader instead of being written and read back (rule 8)."""
 
-CHEAP_MOVEMENT = frozenset({"broadcast_to", "expand_dims", "squeeze", "reshape", "transpose",
-                            "window_patches"})
 ORDER_PRESERVING = frozenset({"reshape", "expand_dims", "squeeze"})  # row-major order kept
-TRANSCENDENTAL = frozenset({"exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "gelu",
-                            "silu", "softplus", "sin", "cos", "pow"})
 FREE_CONSTANT_OPS = frozenset({"full", "broadcast_to"})  # make data from next to nothing
-AXIS_REDUCTIONS = frozenset({"sum", "mean", "max", "min", "var", "prod"})
-ARG_REDUCTIONS = frozenset({"argmax", "argmin"})
 
 
 class KernelKind(enum.Enum):
@@ -171,59 +181,7 @@ class KernelPlan:
         return {n: tuple(gs) for n, gs in holders.items() if len(gs) > 1}
 
 
-# ---- node classification ---------------------------------------------------------------------
-
-
-def is_constant(node: Node) -> bool:
-    return node.op.name == "constant"
-
-
-def is_pointwise(node: Node) -> bool:
-    """Elementwise ops, fills and the index-remapping movement ops (rule 2)."""
-    return (node.op.kind is OpKind.ELEMENTWISE or node.op.name in CHEAP_MOVEMENT
-            or node.op.name == "full")
-
-
-def _gathered(node: Node) -> bool:
-    """A remap, slice or constant pad leaving the last axis alone: read through at any size."""
-    if node.op.name == "pad":
-        return node.attrs["mode"] == "constant" and not any(node.attrs["pads"][-2:])
-    return node.op.name in CHEAP_MOVEMENT or node.op.name == "slice"
-
-
-def op_cost(node: Node) -> int:
-    """Scalar ops per element of a pointwise node: 0 remap/fill, 4 transcendental, else 1."""
-    if node.op.name in CHEAP_MOVEMENT or node.op.name == "full":
-        return 0
-    return 4 if node.op.name in TRANSCENDENTAL else 1
-
-
-def reduced_axes(node: Node) -> tuple[int, ...] | None:
-    """The input axes a reduction (or composite) folds, normalised and sorted; None otherwise."""
-    name = node.op.name
-    rank = node.inputs[0].type.rank if node.inputs else 0
-    if name in AXIS_REDUCTIONS:
-        return normalize_axes(node.attrs["axes"], rank)
-    if name in ARG_REDUCTIONS:
-        axis = node.attrs["axis"]
-        return tuple(range(rank)) if axis is None else (normalize_axis(axis, rank),)
-    if name in ("softmax", "log_softmax"):
-        return (normalize_axis(node.attrs["axis"], rank),)
-    if name in ("layer_norm", "rms_norm"):
-        k = node.inputs[1].type.rank
-        return tuple(range(rank - k, rank))
-    return None
-
-
-def row_width(node: Node) -> int | None:
-    """k when ``node`` folds exactly the trailing k >= 1 axes of its input (a row reduction)."""
-    if node.op.name in ARG_REDUCTIONS:
-        return None
-    axes = reduced_axes(node)
-    if not axes:
-        return None
-    rank = node.inputs[0].type.rank
-    return len(axes) if axes == tuple(range(rank - len(axes), rank)) else None
+# ---- node classification (the rest is in tilefuse.kernel.classify) ---------------------------
 
 
 def anchor_kind(node: Node) -> KernelKind | None:
@@ -233,22 +191,6 @@ def anchor_kind(node: Node) -> KernelKind | None:
     if reduced_axes(node) is None:
         return None
     return KernelKind.ROW_REDUCTION if row_width(node) else KernelKind.REDUCTION
-
-
-def _numel(value: Value) -> SymProduct:
-    return SymProduct.of(value.type.shape)
-
-
-def _bytes_at_most(values: Iterable[Value], bound: Value) -> bool:
-    """Whether ``values`` together are no more bytes than ``bound`` (symbols taken >= 1)."""
-    b = _numel(bound)
-    total = 0
-    for v in values:
-        n = _numel(v)
-        if any(n.syms.count(s) > b.syms.count(s) for s in set(n.syms)):
-            return False
-        total += n.coeff * v.dtype.itemsize
-    return total <= b.coeff * bound.dtype.itemsize
 
 
 # ---- spaces: what a group may hold -----------------------------------------------------------
@@ -293,7 +235,7 @@ class _ElementwiseSpace(_Space):
         self.size = size
 
     def _roles(self, node: Node) -> list[Role]:
-        return [Role.DOMAIN] if is_pointwise(node) and _numel(node.outputs[0]) == self.size \
+        return [Role.DOMAIN] if is_pointwise(node) and numel(node.outputs[0]) == self.size \
             else []
 
     def _edge(self, consumer: Node, c_role: Role, pos: int, producer: Node,
@@ -346,13 +288,13 @@ class _ContractionSpace(_Space):
 
     def _roles(self, node: Node) -> list[Role]:
         if not is_pointwise(node):
-            return [Role.PROLOGUE] if _gathered(node) else []
+            return [Role.PROLOGUE] if gathered(node) else []
         out = node.outputs[0]
         epilogue = node.op.kind is OpKind.ELEMENTWISE and out.type.shape == self.domain
         return [role for role, ok in ((Role.EPILOGUE, epilogue),
-                                      (Role.PROLOGUE, _gathered(node) or
-                                       _numel(out) == self.operands[0]),
-                                      (Role.PROLOGUE_B, _numel(out) == self.operands[1])) if ok]
+                                      (Role.PROLOGUE, gathered(node) or
+                                       numel(out) == self.operands[0]),
+                                      (Role.PROLOGUE_B, numel(out) == self.operands[1])) if ok]
 
     def _edge(self, consumer: Node, c_role: Role, pos: int, producer: Node,
               p_role: Role) -> bool:
@@ -374,7 +316,7 @@ class _ReductionSpace(_Space):
         self.size = SymProduct.of(anchor.inputs[0].type.shape)
 
     def _roles(self, node: Node) -> list[Role]:
-        ok = _gathered(node) or (is_pointwise(node) and _numel(node.outputs[0]) == self.size)
+        ok = gathered(node) or (is_pointwise(node) and numel(node.outputs[0]) == self.size)
         return [Role.PROLOGUE] if ok else []
 
     def _edge(self, consumer: Node, c_role: Role, pos: int, producer: Node,
@@ -457,7 +399,7 @@ class _Former:
         elif kind is KernelKind.REDUCTION:
             space = _ReductionSpace(node)
         elif kind is KernelKind.ELEMENTWISE:
-            space, role, anchor = _ElementwiseSpace(_numel(node.outputs[0])), Role.DOMAIN, None
+            space, role, anchor = _ElementwiseSpace(numel(node.outputs[0])), Role.DOMAIN, None
         else:
             role, anchor = Role.SINGLE, None
         group = self.groups[self._next_gid] = _Group(self._next_gid, kind, space, anchor, {},
@@ -679,8 +621,8 @@ class _Former:
         """Whether the leaves ``group`` does not read already weigh no more than ``value``."""
         members = group.members
         reads = {v for m in members for v in m.inputs if self.producer.get(v) not in members}
-        return _bytes_at_most((v for v in leaves if v not in reads
-                               and self.producer.get(v) not in members), value)
+        return bytes_at_most((v for v in leaves if v not in reads
+                              and self.producer.get(v) not in members), value)
 
     def _simulate(self, group: _Group, cone: list[Node]) -> list[tuple[Node, Role]] | str:
         """Roles for private copies of ``cone`` in ``group`` (users first), or why not."""
