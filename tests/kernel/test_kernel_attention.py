@@ -22,7 +22,7 @@ from tilefuse.kernel.lower_attention import (
     attention_sizes,
     default_attention_schedule,
 )
-from tilefuse.kernel.schedule import as_cpu_target
+from tilefuse.kernel.schedule import as_cpu_target, iteration_axes
 from tilefuse.ops import get_op
 from tilefuse.runtime.native import NativeExecutable
 from tilefuse.testing import assert_close, random_array
@@ -136,32 +136,30 @@ def test_native_causal_minus_inf_mask(sq, sk):
 
 
 @pytest.mark.parametrize("block_q, key_vectors, rows, pv", [
-    (64, 8, 3, 4),    # wide key blocks: 8 score vectors per row
+    (45, 6, 3, 4),    # wide key blocks: 6 score vectors per row (all 83 keys); one query block
     (16, 2, 5, 1),    # rows not a multiple of the register tile, P·V one vector at a time
     (33, 1, 7, 3),    # odd query block, one vector of keys, a partial P·V chunk
     (8, 3, 1, 2),     # one-row tiles
 ])
 @pytest.mark.parametrize("dtype", [DType.f32, DType.f64])
-def test_native_matches_reference_for_other_schedules(monkeypatch, block_q, key_vectors, rows,
-                                                      pv, dtype):
-    """The blocking is the schedule's (what a search would vary): every legal choice computes
-    the same attention, on odd sizes, a causal -inf mask and random values."""
-    import tilefuse.runtime.native as native
+def test_native_matches_reference_for_other_schedules(block_q, key_vectors, rows, pv, dtype):
+    """The blocking is the schedule's (what a search varies): every legal choice computes the
+    same attention, on odd sizes, a causal -inf mask and random values."""
+    from tilefuse.codegen.target import host_target
+    from tilefuse.kernel.schedule import validate
+    from tilefuse.runtime.schedules import ForcedSchedule
 
-    used = []
-
-    def schedule(group, target):
-        s = default_attention_schedule(group, target)
-        used.append(group.name)
-        return dataclasses.replace(s, tiles=(("q", block_q), ("k", key_vectors * s.vector_width)),
-                                   unroll=(("q", rows), ("v", pv)))
-
-    monkeypatch.setattr(native, "default_attention_schedule", schedule)
     g = attention_graph((2,), 45, 83, 24, 40, (45, 83), dtype=dtype)
+    [group] = form_kernels(g).groups
+    s = default_attention_schedule(group, None)
+    forced = dataclasses.replace(s, tiles=(("q", block_q), ("k", key_vectors * s.vector_width)),
+                                 unroll=(("q", rows), ("v", pv)))
+    validate(forced, iteration_axes(group))
+    exe = NativeExecutable(g, schedules=ForcedSchedule(host_target(), group.name, forced))
+    assert exe.fallbacks == []
     arrays = inputs_of(g, 11)
     arrays[3] = causal(45, 83).astype(dtype.np)
-    assert_close(run_native(g, arrays), reference(g, arrays), reduction=True)
-    assert used
+    assert_close(exe(*arrays)[0], reference(g, arrays), reduction=True)
 
 
 def test_an_avx2_target_gets_its_own_blocking_and_matches_the_reference():

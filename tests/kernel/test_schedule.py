@@ -148,7 +148,7 @@ def test_a_valid_schedule_passes():
     (_mm(vector_axis="q"), MNK, "vector_axis names 'q'"),
     (_mm(parallel_axes=("n", "n")), MNK, "parallel_axes names an axis twice"),
     (_mm(parallel_axes=("b",)), MNK, "parallel_axes names 'b'"),
-    (_mm(pack=("C",)), MNK, "only operands A and B"),
+    (_mm(pack=("C",)), MNK, "operands A and B"),
     (_mm(micro_tile=None), MNK, "a contraction needs a micro_tile"),
     (_mm(micro_tile=(12, 24)), MNK, "NR=24 is not a multiple of the vector width 16"),
     (_mm(micro_tile=(128, 32)), MNK, "micro tile 128 along 'm' exceeds its block 96"),

@@ -45,6 +45,17 @@ def rows_graph(shape: tuple[int, ...], op: str = "softmax") -> Graph:
     return b.build([b.add1(op, [x, weight, bias])])
 
 
+def attention_graph(batch: tuple[int, ...], sq: int, sk: int, d: int, dv: int,
+                    mask: bool = True) -> Graph:
+    """One fused attention (what the attention pass makes of a transformer's scores)."""
+    b = GraphBuilder("att")
+    q = b.input(((*batch, sq, d), F32), "q")
+    k = b.input(((*batch, sk, d), F32), "k")
+    v = b.input(((*batch, sk, dv), F32), "v")
+    inputs = [q, k, v] + ([b.input(((1,) * len(batch) + (sq, sk), F32), "mask")] if mask else [])
+    return b.build([b.add1("attention", inputs, {"scale": float(d) ** -0.5})])
+
+
 def tiny_function(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """For the CLI test: one elementwise kernel."""
     return np.tanh(x * y + x)

@@ -83,3 +83,27 @@ def test_a_build_without_a_database_file_opens_nothing(tmp_path, monkeypatch):
     opened, _ = _count_sqlite(monkeypatch)
     NativeExecutable(_graph(np.random.default_rng(9)), schedules=ScheduleSource(host_target()))
     assert opened == []
+
+
+def test_a_tuned_attention_schedule_is_what_the_build_runs(tmp_path, monkeypatch):
+    """Attention kernels are tuned like the others: the build takes the database's blocking."""
+    from helpers_tune import attention_graph
+
+    graph = attention_graph((2, 3), 45, 83, 24, 40)
+    target = host_target()
+    [(name, task)] = named_tasks(graph)
+    space = space_for(task.group, target)
+    tuned = next(s for s in (space.sample(np.random.default_rng(i)) for i in range(50))
+                 if s != space.default())
+    path = tmp_path / "tune.sqlite"
+    db = SQLiteDatabase(path)
+    db.record(TuneKey(task.fingerprint(), target_string(target)), tuned, 1e-3)
+    db.close()
+    monkeypatch.setenv("TILEFUSE_TUNE_DB", str(path))
+    source = ScheduleSource(target)
+    exe = NativeExecutable(graph, tmp_path / "dump", target=target, schedules=source)
+    assert source.tuned == {name: 1e-3}
+    assert f"[{tuned}]" in (tmp_path / "dump" / "kernels.plan").read_text()
+    rng = np.random.default_rng(10)
+    arrays = [random_array(rng, tuple(v.shape), v.dtype) for v in graph.inputs]
+    assert_close(exe(*arrays)[0], interpret(graph, *arrays)[0], reduction=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers_tune import elementwise_graph, matmul_graph, rows_graph
+from helpers_tune import attention_graph, elementwise_graph, matmul_graph, rows_graph
 
 from tilefuse.codegen.target import host_target
 from tilefuse.kernel.fusion import KernelKind
@@ -16,7 +16,10 @@ from tilefuse.tune.task import tasks_from_graph
 
 def random_graph(seed: int):
     rng = np.random.default_rng(seed)
-    kind = seed % 3
+    kind = seed % 4
+    if kind == 3:
+        sq, sk, d, dv = (int(v) for v in rng.integers(1, 150, 4))
+        return attention_graph((int(rng.integers(1, 4)),), sq, sk, d, dv, mask=bool(seed % 2))
     if kind == 0:
         m, k, n = (int(v) for v in rng.integers(1, 300, 3))
         return matmul_graph(m, k, n, constant_w=bool(seed % 2), gelu=bool(seed % 4 < 2))
@@ -69,7 +72,8 @@ def test_invalid_points_are_rejected_before_building():
 
 
 @pytest.mark.parametrize("graph", [matmul_graph(37, 29, 53), elementwise_graph((5, 333)),
-                                   rows_graph((33, 70))], ids=["matmul", "elementwise", "rows"])
+                                   rows_graph((33, 70)), attention_graph((2, 3), 45, 83, 24, 40)],
+                         ids=["matmul", "elementwise", "rows", "attention"])
 def test_sampled_schedules_compute_the_reference(graph):
     """Random members of each space, built and run in process, match the reference."""
     rng = np.random.default_rng(7)
@@ -87,3 +91,16 @@ def test_fixed_space():
     assert space.sample(np.random.default_rng(0)) == default
     assert space.neighbours(default) == []
     assert space.mutate(default, np.random.default_rng(0)) == default
+
+
+def test_attention_knobs_come_from_the_group_and_respect_the_register_budget():
+    [task] = tasks_from_graph(attention_graph((12,), 128, 128, 64, 64))
+    space = space_for(task.group, CpuTarget(512, cores=2))
+    assert task.extents() == {"b": 12, "q": 128, "k": 128, "v": 64}
+    assert space.knobs["block_q"] == (8, 16, 32, 64, 128)
+    assert space.knobs["key_vectors"] == (1, 2, 3, 4, 6, 8)
+    assert space.knobs["pv_vectors"] == (1, 2, 3, 4)
+    assert space.make(space.point(space.default())) == space.default()
+    point = space.point(space.default())
+    assert space.make({**point, "rows": 4, "key_vectors": 8}) is None   # 32 accumulators
+    assert space.make({**point, "rows": 3, "key_vectors": 8}) is not None

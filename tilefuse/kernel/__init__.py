@@ -1,5 +1,6 @@
-"""Kernels: kernel formation (graph → kernel plan, :mod:`.fusion`), its text form
-(:mod:`.plan_printer`) and schedules as data (:mod:`.schedule`)."""
+"""Kernels: kernel formation (graph → kernel plan, :mod:`.fusion`, over the node classification
+of :mod:`.classify`), its text form (:mod:`.plan_printer`) and schedules as data
+(:mod:`.schedule`)."""
 
 from tilefuse.kernel.fusion import (
     MAX_RECOMPUTE_OPS,

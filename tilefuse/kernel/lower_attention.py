@@ -51,8 +51,16 @@ from tilefuse.kernel.access import (
     symbol_scalars,
 )
 from tilefuse.kernel.attention_tiles import QueryBlock
-from tilefuse.kernel.fusion import KernelGroup, KernelKind
-from tilefuse.kernel.schedule import Schedule, as_cpu_target
+from tilefuse.kernel.fusion import KernelGroup
+from tilefuse.kernel.schedule import (
+    BLOCK_Q,
+    KEY_VECTORS,
+    MICRO_ROWS,
+    PV_VECTORS,
+    Schedule,
+    as_cpu_target,
+    default_schedule,
+)
 from tilefuse.loop.ir import (
     BufferParam,
     Expr,
@@ -71,14 +79,6 @@ from tilefuse.loop.ir import (
 )
 from tilefuse.loop.simplify import fold_constants
 
-BLOCK_Q = 64
-"""Query rows per work item: the probabilities scratch is BLOCK_Q × the key block per thread."""
-KEY_VECTORS = 4
-"""Vectors of keys per block: 64 keys of f32 (32 of f64) on AVX-512, 4 zmm per score row."""
-MICRO_ROWS = 4
-"""Query rows per register tile: 4 rows × 4 vectors = 16 accumulators of 32 zmm."""
-PV_VECTORS = 4
-"""Output vectors per register tile of the probabilities · v product."""
 MAX_ACCUMULATORS = 24
 """At most this many accumulator vectors per register tile (of 32 zmm: the rest hold the
 loaded panel vectors, the broadcast and the softmax's temporaries)."""
@@ -86,17 +86,9 @@ SUPPORTED = frozenset({DType.f32, DType.f64})
 
 
 def default_attention_schedule(group: KernelGroup, target: Any = None) -> Schedule:
-    """The attention kernel's schedule: query and key blocks (``tiles``), the register tile's
-    rows and P·V vectors (``unroll`` of ``q`` and ``v``), vectors along keys of the target's
-    width; half the rows with 16 vector registers (AVX2), so the 8 accumulators leave room."""
-    cpu = as_cpu_target(target)
-    node = attention_node(group)
-    lanes = cpu.lanes(node.outputs[0].dtype)
-    rows = MICRO_ROWS if cpu.vector_registers >= 32 else MICRO_ROWS // 2
-    return Schedule(KernelKind.ATTENTION, tiles=(("q", BLOCK_Q), ("k", KEY_VECTORS * lanes)),
-                    order=("b", "q", "k"), vector_axis="k", vector_width=lanes,
-                    parallel_axes=("b", "q"), unroll=(("q", rows), ("v", PV_VECTORS)),
-                    pack=("k",))
+    """The attention kernel's default schedule (:func:`~tilefuse.kernel.schedule.default_schedule`,
+    whose rule is ``_default_attention``)."""
+    return default_schedule(group, as_cpu_target(target))
 
 
 def attention_node(group: KernelGroup) -> Node:

@@ -52,6 +52,19 @@ BERT's 128×768×3072 from 111 to 122–125 GFLOP/s and W1 (25th percentile) 17.
 MIN_ACCUMULATORS = 8
 """Independent FMA chains a micro-kernel needs to keep two FMA units busy (latency 4 × 2)."""
 PACKABLE = ("A", "B")
+BLOCK_Q = 64
+"""Attention: query rows per work item (the probabilities scratch is BLOCK_Q × the key block
+per thread)."""
+KEY_VECTORS = 4
+"""Attention: vectors of keys per block: 64 keys of f32 (32 of f64) on AVX-512, 4 zmm per
+score row."""
+MICRO_ROWS = 4
+"""Attention: query rows per register tile: 4 rows × 4 vectors = 16 accumulators of 32 zmm."""
+PV_VECTORS = 4
+"""Attention: output vectors per register tile of the probabilities · v product."""
+KEY_ROUNDING = 16
+"""Attention's key axis ``k`` is the key count rounded up to a multiple of this (the most
+lanes an attention vector has): key blocks are whole vectors, padded past the last key."""
 
 Extents = Mapping[str, int | None]
 
@@ -287,9 +300,11 @@ def _validate_vector(schedule: Schedule, axes: set[str]) -> None:
 def _validate_contraction(schedule: Schedule, extents: Extents) -> None:
     contraction = schedule.kind is KernelKind.CONTRACTION
     _check_unique(schedule.pack, "pack")
-    if schedule.pack and (not contraction or not set(schedule.pack) <= set(PACKABLE)):
-        raise ScheduleError(f"pack {list(schedule.pack)}: only a contraction packs, and only "
-                            "operands A and B")
+    packable = PACKABLE if contraction else ("k",) if schedule.kind is KernelKind.ATTENTION \
+        else ()
+    if not set(schedule.pack) <= set(packable):
+        raise ScheduleError(f"pack {list(schedule.pack)}: only a contraction packs (operands A "
+                            "and B) and an attention (its keys, k)")
     if (schedule.micro_tile is not None) != contraction:
         raise ScheduleError("a contraction needs a micro_tile and other kernels have none")
     if schedule.micro_tile is None:
@@ -316,6 +331,8 @@ def iteration_axes(group: KernelGroup, hint: int | None = None) -> dict[str, int
             return None
         return math.prod(hint if isinstance(d, Sym) else d for d in dims)
 
+    if group.kind is KernelKind.ATTENTION:
+        return _attention_axes(group, _product)
     anchor = group.anchor
     if group.kind in _AXES_BY_KIND and not _anchor_fits(group.kind, anchor):
         what = anchor.op.name if anchor is not None else "none"
@@ -340,6 +357,20 @@ def iteration_axes(group: KernelGroup, hint: int | None = None) -> dict[str, int
             return {"r": _product(kept), "n": _product(red)}
         return {"i": _product(kept), "r": _product(red)}
     return {"i": _product(group.domain)}
+
+
+def _attention_axes(group: KernelGroup, product: Any) -> dict[str, int | None]:
+    """``b`` (batch·heads), ``q`` (queries), ``k`` (keys, rounded up to whole vectors:
+    :data:`KEY_ROUNDING`), ``v`` (the output's head dim) of an attention group."""
+    found = [n for n in group.nodes if n.op.name == "attention"]
+    if len(found) != 1:
+        raise ScheduleError(f"kernel {group.name}: an attention kernel holds one attention node")
+    q, k, v = (x.type.shape for x in found[0].inputs[:3])
+    out = found[0].outputs[0].type.shape
+    keys = product((k[-2],))
+    return {"b": product(out[:-2]), "q": product((q[-2],)),
+            "k": None if keys is None else -(-max(keys, 1) // KEY_ROUNDING) * KEY_ROUNDING,
+            "v": product((v[-1],))}
 
 
 # ---- default rules ---------------------------------------------------------------------------
@@ -418,10 +449,29 @@ def default_schedule(group: KernelGroup, target: CpuTarget | Any = None) -> Sche
         schedule = _default_reduction(group, axes, sizes, lanes, target)
     elif group.kind is KernelKind.ELEMENTWISE:
         schedule = _default_elementwise(axes["i"], sizes["i"], lanes, target)
+    elif group.kind is KernelKind.ATTENTION:
+        schedule = _default_attention(axes, lanes, target)
     else:
         schedule = Schedule(group.kind, order=("i",))
     validate(schedule, axes)
     return schedule
+
+
+def _default_attention(axes: Extents, lanes: int, target: CpuTarget) -> Schedule:
+    """Query blocks of :data:`BLOCK_Q` rows and key blocks of :data:`KEY_VECTORS` vectors (each
+    clamped to its axis), register tiles of :data:`MICRO_ROWS` rows (half with 16 vector
+    registers, AVX2, so the 8 accumulators leave room) × :data:`PV_VECTORS` output vectors,
+    threads over batch·heads and query blocks."""
+    rows = MICRO_ROWS if target.vector_registers >= 32 else MICRO_ROWS // 2
+    sq, keys, dv = axes["q"], axes["k"], axes["v"]
+    block_q = BLOCK_Q if sq is None else min(BLOCK_Q, max(sq, 1))
+    block_k = KEY_VECTORS * lanes if keys is None else min(KEY_VECTORS * lanes,
+                                                           -(-keys // lanes) * lanes)
+    rows = rows if sq is None else min(rows, max(sq, 1))
+    pv = PV_VECTORS if dv is None else max(1, min(PV_VECTORS, dv // lanes))
+    return Schedule(KernelKind.ATTENTION, tiles=(("q", block_q), ("k", block_k)),
+                    order=("b", "q", "k", "v"), vector_axis="k", vector_width=lanes,
+                    parallel_axes=("b", "q"), unroll=(("q", rows), ("v", pv)), pack=("k",))
 
 
 def _default_elementwise(n: int | None, size: int, lanes: int, target: CpuTarget) -> Schedule:

@@ -93,6 +93,21 @@ def _attention_decompose(builder: Any, inputs: Sequence[Value], attrs: Attrs,
     return (op("matmul", op("softmax", s, axis=-1), v),)
 
 
+SOFTMAX_OPS_PER_SCORE = 8
+"""Scalar ops per score besides the two products: mask add, max, subtract, exp (4), sum."""
+
+
+def attention_flops(shapes: Sequence[Shape]) -> float:
+    """FLOPs of one attention on static ``shapes`` (q, k, v[, mask]): per batch·head
+    ``2·Sq·Sk·(D + Dv)`` for the two products plus the softmax's ops on every score."""
+    q, k, v = (tuple(int(d) for d in s) for s in shapes[:3])
+    batch = 1
+    for d in broadcast_shapes(q[:-2], k[:-2], v[:-2]):
+        batch *= int(d)
+    sq, sk, d, dv = q[-2], k[-2], q[-1], v[-1]
+    return float(batch * sq * sk * (2 * (d + dv) + SOFTMAX_OPS_PER_SCORE))
+
+
 ATTENTION = OpDef("attention", OpKind.CONTRACTION, None, _attention_rule, promoted,
                   quiet(_reference), attrs=(attr("scale", AttrType.FLOAT),),
                   accepts=FLOAT_TYPES, decompose=_attention_decompose,

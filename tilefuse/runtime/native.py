@@ -59,7 +59,7 @@ from tilefuse.kernel.fusion import (
     form_kernels,
     is_pointwise,
 )
-from tilefuse.kernel.lower_attention import default_attention_schedule, lower_attention
+from tilefuse.kernel.lower_attention import lower_attention
 from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.lower_movement import lower_movement
@@ -199,9 +199,7 @@ class _Builder:
             return self.fall_back(pending, f"no native lowering for {group.kind.value} "
                                   "kernels yet")
         try:
-            pending.schedule = default_attention_schedule(group, self.target) \
-                if group.kind is KernelKind.ATTENTION \
-                else self.schedules.schedule(group, self.constants)
+            pending.schedule = self.schedules.schedule(group, self.constants)
             if group.kind is KernelKind.CONTRACTION:
                 made = self.lower_contraction(group, pending.schedule)
             elif group.kind is KernelKind.ATTENTION:
@@ -252,14 +250,12 @@ class _Builder:
         if pending.per_size is not None:
             return pending
         try:
+            pending.schedule = self.schedules.schedule(group, self.constants)
             if group.kind is KernelKind.ATTENTION:
-                pending.schedule = default_attention_schedule(group, self.target)
                 made = self.lower_attention(group, pending.schedule)
             elif group.kind is KernelKind.CONTRACTION:
-                pending.schedule = self.schedules.schedule(group, self.constants)
                 made = self.lower_contraction(group, pending.schedule)
             else:
-                pending.schedule = self.schedules.schedule(group, self.constants)
                 made = [self.lower_generic(group, pending.schedule)]
         except (CompileError, TypeError) as err:
             # TypeError: the lowering compared a runtime extent with a number (not supported)

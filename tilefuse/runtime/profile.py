@@ -8,7 +8,8 @@ once in order (a batch of runs when one is shorter than ``min_sample``); the fig
 over rounds. The executable's normal call is timed the same way, so the sum of the steps can be
 compared with it.
 
-:func:`group_work` gives the least work a kernel group must do: FLOPs (2·M·N·K per matmul, each
+:func:`group_work` gives the least work a kernel group must do: FLOPs (2·M·N·K per matmul, an
+attention's two products and softmax (:func:`~tilefuse.ops.attention.attention_flops`), each
 other node's scalar ops per element, movement nodes none) and bytes (every group input read
 once and every output written once), which is what a roofline bound is computed from.
 """
@@ -27,6 +28,7 @@ import numpy as np
 from tilefuse.codegen.jit import aligned_empty
 from tilefuse.graph.ir import Value
 from tilefuse.kernel.fusion import KernelGroup, op_cost
+from tilefuse.ops.attention import attention_flops
 from tilefuse.ops.registry import OpKind
 from tilefuse.runtime.launch import HostStep, NativeStep
 from tilefuse.runtime.native import NativeExecutable
@@ -119,6 +121,8 @@ def group_work(group: KernelGroup) -> tuple[float, float]:
         if node.op.name == "matmul":
             k = int(node.inputs[0].shape[-1]) if node.inputs[0].type.rank else 1
             flops += 2.0 * _numel(node.outputs[0]) * k
+        elif node.op.name == "attention":
+            flops += attention_flops([v.shape for v in node.inputs])
         elif node.op.kind is not OpKind.MOVEMENT and op_cost(node):
             widest = max([_numel(v) for v in (*node.inputs, *node.outputs)], default=0)
             flops += op_cost(node) * widest

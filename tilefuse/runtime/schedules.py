@@ -29,7 +29,7 @@ from tilefuse.log import get_logger
 _LOG = get_logger("tune")
 
 TUNED_KINDS = frozenset({KernelKind.CONTRACTION, KernelKind.ELEMENTWISE,
-                         KernelKind.ROW_REDUCTION})
+                         KernelKind.ROW_REDUCTION, KernelKind.ATTENTION})
 """The kernel kinds the tuner has a search space for (the others never hit the database)."""
 
 

@@ -8,7 +8,10 @@ iteration extents, dtype and the target, not a template per operator:
   (targets turned into divisors or near-divisors of the extents, multiples of MR / NR), the
   parallel axis (n, m, b when batched, none), k unroll (1, 2, 4, 8) and pack B on / off;
 - elementwise: vector width (4..16) and the number of parallel chunks (0: serial);
-- row reduction: vector width, unroll of the row loop (1, 2, 4, 8), parallel row chunks.
+- row reduction: vector width, unroll of the row loop (1, 2, 4, 8), parallel row chunks;
+- attention: the query block (8..256 rows), the key block (1..8 vectors), the register tile's
+  rows (1..8) and P·V vectors (1..4), with rows × vectors at most the lowering's accumulator
+  budget (:data:`~tilefuse.kernel.lower_attention.MAX_ACCUMULATORS`).
 
 (The elementwise lowering has no unroll of its own, so unroll is not a knob there.)
 
@@ -32,6 +35,7 @@ import numpy as np
 from tilefuse.dtypes import DType
 from tilefuse.errors import TilefuseError
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
+from tilefuse.kernel.lower_attention import MAX_ACCUMULATORS as ATTENTION_ACCUMULATORS
 from tilefuse.kernel.schedule import (
     CpuTarget,
     Schedule,
@@ -299,6 +303,41 @@ class RowSpace(ElementwiseSpace):
                 "unroll": self.nearest("unroll", dict(schedule.unroll).get("n", 1))}
 
 
+class AttentionSpace(KnobSpace):
+    """Query and key blocks and the register tile of a fused attention kernel."""
+
+    def __init__(self, group: KernelGroup, target: CpuTarget):
+        sizes = iteration_axes(group)
+        self.lanes = target.lanes(_compute_dtype(group))
+        sq, keys, dv = (sizes[a] or 256 for a in "qkv")
+        key_vectors = max(1, -(-keys // self.lanes))
+        knobs = {"block_q": sorted({min(t, sq) for t in (8, 16, 32, 64, 128, 256)}),
+                 "key_vectors": [v for v in (1, 2, 3, 4, 6, 8) if v <= key_vectors] or [1],
+                 "rows": [r for r in range(1, 9) if r <= sq],
+                 "pv_vectors": [v for v in (1, 2, 3, 4) if v <= max(1, dv // self.lanes)]}
+        super().__init__(group, target, knobs)
+
+    def schedule(self, point: Point) -> Schedule:
+        widest = max(point["key_vectors"], point["pv_vectors"])
+        if point["rows"] * widest > ATTENTION_ACCUMULATORS:
+            raise TilefuseError("too many accumulators")
+        block_k = point["key_vectors"] * self.lanes
+        return Schedule(KernelKind.ATTENTION,
+                        tiles=(("q", point["block_q"]), ("k", block_k)),
+                        order=("b", "q", "k", "v"), vector_axis="k", vector_width=self.lanes,
+                        parallel_axes=("b", "q"),
+                        unroll=(("q", point["rows"]), ("v", point["pv_vectors"])),
+                        pack=("k",))
+
+    def point(self, schedule: Schedule) -> Point:
+        unroll = dict(schedule.unroll)
+        return {"block_q": self.nearest("block_q", schedule.tile("q") or 64),
+                "key_vectors": self.nearest("key_vectors",
+                                            (schedule.tile("k") or self.lanes) // self.lanes),
+                "rows": self.nearest("rows", unroll.get("q", 1)),
+                "pv_vectors": self.nearest("pv_vectors", unroll.get("v", 1))}
+
+
 def space_for(group: KernelGroup, target: CpuTarget | Any = None) -> KnobSpace:
     """The knob space of ``group`` by its kind (TilefuseError for kinds not tuned)."""
     cpu = as_cpu_target(target)
@@ -308,8 +347,10 @@ def space_for(group: KernelGroup, target: CpuTarget | Any = None) -> KnobSpace:
         return ElementwiseSpace(group, cpu)
     if group.kind is KernelKind.ROW_REDUCTION:
         return RowSpace(group, cpu)
+    if group.kind is KernelKind.ATTENTION:
+        return AttentionSpace(group, cpu)
     raise TilefuseError(f"kernel {group.name}: no search space for {group.kind.value} kernels")
 
 
-__all__ = ["MAX_ACCUMULATORS", "ContractionSpace", "ElementwiseSpace", "FixedSpace",
-           "KnobSpace", "RowSpace", "SearchSpace", "space_for"]
+__all__ = ["MAX_ACCUMULATORS", "AttentionSpace", "ContractionSpace", "ElementwiseSpace",
+           "FixedSpace", "KnobSpace", "RowSpace", "SearchSpace", "space_for"]

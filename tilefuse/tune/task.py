@@ -20,7 +20,6 @@ look up) and its reference outputs (the ops' NumPy references, node by node).
 
 from __future__ import annotations
 
-import math
 from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +34,8 @@ from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Graph, Value
 from tilefuse.graph.types import is_static
-from tilefuse.kernel.fusion import KernelGroup, KernelKind, form_kernels, op_cost
+from tilefuse.kernel.fusion import KernelGroup, KernelKind, form_kernels
+from tilefuse.kernel.lower_attention import lower_attention
 from tilefuse.kernel.lower_elementwise import lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.schedule import Schedule, iteration_axes, validate
@@ -43,12 +43,13 @@ from tilefuse.loop.ir import LoopFunction
 from tilefuse.passes.decompose import decompose_composites
 from tilefuse.runtime.kernel_cache import KernelCache
 from tilefuse.runtime.native import NativeExecutable
+from tilefuse.runtime.profile import group_work
 from tilefuse.runtime.schedules import ForcedSchedule
 from tilefuse.testing import random_array
 from tilefuse.tune.fingerprint import group_fingerprint
 
 TUNABLE_KINDS = frozenset({KernelKind.CONTRACTION, KernelKind.ELEMENTWISE,
-                           KernelKind.ROW_REDUCTION})
+                           KernelKind.ROW_REDUCTION, KernelKind.ATTENTION})
 
 
 class TuneError(TilefuseError):
@@ -125,8 +126,8 @@ class TuneTask:
         live = [g for g in plan.groups if not all(v in self.constants for v in g.inputs)]
         if len(live) != 1 or live[0].kind not in TUNABLE_KINDS:
             shown = ", ".join(f"{g.name} ({g.kind.value})" for g in live)
-            raise TuneError(f"a tuning task needs exactly one contraction, elementwise or row "
-                            f"kernel, got: {shown or 'none'}")
+            raise TuneError(f"a tuning task needs exactly one contraction, attention, "
+                            f"elementwise or row kernel, got: {shown or 'none'}")
         self.group: KernelGroup = live[0]
         self._fingerprint = group_fingerprint(self.group, self.constants)
         b_known = False
@@ -179,18 +180,9 @@ class TuneTask:
         return [scope[v] for v in self.graph.outputs]
 
     def work(self) -> tuple[float, float]:
-        """(flops, bytes) the kernel must do at least: 2·M·N·K per matmul plus each member's
-        scalar ops per element; every input read and every output written once."""
-        flops = 0.0
-        for node in self.group.nodes:
-            if node.op.name == "matmul":
-                m, n, k = (iteration_axes(self.group)[a] or 1 for a in "mnk")
-                flops += 2.0 * m * n * k * (iteration_axes(self.group).get("b") or 1)
-            else:
-                flops += max(op_cost(node), 1) * sum(_numel(v) for v in node.outputs)
-        moved = sum(_numel(v) * v.dtype.itemsize
-                    for v in (*self.group.inputs, *self.group.outputs))
-        return flops, float(moved)
+        """(flops, bytes) the kernel must do at least, as ``tilefuse explain`` counts them
+        (:func:`tilefuse.runtime.profile.group_work`)."""
+        return group_work(self.group)
 
     def loop_functions(self, schedule: Schedule) -> tuple[LoopFunction, ...]:
         """The loop functions a build of ``schedule`` compiles (validated first:
@@ -198,6 +190,8 @@ class TuneTask:
         validate(schedule, self.extents())
         if self.kind is KernelKind.CONTRACTION:
             return lower_matmul(self.group, schedule, constant_b=self.constant_b).functions
+        if self.kind is KernelKind.ATTENTION:
+            return lower_attention(self.group, schedule, host_target().cores).functions
         return (lower_group(self.group, schedule),)
 
     def build(self, schedule: Schedule, inputs: Mapping[Value, np.ndarray],
@@ -215,10 +209,6 @@ class TuneTask:
             raise TuneError(f"schedule {schedule} does not build natively: {reasons}")
         arrays = [_aligned_copy(np.asarray(inputs[v])) for v in self.graph.inputs]
         return BuiltKernel(exe, arrays)
-
-
-def _numel(v: Value) -> int:
-    return math.prod(int(d) for d in v.shape)
 
 
 def _aligned_copy(array: np.ndarray) -> np.ndarray:
