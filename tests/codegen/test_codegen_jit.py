@@ -240,3 +240,31 @@ def test_parallel_loop_runs_each_iteration_once(threads, n, step):
         expected = np.zeros(n, np.int64)
         expected[::step] = 1
         np.testing.assert_array_equal(hits, expected)
+
+
+def test_openmp_wait_default_respects_the_users_choice():
+    """tilefuse shortens libgomp's idle spin unless the user chose a wait policy."""
+    from tilefuse.codegen.target import SPIN_COUNT, quiet_openmp_waits
+
+    env: dict[str, str] = {}
+    quiet_openmp_waits(env)
+    assert env == {"GOMP_SPINCOUNT": str(SPIN_COUNT)}
+    for chosen in ({"GOMP_SPINCOUNT": "7"}, {"OMP_WAIT_POLICY": "active"}):
+        env = dict(chosen)
+        quiet_openmp_waits(env)
+        assert env == chosen
+
+
+def test_the_loaded_openmp_runtime_got_the_short_spin():
+    """A fresh process that compiles a parallel kernel sets GOMP_SPINCOUNT before libgomp
+    loads (libgomp reads it once, when it loads)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os; from tilefuse.codegen.target import load_openmp, SPIN_COUNT; "
+            "load_openmp(); print(os.environ['GOMP_SPINCOUNT'] == str(SPIN_COUNT))")
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == "True"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from tilefuse.cli.models import (
 )
 from tilefuse.cli.progress import Bar
 from tilefuse.cli.timing import format_seconds, interleaved_medians
+from tilefuse.codegen.target import quiet_openmp_waits
 
 EXAMPLE = """  tilefuse bench model.onnx --vs onnxruntime --rounds 21
   tilefuse bench "tilefuse.zoo:bert_layer()" --input x=1x128x768 --input mask=1x1x1x128 \\
@@ -233,7 +233,7 @@ def parse_peers(text: str) -> list[str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("GOMP_SPINCOUNT", "20000")  # see benchmarks/run.py's docstring
+    quiet_openmp_waits()  # before torch loads its OpenMP runtime; see benchmarks/run.py
     quiet_torch_warnings()
     model = load_model(args.model)
     wanted = parse_peers(args.vs)
