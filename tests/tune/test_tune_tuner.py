@@ -14,7 +14,7 @@ from tilefuse.kernel.schedule import iteration_axes, validate
 from tilefuse.testing import assert_close, random_array
 from tilefuse.tune.cost_model import best_model
 from tilefuse.tune.database import SQLiteDatabase
-from tilefuse.tune.roofline import MeasuredRoofline, Peaks
+from tilefuse.tune.roofline import MeasuredRoofline, Peaks, Roofline
 from tilefuse.tune.runner import LocalRunner, MeasureOptions
 from tilefuse.tune.search import EvolutionarySearch
 from tilefuse.tune.task import TuneTask, tasks_from_graph
@@ -44,16 +44,35 @@ def test_short_tuning_run_matches_the_reference(tmp_path):
     assert_close(built.outputs[0], expected, reduction=True)
 
 
+class _TinyBound(Roofline):
+    """A bound of 1 ps: with a huge margin every kernel is within it, none beats it."""
+
+    def bound_seconds(self, flops: float, nbytes: float) -> float:
+        return 1e-12
+
+
 def test_roofline_stops_a_kernel_at_its_bound(tmp_path):
     [task] = tasks_from_graph(matmul_graph(16, 16, 16))
     db = SQLiteDatabase(tmp_path / "tune.db")
-    roofline = MeasuredRoofline(db, "t", lambda: Peaks(1.0, 1.0))  # everything is "at bound"
-    slow = MeasuredRoofline(db, "t", lambda: Peaks(1.0, 1.0))
-    assert slow.peaks == roofline.peaks
     with LocalRunner(OPTIONS) as runner:
-        result = tune_task(task, Budget(trials=50, seconds=60, margin=1e9), db, runner,
-                           best_model(), EvolutionarySearch(), roofline=roofline)
+        result = tune_task(task, Budget(trials=50, seconds=60, margin=1e12), db, runner,
+                           best_model(), EvolutionarySearch(), roofline=_TinyBound())
     assert result.stopped == "roofline" and len(result.history.seconds) == 1
+
+
+def test_a_kernel_faster_than_the_stored_peaks_keeps_searching(tmp_path):
+    """Peaks measured low (1 FLOP/s, 1 B/s: a busy machine) are raised to the kernel's own
+    speed, and that bound, the kernel's own time, does not stop its search."""
+    [task] = tasks_from_graph(matmul_graph(16, 16, 16))
+    db = SQLiteDatabase(tmp_path / "tune.db")
+    roofline = MeasuredRoofline(db, "t", lambda: Peaks(1.0, 1.0))
+    again = MeasuredRoofline(db, "t", lambda: Peaks(2.0, 2.0))
+    assert again.peaks == roofline.peaks == Peaks(1.0, 1.0)  # stored once, not re-measured
+    with LocalRunner(OPTIONS) as runner:
+        result = tune_task(task, Budget(trials=6, seconds=60, per_round=2, margin=0.1), db,
+                           runner, best_model(), EvolutionarySearch(), roofline=roofline)
+    assert result.stopped == "budget" and len(result.history.seconds) == 6
+    assert roofline.peaks.flops > 1.0  # raised to what the kernel reached
 
 
 def test_tune_group_on_a_bare_group(tmp_path):

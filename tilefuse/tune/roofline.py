@@ -63,7 +63,7 @@ def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
     return best
 
 
-def measure_peaks(size: int = 1024, copy_bytes: int = 256 << 20, repeats: int = 5) -> Peaks:
+def measure_peaks(size: int = 1024, copy_bytes: int = 256 << 20, repeats: int = 10) -> Peaks:
     """FLOP/s of a ``size``³ f32 matmul (the faster of NumPy's BLAS and tilefuse's kernel with
     its default schedule), bytes/s (read + write) of copying ``copy_bytes`` into a buffer
     already touched."""
