@@ -109,8 +109,10 @@ def open_database(path: str | os.PathLike[str] | None = None) -> SQLiteDatabase:
 class KernelReport:
     """One tunable kernel of the graph: its share of the default time, default and best
     median seconds, trials spent tuning it (0: kept its default, ``note`` says why), roofline
-    bound and why its search stopped. ``default_seconds`` is the faster of the profile's and
-    the search's measurements of the default schedule."""
+    bound and why its search stopped. For a tuned kernel ``default_seconds`` and
+    ``best_seconds`` are medians over the default's and the winner's measurements, taken
+    alternately after the search (:func:`~tilefuse.tune.tuner.tune_task`); for one that kept
+    its default, the profile's measurement."""
 
     name: str
     label: str
@@ -332,8 +334,7 @@ def _tune_plan(run: _Run, plan: BudgetPlan, trials: int, deadline: float
                                      k.default_seconds, 0, bound, f"default kept: {a.reason}",
                                      count=k.count))
         else:
-            default = min(r.default_seconds, k.default_seconds)  # two measurements of it
-            rows.append(KernelReport(k.name, k.label, k.share, default, r.seconds,
+            rows.append(KernelReport(k.name, k.label, k.share, r.default_seconds, r.seconds,
                                      len(r.history.seconds), bound, r.stopped, r, k.count))
     return rows
 

@@ -2,7 +2,10 @@
 
 A key is (kernel fingerprint, target string, tilefuse version): a schedule measured on one
 machine, or by another compiler version, is not reused elsewhere. A row is (schedule JSON,
-median seconds, date). :meth:`TuningDatabase.best` gives the fastest finite row of a key.
+median seconds, date). :meth:`TuningDatabase.best` gives the schedule of a key with the least
+median over its rows (a schedule measured again, as the tuner confirms its best ones against
+the default, is judged by all its measurements, so one lucky measurement on a noisy machine
+does not decide which schedule builds use); schedules whose median is inf never win.
 
 - :class:`MemoryDatabase` (trivial): a dict in this process.
 - :class:`SQLiteDatabase`: one SQLite file in WAL mode, shared by the processes of one host.
@@ -23,6 +26,8 @@ import datetime
 import math
 import os
 import sqlite3
+import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +51,20 @@ class Record:
     date: str
 
 
+def best_by_median(rows: Iterable[tuple[str, float]]) -> tuple[Schedule, float] | None:
+    """Of (schedule JSON, seconds) rows, the schedule with the least median seconds and that
+    median; None when no median is finite. Ties go to the schedule seen first."""
+    times: dict[str, list[float]] = {}
+    for text, seconds in rows:
+        times.setdefault(text, []).append(seconds)
+    medians = {text: statistics.median(ts) for text, ts in times.items()}
+    finite = [(m, text) for text, m in medians.items() if math.isfinite(m)]
+    if not finite:
+        return None
+    seconds, text = min(finite, key=lambda pair: pair[0])
+    return Schedule.from_json(text), seconds
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
@@ -62,11 +81,9 @@ class TuningDatabase(abc.ABC):
         """Every measurement of ``key``, fastest first."""
 
     def best(self, key: TuneKey) -> tuple[Schedule, float] | None:
-        """The fastest finite measurement of ``key``, or None."""
-        for r in self.records(key):
-            if math.isfinite(r.seconds):
-                return r.schedule, r.seconds
-        return None
+        """The schedule of ``key`` with the least median seconds over its rows (None when no
+        schedule's median is finite), and that median."""
+        return best_by_median((r.schedule.to_json(), r.seconds) for r in self.records(key))
 
     @abc.abstractmethod
     def keys(self) -> list[TuneKey]:
@@ -165,12 +182,12 @@ class SQLiteDatabase(TuningDatabase):
                 for s, t, d in rows]
 
     def best(self, key: TuneKey) -> tuple[Schedule, float] | None:
-        """One indexed query for the fastest finite row (what a build asks per kernel)."""
-        row = self.connection().execute(
+        """One indexed query for the key's rows (what a build asks per kernel), then
+        :func:`best_by_median`."""
+        rows = self.connection().execute(
             "SELECT schedule, seconds FROM measurements WHERE fingerprint = ? AND target = ? "
-            "AND version = ? AND seconds < ? ORDER BY seconds LIMIT 1",
-            (key.fingerprint, key.target, key.version, INF_SECONDS)).fetchone()
-        return None if row is None else (Schedule.from_json(row[0]), float(row[1]))
+            "AND version = ?", (key.fingerprint, key.target, key.version)).fetchall()
+        return best_by_median((s, math.inf if t >= INF_SECONDS else float(t)) for s, t in rows)
 
     def keys(self) -> list[TuneKey]:
         """Every key with at least one measurement."""
@@ -223,4 +240,4 @@ class _Transaction:
 
 
 __all__ = ["INF_SECONDS", "SCHEMA_VERSION", "MemoryDatabase", "Record", "SQLiteDatabase", "TuneKey",
-           "TuningDatabase"]
+           "TuningDatabase", "best_by_median"]

@@ -6,7 +6,11 @@ cost model on loop-IR features), the runner measures them (a failed candidate sc
 the search goes on), every measurement goes to the database and the model. It stops when the
 best time is within ``margin`` of the roofline bound (unless the kernel ran faster than the
 stored peaks allowed: then the peaks were low and the bound is only its own time), or the budget
-(trials, seconds) is spent, or the strategy has nothing new. :func:`tune_group` is the same for a bare kernel group.
+(trials, seconds) is spent, or the strategy has nothing new. Then the default and the fastest
+few are measured again, alternating (:func:`_confirm`), and the result is what the database
+now gives builds: the least median over each schedule's measurements, with the default's median
+beside it, so the speed-up reported is not one lucky measurement on a noisy machine.
+:func:`tune_group` is the same for a bare kernel group.
 
 ``python -m tilefuse.tune.tuner --demo`` tunes the W1 matmul (512×768×3072 + bias + gelu, the
 weight and bias constant) for about a minute and prints the default and the best time.
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -176,11 +181,41 @@ def tune_task(task: TuneTask, budget: Budget, db: TuningDatabase, runner: Runner
             stopped = "space exhausted"
             break
         measure(proposals)
-    i = int(np.argmin(history.seconds))
+    winner, seconds, default_seconds = _confirm(task, runner, db, key, history, space.default())
     log.info("%s: default %.3g s, best %.3g s after %d trials (%s)", task.group.name,
-             default_seconds, history.seconds[i], len(history.seconds), stopped)
-    return TuneResult(history.schedules[i], history.seconds[i], default_seconds, bound, stopped,
+             default_seconds, seconds, len(history.seconds), stopped)
+    return TuneResult(winner, seconds, default_seconds, bound, stopped,
                       key, history, [featurize.row(s) for s in history.schedules])
+
+
+CONFIRM_TOP = 3
+"""The fastest schedules of a search that are measured again against the default."""
+CONFIRM_PASSES = 2
+"""How many more times each of them (and the default) is measured, alternating."""
+
+
+def _confirm(task: TuneTask, runner: Runner, db: TuningDatabase, key: TuneKey,
+             history: History, default: Schedule) -> tuple[Schedule, float, float]:
+    """Measures the default and the search's :data:`CONFIRM_TOP` fastest schedules
+    :data:`CONFIRM_PASSES` more times each, in alternating order, into the database; the
+    winner is then what builds will take (the least median over each schedule's rows,
+    :meth:`TuningDatabase.best`): one lucky measurement on a noisy machine does not decide
+    it. Returns (winner, its median, the default's median)."""
+    contenders = [default] + [s for s in history.best(CONFIRM_TOP + 1) if s != default]
+    contenders = contenders[:CONFIRM_TOP + 1]
+    times: dict[str, list[float]] = {}
+    for s, t in zip(history.schedules, history.seconds):
+        times.setdefault(s.to_json(), []).append(t)
+    if len(contenders) > 1:
+        for p in range(CONFIRM_PASSES):
+            for r in runner.measure(task, contenders if p % 2 == 0 else contenders[::-1]):
+                db.record(key, r.schedule, r.seconds)
+                times.setdefault(r.schedule.to_json(), []).append(r.seconds)
+    found = db.best(key)
+    default_seconds = statistics.median(times[default.to_json()])
+    if found is None:
+        return default, default_seconds, default_seconds
+    return found[0], found[1], default_seconds
 
 
 def tune_group(group: KernelGroup, budget: Budget, db: TuningDatabase, runner: Runner,
