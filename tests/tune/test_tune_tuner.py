@@ -85,3 +85,33 @@ def test_tune_group_on_a_bare_group(tmp_path):
     assert math.isfinite(seconds)
     validate(schedule, iteration_axes(group))
     assert TuneTask.of_group(group).fingerprint() == TuneTask.of_group(group).fingerprint()
+
+
+def test_a_lucky_measurement_does_not_pick_the_winner():
+    """After the search, the default and the fastest schedules are measured again: one that
+    was fast once and slow twice loses to one that is steadily fast, and the result is what
+    the database gives builds, with the default's median beside it."""
+    from helpers_tune import matmul_candidates
+
+    from tilefuse.tune.database import MemoryDatabase
+    from tilefuse.tune.runner import MeasureResult
+    from tilefuse.tune.search import RandomSearch
+    from tilefuse.tune.space import FixedSpace
+
+    task, (default, lucky, steady) = matmul_candidates(3)
+    plan = {default.to_json(): [2.0, 2.2, 1.9], lucky.to_json(): [1.0, 3.0, 3.1],
+            steady.to_json(): [1.5, 1.6, 1.4]}
+
+    class Scripted:
+        """Each schedule's measurements, in order."""
+
+        def measure(self, task, schedules):
+            return [MeasureResult(s, plan[s.to_json()].pop(0), "ok") for s in schedules]
+
+    db = MemoryDatabase()
+    result = tune_task(task, Budget(trials=3, seconds=60, per_round=2), db, Scripted(),
+                       best_model(), RandomSearch(), space=FixedSpace([default, lucky, steady]))
+    assert len(result.history.seconds) == 3                   # the search's own trials
+    assert all(not left for left in plan.values())            # each measured twice more
+    assert (result.schedule, result.seconds) == (steady, 1.5) == db.best(result.key)
+    assert result.default_seconds == 2.0
