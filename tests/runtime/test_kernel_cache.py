@@ -306,3 +306,33 @@ def test_dumps_of_a_loaded_kernel_are_its_stored_ir_and_say_so(tmp_path: Path):
         assert asm.startswith("# tilefuse:") and "assembly" in asm.partition("\n")[0]
         assert asm.partition("\n")[2] == ll.with_suffix(".s").read_text()
     assert any("vfmadd" in p.read_text() for p in (warm / "kernels").glob("*.s"))
+
+
+def repeated_layers(layers: int = 3, width: int = 24, rows: int = 7) -> Graph:
+    """``layers`` times tanh(x @ w_i + b_i) of one shape, each with its own constants, then a
+    last layer of another width: the repeated blocks of a ResNet or a transformer."""
+    rng = np.random.default_rng(layers)
+    builder = GraphBuilder("layers")
+    x = builder.input(((rows, width), F32), "x")
+    for n in [width] * layers + [width + 8]:
+        w = builder.add1("constant", [], {"value": random_array(rng, (width, n), F32, -0.5, 0.5)})
+        b = builder.add1("constant", [], {"value": random_array(rng, (n,), F32)})
+        x = builder.add1("tanh", [builder.add1("add", [builder.add1("matmul", [x, w]), b])])
+    return builder.build([x])
+
+
+@pytest.mark.parametrize("cache", ["on", "off"])
+def test_kernels_with_the_same_loop_ir_are_compiled_once_per_build(cache: str, monkeypatch,
+                                                                   tmp_path: Path):
+    """Layers 2-4 of one shape are one compiled kernel (each with its own weights); the first
+    (its input buffer is the graph's ``x``) and the last (another width) are their own; with
+    the disk cache off as well; the results are each layer's own."""
+    if cache == "off":
+        monkeypatch.setenv("TILEFUSE_CACHE", "0")
+    exe = check(NativeExecutable(repeated_layers(4), tmp_path / "dump"))
+    stats = exe.cache_stats
+    assert (stats.misses, stats.shared) == (3, 2)
+    plan = (tmp_path / "dump" / "kernels.plan").read_text()
+    assert plan.count("(the code of k1)") == 2 and "k0 native: k0  [" in plan
+    note = (tmp_path / "dump" / "kernels" / "k2.ll").read_text().partition("\n")[0]
+    assert note.startswith("; tilefuse: this kernel's loop IR is k1's")

@@ -13,7 +13,9 @@ by named parts, so that a miss can say which part changed:
 - ``codegen``: the sha256 of the :mod:`tilefuse.codegen` sources, which turn loop IR into LLVM
   IR and optimise it: the version number alone does not change while they are edited.
 
-A hit loads the stored object code (:func:`~tilefuse.codegen.jit.kernel_from_bytes`: checked
+Within one build, a kernel whose loop IR is another's but for its name runs the other's code
+(:attr:`KernelArtifact.shared_with`): nothing is compiled or looked up for it. A hit loads the
+stored object code (:func:`~tilefuse.codegen.jit.kernel_from_bytes`: checked
 digest, target and ELF) and runs no LLVM optimisation or code generation. A miss compiles
 (:func:`~tilefuse.codegen.jit.compile_kernel`) and stores the kernel. Anything wrong on disk (a
 corrupt entry, one made for another target, a signature that does not match) is a miss with a
@@ -28,6 +30,7 @@ entry's JSON metadata gives the blob's length. No pickle.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import struct
@@ -76,6 +79,8 @@ class KernelCacheStats:
     misses: int
     stored: int
     directory: Path | None
+    shared: int = 0
+    """Kernels of the build whose loop IR is another's but for the name: they run its code."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,8 @@ class KernelArtifact:
     kernel: CompiledKernel
     llvm_ir: str
     entry: Path | None = None
+    shared_with: str | None = None
+    """The kernel of this build whose machine code this one runs (same loop IR but the name)."""
 
     def assembly(self) -> str:
         """The assembly of :attr:`llvm_ir` (re-emitted by LLVM; for dumps)."""
@@ -129,7 +136,8 @@ class KernelCache:
     def __init__(self, directory: CacheDir | None, target: CpuTarget):
         self.directory = directory
         self.target = target
-        self._hits = self._misses = self._stored = 0
+        self._hits = self._misses = self._stored = self._shared = 0
+        self._built: dict[str, tuple[str, KernelArtifact]] = {}  # body text -> (name, code)
         self._writable = directory is not None
         self._fixed: dict[str, str] = {}
         if directory is not None:
@@ -158,7 +166,7 @@ class KernelCache:
     @property
     def stats(self) -> KernelCacheStats:
         path = None if self.directory is None else self.directory.path
-        return KernelCacheStats(self._hits, self._misses, self._stored, path)
+        return KernelCacheStats(self._hits, self._misses, self._stored, path, self._shared)
 
     def key(self, fn: LoopFunction, schedule: Schedule | None, function: str) -> CacheKey:
         """The key of ``fn`` compiled for this cache's target (parts: module docstring)."""
@@ -168,8 +176,20 @@ class KernelCache:
 
     def compile(self, fn: LoopFunction, schedule: Schedule | None,
                 function: str) -> KernelArtifact:
-        """``fn`` as machine code: loaded from the disk cache, else compiled (and stored).
-        CompileError only from compiling."""
+        """``fn`` as machine code: the code of a kernel of this build with the same loop IR
+        but the name (a ResNet's repeated blocks, a transformer's projections), else loaded
+        from the disk cache, else compiled (and stored). CompileError only from compiling."""
+        body = str(dataclasses.replace(fn, name="kernel"))
+        if body in self._built:
+            name, first = self._built[body]
+            self._shared += 1
+            return dataclasses.replace(first, shared_with=name)
+        artifact = self._cached_or_compiled(fn, schedule, function)
+        self._built[body] = (fn.name, artifact)
+        return artifact
+
+    def _cached_or_compiled(self, fn: LoopFunction, schedule: Schedule | None,
+                            function: str) -> KernelArtifact:
         directory = self.directory
         if directory is None:
             self._misses += 1

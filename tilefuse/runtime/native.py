@@ -404,8 +404,7 @@ class _Builder:
                 ops = ", ".join(n.op.name for n in group.nodes)
                 lines.append(f"  {step}: {group.name} HOST FALLBACK ({ops}): {pending.reason}")
             else:
-                names = ", ".join(k.fn.name + (" (from the disk cache)" if k.artifact.entry
-                                               else "") for k in pending.kernels)
+                names = ", ".join(k.fn.name + _origin(k.artifact) for k in pending.kernels)
                 tuned = self.schedules.tuned.get(group.name)
                 origin = f" tuned, {tuned * 1e3:.3f} ms measured" if tuned is not None else ""
                 lines.append(f"  {step}: {group.name} native: {names}  [{pending.schedule}]"
@@ -435,13 +434,25 @@ def _dump_kernel(writer: DumpWriter, kernel: _Kernel, schedule: Schedule | None)
                                           "optimised IR stored with it") + artifact.assembly())
 
 
+def _origin(artifact: KernelArtifact) -> str:
+    """Where a kernel's running code came from, for ``kernels.plan``."""
+    if artifact.shared_with is not None:
+        return f" (the code of {artifact.shared_with})"
+    return " (from the disk cache)" if artifact.entry else ""
+
+
 def _cache_note(artifact: KernelArtifact, comment: str, what: str) -> str:
-    """A first comment line for the dump of a kernel loaded from the disk cache (none for one
-    compiled now): where the running code came from, and what the dumped text is."""
+    """First comment lines for the dump of a kernel that runs another kernel's code or was
+    loaded from the disk cache (none for one compiled now): where the running code came from,
+    and what the dumped text is."""
+    note = ""
+    if artifact.shared_with is not None:
+        note = (f"{comment} tilefuse: this kernel's loop IR is {artifact.shared_with}'s but for "
+                f"the name, so it runs {artifact.shared_with}'s machine code (its symbols below)\n")
     if artifact.entry is None:
-        return ""
-    return (f"{comment} tilefuse: this kernel's machine code was loaded from the disk cache "
-            f"entry {artifact.entry}; below is {what}\n")
+        return note
+    return note + (f"{comment} tilefuse: this kernel's machine code was loaded from the disk "
+                   f"cache entry {artifact.entry}; below is {what}\n")
 
 
 def _slot(binding: Binding, slots: Mapping[object, Slot]) -> Slot:
