@@ -20,9 +20,8 @@ from tilefuse.kernel.lower_attention import (
     AttentionShape,
     attention_scratch_bytes,
     attention_sizes,
-    default_attention_schedule,
 )
-from tilefuse.kernel.schedule import as_cpu_target, iteration_axes
+from tilefuse.kernel.schedule import as_cpu_target, default_schedule, iteration_axes
 from tilefuse.ops import get_op
 from tilefuse.runtime.native import NativeExecutable
 from tilefuse.testing import assert_close, random_array
@@ -151,7 +150,7 @@ def test_native_matches_reference_for_other_schedules(block_q, key_vectors, rows
 
     g = attention_graph((2,), 45, 83, 24, 40, (45, 83), dtype=dtype)
     [group] = form_kernels(g).groups
-    s = default_attention_schedule(group, None)
+    s = default_schedule(group, None)
     forced = dataclasses.replace(s, tiles=(("q", block_q), ("k", key_vectors * s.vector_width)),
                                  unroll=(("q", rows), ("v", pv)))
     validate(forced, iteration_axes(group))
@@ -171,7 +170,7 @@ def test_an_avx2_target_gets_its_own_blocking_and_matches_the_reference():
         pytest.skip("the host cannot run AVX2 code")
     avx2 = CpuTarget(host.triple, "haswell", "+avx,+avx2,+fma,+sse4.2,+f16c")
     g = attention_graph((2,), 45, 83, 24, 40, (45, 83))
-    schedule = default_attention_schedule(form_kernels(g).groups[0], avx2)
+    schedule = default_schedule(form_kernels(g).groups[0], avx2)
     assert (schedule.vector_width, schedule.tile("k"), dict(schedule.unroll)["q"]) == (8, 32, 2)
     arrays = inputs_of(g, 12)
     arrays[3] = causal(45, 83)
@@ -183,7 +182,7 @@ def test_an_avx2_target_gets_its_own_blocking_and_matches_the_reference():
 def test_a_register_tile_over_the_accumulator_budget_is_a_compile_error():
     g = attention_graph((1,), 64, 200, 16, 16)
     group = form_kernels(g).groups[0]
-    schedule = dataclasses.replace(default_attention_schedule(group, None),
+    schedule = dataclasses.replace(default_schedule(group, None),
                                    tiles=(("q", 64), ("k", 128)), unroll=(("q", 4),))
     with pytest.raises(CompileError, match="accumulators"):
         attention_sizes(AttentionShape.of(group.nodes[0]), schedule, 2)
@@ -235,7 +234,7 @@ def test_arena_is_the_linear_scratch_formula(seq):
     exe = NativeExecutable(g)
     group = form_kernels(g).groups[0]
     assert group.kind is KernelKind.ATTENTION
-    schedule = default_attention_schedule(group, None)
+    schedule = default_schedule(group, None)
     sizes = attention_sizes(AttentionShape.of(group.nodes[0]), schedule,
                             as_cpu_target(None).cores)
     scratch = attention_scratch_bytes(AttentionShape.of(group.nodes[0]), sizes, 4)

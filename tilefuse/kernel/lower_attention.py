@@ -58,8 +58,7 @@ from tilefuse.kernel.schedule import (
     MICRO_ROWS,
     PV_VECTORS,
     Schedule,
-    as_cpu_target,
-    default_schedule,
+    attention_node,
 )
 from tilefuse.loop.ir import (
     BufferParam,
@@ -83,19 +82,6 @@ MAX_ACCUMULATORS = 24
 """At most this many accumulator vectors per register tile (of 32 zmm: the rest hold the
 loaded panel vectors, the broadcast and the softmax's temporaries)."""
 SUPPORTED = frozenset({DType.f32, DType.f64})
-
-
-def default_attention_schedule(group: KernelGroup, target: Any = None) -> Schedule:
-    """The attention kernel's default schedule (:func:`~tilefuse.kernel.schedule.default_schedule`,
-    whose rule is ``_default_attention``)."""
-    return default_schedule(group, as_cpu_target(target))
-
-
-def attention_node(group: KernelGroup) -> Node:
-    found = [n for n in group.nodes if n.op.name == "attention"]
-    if len(found) != 1 or len(group.nodes) != 1:
-        raise CompileError(f"kernel {group.name}: an attention kernel holds one attention node")
-    return found[0]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.graph.types import is_static
 from tilefuse.kernel.access import c_strides
 from tilefuse.kernel.fusion import KernelGroup
-from tilefuse.kernel.lower_attention import AttentionShape, attention_node
+from tilefuse.kernel.lower_attention import AttentionShape
+from tilefuse.kernel.schedule import attention_node
 from tilefuse.log import get_logger
 from tilefuse.passes.rewrite import rewrite_nodes
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tilefuse.dtypes import DType
-from tilefuse.errors import TilefuseError
+from tilefuse.errors import CompileError, TilefuseError
 from tilefuse.graph.ir import Node
 from tilefuse.graph.types import Shape, Sym
 from tilefuse.kernel.fusion import KernelGroup, KernelKind, reduced_axes
@@ -359,14 +359,20 @@ def iteration_axes(group: KernelGroup, hint: int | None = None) -> dict[str, int
     return {"i": _product(group.domain)}
 
 
+def attention_node(group: KernelGroup) -> Node:
+    """The one node of an ATTENTION group (CompileError for anything else)."""
+    found = [n for n in group.nodes if n.op.name == "attention"]
+    if len(found) != 1 or len(group.nodes) != 1:
+        raise CompileError(f"kernel {group.name}: an attention kernel holds one attention node")
+    return found[0]
+
+
 def _attention_axes(group: KernelGroup, product: Any) -> dict[str, int | None]:
     """``b`` (batch·heads), ``q`` (queries), ``k`` (keys, rounded up to whole vectors:
     :data:`KEY_ROUNDING`), ``v`` (the output's head dim) of an attention group."""
-    found = [n for n in group.nodes if n.op.name == "attention"]
-    if len(found) != 1:
-        raise ScheduleError(f"kernel {group.name}: an attention kernel holds one attention node")
-    q, k, v = (x.type.shape for x in found[0].inputs[:3])
-    out = found[0].outputs[0].type.shape
+    node = attention_node(group)
+    q, k, v = (x.type.shape for x in node.inputs[:3])
+    out = node.outputs[0].type.shape
     keys = product((k[-2],))
     return {"b": product(out[:-2]), "q": product((q[-2],)),
             "k": None if keys is None else -(-max(keys, 1) // KEY_ROUNDING) * KEY_ROUNDING,

@@ -168,9 +168,11 @@ class KernelCache:
         path = None if self.directory is None else self.directory.path
         return KernelCacheStats(self._hits, self._misses, self._stored, path, self._shared)
 
-    def key(self, fn: LoopFunction, schedule: Schedule | None, function: str) -> CacheKey:
-        """The key of ``fn`` compiled for this cache's target (parts: module docstring)."""
-        return CacheKey({"function": function, "loop_ir": str(fn),
+    def key(self, fn: LoopFunction, schedule: Schedule | None, function: str,
+            loop_ir: str | None = None) -> CacheKey:
+        """The key of ``fn`` compiled for this cache's target (parts: module docstring);
+        ``loop_ir`` is ``str(fn)`` when the caller has printed it already."""
+        return CacheKey({"function": function, "loop_ir": str(fn) if loop_ir is None else loop_ir,
                          "schedule": "" if schedule is None else schedule.to_json(),
                          **self._fixed})
 
@@ -179,22 +181,24 @@ class KernelCache:
         """``fn`` as machine code: the code of a kernel of this build with the same loop IR
         but the name (a ResNet's repeated blocks, a transformer's projections), else loaded
         from the disk cache, else compiled (and stored). CompileError only from compiling."""
-        body = str(dataclasses.replace(fn, name="kernel"))
+        text = str(fn)
+        header = f"kernel {fn.name}("
+        body = text.replace(header, "kernel (", 1) if text.startswith(header) else text
         if body in self._built:
             name, first = self._built[body]
             self._shared += 1
             return dataclasses.replace(first, shared_with=name)
-        artifact = self._cached_or_compiled(fn, schedule, function)
+        artifact = self._cached_or_compiled(fn, schedule, function, text)
         self._built[body] = (fn.name, artifact)
         return artifact
 
     def _cached_or_compiled(self, fn: LoopFunction, schedule: Schedule | None,
-                            function: str) -> KernelArtifact:
+                            function: str, loop_ir: str) -> KernelArtifact:
         directory = self.directory
         if directory is None:
             self._misses += 1
             return self._compile(fn)
-        key = self.key(fn, schedule, function)
+        key = self.key(fn, schedule, function, loop_ir)
         loaded = self._load(directory, key, fn)
         if loaded is not None:
             self._hits += 1

@@ -10,8 +10,8 @@ iteration extents, dtype and the target, not a template per operator:
 - elementwise: vector width (4..16) and the number of parallel chunks (0: serial);
 - row reduction: vector width, unroll of the row loop (1, 2, 4, 8), parallel row chunks;
 - attention: the query block (8..256 rows), the key block (1..8 vectors), the register tile's
-  rows (1..8) and P·V vectors (1..4), with rows × vectors at most the lowering's accumulator
-  budget (:data:`~tilefuse.kernel.lower_attention.MAX_ACCUMULATORS`).
+  rows (1..8) and P·V vectors (1..4); a point the lowering would refuse (a register tile over
+  its accumulator budget: :func:`~tilefuse.kernel.lower_attention.attention_sizes`) is invalid.
 
 (The elementwise lowering has no unroll of its own, so unroll is not a knob there.)
 
@@ -35,11 +35,12 @@ import numpy as np
 from tilefuse.dtypes import DType
 from tilefuse.errors import TilefuseError
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
-from tilefuse.kernel.lower_attention import MAX_ACCUMULATORS as ATTENTION_ACCUMULATORS
+from tilefuse.kernel.lower_attention import AttentionShape, attention_sizes
 from tilefuse.kernel.schedule import (
     CpuTarget,
     Schedule,
     as_cpu_target,
+    attention_node,
     default_schedule,
     iteration_axes,
     pick_tile,
@@ -309,6 +310,10 @@ class AttentionSpace(KnobSpace):
     def __init__(self, group: KernelGroup, target: CpuTarget):
         sizes = iteration_axes(group)
         self.lanes = target.lanes(_compute_dtype(group))
+        try:
+            self.shape: AttentionShape | None = AttentionShape.of(attention_node(group))
+        except TilefuseError:
+            self.shape = None  # not lowered natively: every build fails and scores inf
         sq, keys, dv = (sizes[a] or 256 for a in "qkv")
         key_vectors = max(1, -(-keys // self.lanes))
         knobs = {"block_q": sorted({min(t, sq) for t in (8, 16, 32, 64, 128, 256)}),
@@ -318,16 +323,16 @@ class AttentionSpace(KnobSpace):
         super().__init__(group, target, knobs)
 
     def schedule(self, point: Point) -> Schedule:
-        widest = max(point["key_vectors"], point["pv_vectors"])
-        if point["rows"] * widest > ATTENTION_ACCUMULATORS:
-            raise TilefuseError("too many accumulators")
         block_k = point["key_vectors"] * self.lanes
-        return Schedule(KernelKind.ATTENTION,
-                        tiles=(("q", point["block_q"]), ("k", block_k)),
-                        order=("b", "q", "k", "v"), vector_axis="k", vector_width=self.lanes,
-                        parallel_axes=("b", "q"),
-                        unroll=(("q", point["rows"]), ("v", point["pv_vectors"])),
-                        pack=("k",))
+        schedule = Schedule(KernelKind.ATTENTION,
+                            tiles=(("q", point["block_q"]), ("k", block_k)),
+                            order=("b", "q", "k", "v"), vector_axis="k", vector_width=self.lanes,
+                            parallel_axes=("b", "q"),
+                            unroll=(("q", point["rows"]), ("v", point["pv_vectors"])),
+                            pack=("k",))
+        if self.shape is not None:
+            attention_sizes(self.shape, schedule, 1)  # the lowering's rules: CompileError if not
+        return schedule
 
     def point(self, schedule: Schedule) -> Point:
         unroll = dict(schedule.unroll)

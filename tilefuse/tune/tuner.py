@@ -164,7 +164,6 @@ def tune_task(task: TuneTask, budget: Budget, db: TuningDatabase, runner: Runner
     # from the machine's limit, so it does not stop the search.
     own_bound = False
     measure([space.default()])
-    default_seconds = history.seconds[0]
     stopped = "budget"
     while True:
         rounds += 1
@@ -203,16 +202,13 @@ def _confirm(task: TuneTask, runner: Runner, db: TuningDatabase, key: TuneKey,
     it. Returns (winner, its median, the default's median)."""
     contenders = [default] + [s for s in history.best(CONFIRM_TOP + 1) if s != default]
     contenders = contenders[:CONFIRM_TOP + 1]
-    times: dict[str, list[float]] = {}
-    for s, t in zip(history.schedules, history.seconds):
-        times.setdefault(s.to_json(), []).append(t)
     if len(contenders) > 1:
         for p in range(CONFIRM_PASSES):
             for r in runner.measure(task, contenders if p % 2 == 0 else contenders[::-1]):
                 db.record(key, r.schedule, r.seconds)
-                times.setdefault(r.schedule.to_json(), []).append(r.seconds)
     found = db.best(key)
-    default_seconds = statistics.median(times[default.to_json()])
+    default_seconds = statistics.median(r.seconds for r in db.records(key)
+                                        if r.schedule == default)
     if found is None:
         return default, default_seconds, default_seconds
     return found[0], found[1], default_seconds
