@@ -21,8 +21,9 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from tilefuse.codegen.elf_check import check_object
-from tilefuse.codegen.llvm_cpu import lower_to_llvm, uses_openmp
-from tilefuse.codegen.target import CpuTarget, host_target, load_openmp, target_machine
+from tilefuse.codegen.llvm_cpu import lower_to_llvm, uses_threads
+from tilefuse.codegen.pool import thread_pool
+from tilefuse.codegen.target import CpuTarget, host_target, target_machine
 from tilefuse.dtypes import parse_dtype
 from tilefuse.errors import CompileError, GuardError, TilefuseError
 from tilefuse.loop.interp import check_arguments
@@ -40,14 +41,14 @@ class KernelSignature:
     name: str
     buffers: tuple[BufferParam, ...]
     scalars: tuple[str, ...]
-    uses_openmp: bool = False
+    uses_threads: bool = False
 
     @staticmethod
     def of(fn: LoopFunction) -> KernelSignature:
-        return KernelSignature(fn.name, fn.buffers, fn.scalars, uses_openmp(fn))
+        return KernelSignature(fn.name, fn.buffers, fn.scalars, uses_threads(fn))
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "scalars": list(self.scalars), "openmp": self.uses_openmp,
+        return {"name": self.name, "scalars": list(self.scalars), "threads": self.uses_threads,
                 "buffers": [{"name": b.name, "dtype": b.dtype.value, "readonly": b.readonly,
                              "align": b.align} for b in self.buffers]}
 
@@ -59,7 +60,7 @@ class KernelSignature:
                                         bool(b["readonly"]), int(b["align"]))
                             for b in data["buffers"])
             return KernelSignature(str(data["name"]), buffers,
-                                   tuple(str(s) for s in data["scalars"]), bool(data["openmp"]))
+                                   tuple(str(s) for s in data["scalars"]), bool(data["threads"]))
         except (KeyError, TypeError, ValueError, TilefuseError) as exc:
             raise CompileError(f"malformed kernel signature: {exc!r}") from exc
 
@@ -94,7 +95,7 @@ class CompiledKernel:
         sig = self.signature
         arrays, values = check_arguments(sig.name, sig.buffers, sig.scalars, args)
         if not 0 <= num_threads < 2 ** 31:
-            raise GuardError(f"{sig.name}: num_threads must be >= 0 (0: OpenMP's default), "
+            raise GuardError(f"{sig.name}: num_threads must be >= 0 (0: the whole thread pool), "
                              f"got {num_threads}")
         self.call_unchecked([a.ctypes.data for a in arrays], values, num_threads)
 
@@ -183,8 +184,8 @@ def compile_kernel(fn: LoopFunction, *, target: CpuTarget | None = None,
     optimise(module, tm)
     text = str(module)
     signature = KernelSignature.of(fn)
-    if signature.uses_openmp:
-        load_openmp()
+    if signature.uses_threads:
+        thread_pool()  # defines tilefuse_parallel, which the kernel's parallel loops call
     engine = llvm.create_mcjit_compiler(module, tm)
     # MCJIT hands the object file it generates to an object cache: keeping it spares a disk
     # cache's store a second code generation (object_code() would otherwise emit it again).
@@ -201,8 +202,8 @@ def load_kernel(obj: bytes, signature: KernelSignature, *, target: CpuTarget | N
     check_object(obj)
     target = target or host_target()
     tm = target_machine(target)
-    if signature.uses_openmp:
-        load_openmp()
+    if signature.uses_threads:
+        thread_pool()  # defines tilefuse_parallel, which the kernel's parallel loops call
     empty = llvm.parse_assembly("")
     empty.triple = target.triple
     engine = llvm.create_mcjit_compiler(empty, tm)

@@ -1,4 +1,4 @@
-"""Loop IR -> LLVM IR for x86-64 CPUs (llvmlite), with OpenMP threads for parallel loops.
+"""Loop IR -> LLVM IR for x86-64 CPUs (llvmlite), with the thread pool for parallel loops.
 
 The module holds one exported C-ABI function per kernel::
 
@@ -6,8 +6,8 @@ The module holds one exported C-ABI function per kernel::
 
 It loads the arguments and calls ``<name>.impl``, an internal, always-inlined function whose
 buffer parameters are ``noalias`` (and ``align N`` where the kernel declares it), so LLVM may
-reorder and vectorise memory accesses freely. ``num_threads`` (0: OpenMP's default) is passed to
-every ``GOMP_parallel``.
+reorder and vectorise memory accesses freely. ``num_threads`` (0: every thread of the pool) is
+passed to every parallel loop.
 
 Lowering choices:
 
@@ -19,12 +19,13 @@ Lowering choices:
 * ``Local`` arrays are allocas in the function's entry block; with constant indices (unrolled
   loops) SROA turns them into registers.
 * A ``parallel`` loop is outlined: its free values and buffers go into a context struct on the
-  stack; ``GOMP_parallel(fn, ctx, num_threads, 0)`` runs ``fn`` on each thread. Each thread owns
-  the contiguous range a static schedule would give it (from ``omp_get_thread_num()`` /
-  ``omp_get_num_threads()``) and takes it in grains through an atomic counter, then steals the
-  grains other threads have not taken yet, calling the loop body function (again with
-  ``noalias`` buffers) per grain: on a busy machine a descheduled thread no longer holds up
-  the loop for its whole share.
+  stack; ``tilefuse_parallel(fn, ctx, num_threads)`` (:mod:`tilefuse.codegen.pool`) runs
+  ``fn(ctx, tid, threads)`` on the calling thread and on the pool's workers. Each thread owns
+  the contiguous range a static schedule would give it and takes it in grains through an
+  atomic counter, then steals the grains other threads have not taken yet, calling the loop
+  body function (again with ``noalias`` buffers) per grain: on a busy machine a descheduled
+  thread no longer holds up the loop for its whole share, and the pool does not wait for a
+  worker that took no grain.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from tilefuse.codegen.llvm_types import (
     scalar_type,
 )
 from tilefuse.codegen.math_lib import MathLib
+from tilefuse.codegen.pool import SYMBOL as POOL_SYMBOL
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError, TilefuseError
 from tilefuse.loop.ir import (
@@ -84,8 +86,8 @@ def lower_to_llvm(fn: LoopFunction) -> ir.Module:
     return module
 
 
-def uses_openmp(fn: LoopFunction) -> bool:
-    """Whether ``fn`` has a parallel loop (and so needs libgomp at run time)."""
+def uses_threads(fn: LoopFunction) -> bool:
+    """Whether ``fn`` has a parallel loop (and so calls the thread pool at run time)."""
     return any(isinstance(s, For) and s.kind is LoopKind.PARALLEL for s in walk_stmts(fn.body))
 
 
@@ -247,7 +249,7 @@ class LoopLowering:
 
     # ------------------------------------------------------------------ parallel loops
     def parallel(self, st: FnState, s: For, start: Value, stop: Value) -> None:
-        """Outlines ``s`` and runs it on OpenMP threads with GOMP_parallel."""
+        """Outlines ``s`` and runs it on the thread pool (``tilefuse_parallel``)."""
         inner = defined_names(s.body) | {s.var}
         free = sorted(free_names(s.body) - inner)
         captured = [(n, st.env[n]) for n in free]
@@ -264,9 +266,9 @@ class LoopLowering:
         values = [ptr for ptr, _ in buffers] + [v for _, v in captured] + [start, stop, taken]
         for i, v in enumerate(values):
             st.b.store(v, st.b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
-        gomp = declare(self.module, "GOMP_parallel", VOID, [PTR, PTR, I32, I32])
+        pool = declare(self.module, POOL_SYMBOL, VOID, [PTR, PTR, I32])
         threads = st.num_threads if st.num_threads is not None else ir.Constant(I32, 0)
-        st.b.call(gomp, [worker, ctx, threads, ir.Constant(I32, 0)])
+        st.b.call(pool, [worker, ctx, threads])
 
     def parallel_body(self, name: str, s: For, buffers: list[BufferParam],
                       captured: list[tuple[str, Value]]) -> ir.Function:
@@ -280,7 +282,8 @@ class LoopLowering:
 
     def parallel_worker(self, name: str, ctx_type: ir.LiteralStructType,
                         body_fn: ir.Function, step: int) -> ir.Function:
-        """``void name(ptr ctx)``: runs this thread's share of the loop, then steals.
+        """``void name(ptr ctx, i64 tid, i64 threads)``: runs thread ``tid``'s share of the
+        loop, then steals.
 
         The iterations are split into one contiguous range per thread (at most
         ``len(TAKEN_TYPE)`` ranges), as a static schedule splits them, so a thread keeps the
@@ -289,18 +292,16 @@ class LoopLowering:
         a thread takes its own range first, then what is left of the others'. A thread that
         the OS has descheduled therefore delays the loop by at most the grain it holds,
         instead of its whole share (what a static schedule costs on a busy machine)."""
-        fn = ir.Function(self.module, ir.FunctionType(VOID, [PTR]), name)
+        fn = ir.Function(self.module, ir.FunctionType(VOID, [PTR, I64, I64]), name)
         fn.linkage = "internal"
         fn.attributes.add("nounwind")
         entry = fn.append_basic_block("entry")
         b = ir.IRBuilder(entry)
-        ctx = fn.args[0]
+        ctx, tid, nthreads = fn.args
         fields = [b.load(b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)],
                                source_etype=ctx_type), typ=t)
                   for i, t in enumerate(ctx_type.elements)]
         start, stop, taken = fields[-3], fields[-2], fields[-1]
-        tid = b.sext(b.call(declare(self.module, "omp_get_thread_num", I32, []), []), I64)
-        nthreads = b.sext(b.call(declare(self.module, "omp_get_num_threads", I32, []), []), I64)
         zero, one, step_c = ir.Constant(I64, 0), ir.Constant(I64, 1), ir.Constant(I64, step)
         span = b.sub(stop, start)
         trips = b.sdiv(b.add(span, ir.Constant(I64, step - 1)), step_c)

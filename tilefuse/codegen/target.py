@@ -3,7 +3,6 @@ target machines at opt level 3."""
 
 from __future__ import annotations
 
-import ctypes.util
 import functools
 import os
 from collections.abc import MutableMapping
@@ -23,14 +22,13 @@ def initialise_llvm() -> None:
 
 
 SPIN_COUNT = 3000
-"""``GOMP_SPINCOUNT`` tilefuse sets when the user has set neither it nor ``OMP_WAIT_POLICY``:
-how long an idle OpenMP thread busy-waits before it sleeps. libgomp's own default (300,000
-iterations, about a millisecond) made a 2-thread 128×768×768 matmul take 5–10 ms instead of
-0.8 whenever another process was runnable on the 2 cores (a busy loop, or the test suite at
-nice 19), and its idle worker slowed the next runtime in the process (onnxruntime's same
-matmul 0.8 → 1.2 ms after tilefuse at 20,000). Measured 2026-12-01, three alternating runs
-each: quiet, 0.77–0.83 ms at 3000 and 0.79–0.85 at 20,000; beside a busy process, 0.65–1.21
-at 3000, 1.48–1.91 at 10,000, 1.80–2.00 at 20,000 and 0.83–5.50 at the default."""
+"""``GOMP_SPINCOUNT`` for the OpenMP runtimes of other libraries in a tilefuse process (torch's
+libgomp, in benchmarks and ``tilefuse bench``), set when the user has set neither it nor
+``OMP_WAIT_POLICY``: how long an idle OpenMP thread busy-waits before it sleeps. libgomp's own
+default (300,000 iterations, about a millisecond) keeps a core busy after every torch call,
+which slowed whatever ran next on the 2 cores here (onnxruntime's 128×768×768 matmul 0.8 → 1.2
+ms after a spin of 20,000). tilefuse's own kernels run on :mod:`tilefuse.codegen.pool`, which
+does not read it."""
 
 
 def quiet_openmp_waits(env: MutableMapping[str, str] | None = None) -> None:
@@ -39,22 +37,6 @@ def quiet_openmp_waits(env: MutableMapping[str, str] | None = None) -> None:
     env = os.environ if env is None else env
     if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
         env["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
-
-
-@functools.cache
-def load_openmp() -> str:
-    """Loads libgomp so that JIT code can resolve GOMP_parallel; returns the library's name.
-    libgomp reads its settings when it loads: :func:`quiet_openmp_waits` runs first."""
-    quiet_openmp_waits()
-    name = ctypes.util.find_library("gomp")
-    if name is None:
-        raise CompileError("parallel loops need libgomp (the OpenMP runtime), which was not "
-                           "found; install libgomp1 or compile without parallel loops")
-    try:
-        llvm.load_library_permanently(name)
-    except RuntimeError as exc:
-        raise CompileError(f"could not load {name}: {exc}") from exc
-    return name
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,149 @@
+"""The thread pool parallel loops run on (tilefuse.codegen.pool): thread counts, every
+iteration exactly once under callers that race each other, forked children, and a caller that
+does not wait for a worker that never comes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from tilefuse.codegen.jit import compile_kernel
+from tilefuse.codegen.pool import pool_ir, pool_threads, thread_pool
+from tilefuse.dtypes import DType
+from tilefuse.errors import CompileError
+from tilefuse.loop import loop, thread_id, var
+from tilefuse.loop.ir import BufferParam, LoopFunction, LoopKind
+
+
+def counting_kernel():
+    """``hits[i] += 1`` for i in 0..n, in a parallel loop."""
+    out = BufferParam("T", DType.i64)
+    fn = LoopFunction("count", (out,), ("n",),
+                      loop("i", 0, var("n"), [out.store(var("i"), out.load(var("i")) + 1)],
+                           kind=LoopKind.PARALLEL))
+    return compile_kernel(fn)
+
+
+def thread_ids_kernel():
+    """``ids[i] = the id of the thread that ran iteration i``."""
+    out = BufferParam("T", DType.i64)
+    fn = LoopFunction("tid", (out,), ("n",),
+                      loop("i", 0, var("n"), [out.store(var("i"), thread_id())],
+                           kind=LoopKind.PARALLEL))
+    return compile_kernel(fn)
+
+
+def test_thread_count_comes_from_the_environment():
+    assert pool_threads({"TILEFUSE_NUM_THREADS": "3", "OMP_NUM_THREADS": "5"}) == 3
+    assert pool_threads({"OMP_NUM_THREADS": "4,2"}) == 4
+    assert pool_threads({}) == len(os.sched_getaffinity(0))
+    for bad in ("0", "-2", "two", "1.5"):
+        with pytest.raises(CompileError, match="positive thread count"):
+            pool_threads({"TILEFUSE_NUM_THREADS": bad})
+
+
+def test_pool_ir_parks_idle_workers_in_the_kernel():
+    text = pool_ir()
+    assert "define void @\"tilefuse_parallel\"(ptr" in text
+    assert "@\"syscall\"(i64 202" in text          # futex: idle workers sleep, not spin forever
+    assert "@\"pthread_create\"" in text
+    assert "cmpxchg" in text and "seq_cst" in text
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 513])
+def test_many_short_loops_run_each_iteration_once(n):
+    """Thousands of loops too short for a worker to arrive in time: a worker that sees a job
+    already closed must not touch it, and no iteration may run twice or never."""
+    kernel = counting_kernel()
+    hits = np.zeros(n, np.int64)
+    calls = 3000
+    for _ in range(calls):
+        kernel(hits, n)
+    np.testing.assert_array_equal(hits, np.full(n, calls))
+
+
+def test_callers_in_several_threads_share_the_pool_safely():
+    """A caller that finds the pool taken by another runs its loop on its own thread."""
+    kernel = counting_kernel()
+    n, calls = 4099, 300
+    results = [np.zeros(n, np.int64) for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def run(hits: np.ndarray) -> None:
+        try:
+            for _ in range(calls):
+                kernel(hits, n)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in results]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for hits in results:
+        np.testing.assert_array_equal(hits, np.full(n, calls))
+
+
+def _forked_child(queue) -> None:
+    kernel = thread_ids_kernel()
+    ids = np.full(1 << 20, -1, np.int64)
+    seen: set[int] = set()
+    for _ in range(200):
+        kernel(ids, ids.size)
+        seen |= set(np.unique(ids).tolist())
+        if len(seen) > 1:
+            break
+    queue.put(sorted(seen))
+
+
+@pytest.mark.skipif(pool_threads() < 2, reason="one CPU: the pool has no worker")
+def test_a_forked_child_gets_workers_of_its_own():
+    thread_pool()
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_forked_child, args=(queue,))
+    child.start()
+    seen = queue.get(timeout=120)
+    child.join(30)
+    assert child.exitcode == 0
+    assert seen == [0, 1]
+
+
+_CALLER_RUNS = """
+import sys, numpy as np
+sys.path.insert(0, {root!r})
+from tests.codegen.test_pool import thread_ids_kernel
+from tilefuse.codegen.pool import thread_pool
+import ctypes
+kernel = thread_ids_kernel()
+ids = np.full(100_003, -1, np.int64)
+kernel(ids, ids.size)
+print(thread_pool().threads, sorted(set(np.unique(ids).tolist())))
+# a pool that believes it has a worker which never comes: the caller takes every grain
+pool = thread_pool()
+ctypes.CFUNCTYPE(None, ctypes.c_int64)(
+    pool.engine.get_function_address("tilefuse_pool_set_workers"))(1)
+ids[:] = -1
+kernel(ids, ids.size)
+print(sorted(set(np.unique(ids).tolist())))
+"""
+
+
+def test_one_thread_runs_every_iteration_on_the_caller():
+    """TILEFUSE_NUM_THREADS=1: no worker; the caller runs the whole loop. Then the pool is told
+    it has a worker that never starts (a descheduled one, forever): the caller publishes the
+    loop, takes every grain itself and returns without waiting for it."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "TILEFUSE_NUM_THREADS": "1", "TILEFUSE_CACHE": "0"}
+    out = subprocess.run([sys.executable, "-c", _CALLER_RUNS.format(root=root)], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "[0]", "[0]"]
