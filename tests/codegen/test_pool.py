@@ -147,3 +147,28 @@ def test_one_thread_runs_every_iteration_on_the_caller():
                          capture_output=True, text=True, timeout=300, cwd=root)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["1", "[0]", "[0]"]
+
+
+_STOP = """
+import sys, numpy as np
+sys.path.insert(0, {root!r})
+from tests.codegen.test_pool import counting_kernel
+from tilefuse.codegen.pool import thread_pool
+kernel = counting_kernel()
+hits = np.zeros(4099, np.int64)
+kernel(hits, hits.size)
+print(thread_pool().stop())
+kernel(hits, hits.size)      # after the workers left, the caller runs every loop alone
+print(int(hits.min()), int(hits.max()))
+"""
+
+
+def test_workers_stop_and_loops_still_run_after():
+    """What runs at interpreter exit: the workers are told to stop and all of them exit (their
+    machine code is freed after); a loop called later still runs, on the caller."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "TILEFUSE_NUM_THREADS": "3", "TILEFUSE_CACHE": "0"}
+    out = subprocess.run([sys.executable, "-c", _STOP.format(root=root)], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "2", "2"]

@@ -33,14 +33,17 @@ The protocol (all state below is this module's, one cache line per field):
 
 Thread count: ``TILEFUSE_NUM_THREADS``, else ``OMP_NUM_THREADS`` (what users of OpenMP
 runtimes set), else the CPUs this process may run on; the pool has one worker fewer (the
-caller is the other). A forked child gets a fresh pool (``os.register_at_fork``).
+caller is the other). A forked child gets a fresh pool (``os.register_at_fork``). At
+interpreter exit the workers are told to stop and awaited, before the code they run is freed.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -66,7 +69,7 @@ SYMBOL = "tilefuse_parallel"
 _SYS_FUTEX, _FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 202, 128, 129
 _JOB = ir.FunctionType(VOID, [PTR, I64, I64])
 _STATE = ("seq", "job_fn", "job_ctx", "job_threads", "inflight", "busy", "wake", "sleepers",
-          "workers")
+          "workers", "stop", "alive")
 _STATE_TYPES = {"job_fn": PTR, "job_ctx": PTR, "busy": I32, "wake": I32, "sleepers": I32}
 
 
@@ -205,8 +208,8 @@ def _worker(p: _Builder) -> ir.Function:
     fn = ir.Function(p.module, ir.FunctionType(PTR, [PTR]), "tilefuse.pool.worker")
     fn.linkage = "internal"
     blocks = {n: fn.append_basic_block(n) for n in
-              ("entry", "idle", "poll", "clock", "spin", "sleep", "doze", "woke", "job",
-               "enter", "call", "leave")}
+              ("entry", "idle", "poll", "clock", "wait", "spin", "sleep", "doze", "woke",
+               "job", "enter", "call", "leave", "exit")}
     b = ir.IRBuilder(blocks["entry"])
     tid = b.ptrtoint(fn.args[0], I64)
     b.branch(blocks["idle"])
@@ -219,6 +222,9 @@ def _worker(p: _Builder) -> ir.Function:
     seq = p.load(b, "seq", "acquire")
     b.cbranch(p.is_new(b, seq, last), blocks["job"], blocks["clock"])
     b.position_at_end(blocks["clock"])
+    stopping = b.icmp_signed("!=", p.load(b, "stop", "monotonic"), ir.Constant(I64, 0))
+    b.cbranch(stopping, blocks["exit"], blocks["wait"])
+    b.position_at_end(blocks["wait"])
     waited = b.sub(p.cycles(b), since)
     b.cbranch(b.icmp_unsigned("<", waited, ir.Constant(I64, SPIN_CYCLES)), blocks["spin"],
               blocks["sleep"])
@@ -250,12 +256,16 @@ def _worker(p: _Builder) -> ir.Function:
     p.add(b, "inflight", -1)
     last.add_incoming(seq, blocks["leave"])
     b.branch(blocks["idle"])
+    b.position_at_end(blocks["exit"])
+    p.add(b, "alive", -1)
+    b.ret(ir.Constant(PTR, None))
     return fn
 
 
 def _controls(p: _Builder, worker: ir.Function) -> None:
-    """``i32 tilefuse_pool_spawn(i64 tid)`` (pthread_create's result) and
-    ``void tilefuse_pool_set_workers(i64 count)`` (also clears the state: a forked child)."""
+    """``i32 tilefuse_pool_spawn(i64 tid)`` (pthread_create's result),
+    ``void tilefuse_pool_set_workers(i64 count)`` (also clears the state: a forked child) and
+    ``i64 tilefuse_pool_stop()`` (tells the workers to exit; returns how many still run)."""
     spawn = ir.Function(p.module, ir.FunctionType(I32, [I64]), "tilefuse_pool_spawn")
     b = ir.IRBuilder(spawn.append_basic_block("entry"))
     handle = b.alloca(I64)
@@ -267,11 +277,18 @@ def _controls(p: _Builder, worker: ir.Function) -> None:
     b.ret(rc)
     setter = ir.Function(p.module, ir.FunctionType(VOID, [I64]), "tilefuse_pool_set_workers")
     b = ir.IRBuilder(setter.append_basic_block("entry"))
-    for name in ("inflight", "busy", "sleepers"):
+    for name in ("inflight", "busy", "sleepers", "stop"):
         typ = p.state[name].value_type
         p.store(b, name, ir.Constant(typ, 0))
     p.store(b, "workers", setter.args[0])
+    p.store(b, "alive", setter.args[0])
     b.ret_void()
+    stop = ir.Function(p.module, ir.FunctionType(I64, []), "tilefuse_pool_stop")
+    b = ir.IRBuilder(stop.append_basic_block("entry"))
+    p.store(b, "stop", ir.Constant(I64, 1))
+    p.add(b, "wake", 1)
+    p.futex(b, _FUTEX_WAKE_PRIVATE, ir.Constant(I32, 2 ** 31 - 1))
+    b.ret(p.load(b, "alive"))
 
 
 def pool_ir() -> str:
@@ -305,6 +322,20 @@ class ThreadPool:
         set_workers(started)
         self.threads = started + 1
 
+    def stop(self, wait_seconds: float = 2.0) -> bool:
+        """Tells the workers to exit and waits for them (at interpreter exit: the machine code
+        they run must outlive them). False if some did not exit in time; the engine is then
+        never freed."""
+        stop = ctypes.CFUNCTYPE(ctypes.c_int64)(
+            self.engine.get_function_address("tilefuse_pool_stop"))
+        deadline = time.monotonic() + wait_seconds
+        while stop() > 0:
+            if time.monotonic() > deadline:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(self.engine))  # keep the code mapped
+                return False
+            time.sleep(0.001)
+        return True
+
 
 @functools.cache
 def thread_pool() -> ThreadPool:
@@ -326,6 +357,7 @@ def thread_pool() -> ThreadPool:
     pool = ThreadPool(engine, 1, address)
     pool.restart(threads)
     os.register_at_fork(after_in_child=lambda: pool.restart(pool_threads()))
+    atexit.register(pool.stop)
     return pool
 
 
