@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from onnxcheck import F32, arr, init, make_model
+from onnxcheck import F32, I64, arr, init, make_model
 
 import tilefuse.onnx
 from tilefuse.errors import TilefuseError
@@ -25,11 +25,23 @@ def _relu_model(opset: int = 17) -> onnx.ModelProto:
 
 
 def test_unsupported_op_is_named() -> None:
-    node = helper.make_node("NonMaxSuppression", ["x"], ["y"], name="nms1")
+    node = helper.make_node("NoSuchOp", ["x"], ["y"], name="nso1")
     model = make_model([node], [("x", F32, [2, 4])], [("y", F32)], opset=13)
-    with pytest.raises(OnnxError, match=r"unsupported ONNX op NonMaxSuppression \(node 'nms1', "
+    with pytest.raises(OnnxError, match=r"unsupported ONNX op NoSuchOp \(node 'nso1', "
                                         r"domain ai.onnx, opset 13\)"):
         tilefuse.onnx.load(model)
+
+
+def test_op_with_data_dependent_shape_has_no_fallback() -> None:
+    """NonMaxSuppression has no converter and onnx's reference has it, but how many boxes it
+    keeps depends on the scores: there is no fallback, and the error says why."""
+    node = helper.make_node("NonMaxSuppression", ["b", "s"], ["y"], name="nms1")
+    model = make_model([node], [("b", F32, [1, 6, 4]), ("s", F32, [1, 1, 6])], [("y", I64)],
+                       opset=13)
+    with pytest.raises(OnnxError, match=r"ONNX NonMaxSuppression node 'nms1' \(ai.onnx opset "
+                                        r"13\): tilefuse does not support it: .*depends on the "
+                                        r"input values"):
+        tilefuse.onnx.load(model)(arr([1, 6, 4]), arr([1, 1, 6]))
 
 
 def test_custom_domain_and_too_new_ops_are_named() -> None:

@@ -53,7 +53,7 @@ def test_traits() -> None:
     assert having(Trait.IDEMPOTENT) == {"abs", "relu", "floor", "ceil", "round"}
     assert having(Trait.INVOLUTION) == {"neg", "logical_not"}
     assert having(Trait.COMPOSITE) == COMPOSITES
-    assert having(Trait.MULTI_OUTPUT) == {"split", "topk"}
+    assert having(Trait.MULTI_OUTPUT) == {"split", "topk", "onnx_node"}
     assert all(OPS[n].decompose is not None for n in COMPOSITES)
 
 

@@ -1,8 +1,10 @@
 """ONNX graph → tilefuse graph, for one signature of concrete input types.
 
 Each node goes to the converter its op type and the model's opset select
-(:mod:`tilefuse.onnx.converters`); initializers are constants; an op without a converter is an
-:class:`OnnxError` naming the op type, node, domain and opset. Every tilefuse node carries the
+(:mod:`tilefuse.onnx.converters`); initializers are constants; an op without a converter runs
+in onnx's reference implementation where it has one (:mod:`tilefuse.onnx.fallback`, logged on
+the ``fallback`` topic), else is an :class:`OnnxError` naming the op type, node, domain and
+opset. Every tilefuse node carries the
 ONNX node it came from as its source location (``onnx:<index> in <OpType> <name>``). The graph
 outputs are checked against the element types and static dims the model declares.
 """
@@ -20,6 +22,7 @@ from tilefuse.graph.printer import is_identifier
 from tilefuse.graph.types import TensorType
 from tilefuse.onnx.context import Emitter, NodeContext, Tensor
 from tilefuse.onnx.converters import CONVERTERS, find_converter
+from tilefuse.onnx.fallback import convert_by_reference, has_reference
 from tilefuse.onnx.model import ModelInfo, NodeSpec, TensorSpec
 from tilefuse.onnx.tensors import OnnxError
 
@@ -45,7 +48,8 @@ def check_supported(info: ModelInfo) -> None:
             raise OnnxError(f"node {node.label} uses domain {node.domain!r}, which the model "
                             "does not import")
         opset = info.domains.get(node.domain, info.opset)
-        if find_converter(node.op_type, node.domain, opset) is None:
+        if find_converter(node.op_type, node.domain, opset) is None and not has_reference(
+                node, opset):
             raise unsupported(node, info)
 
 
@@ -82,6 +86,9 @@ def _convert_node(info: ModelInfo, index: int, env: dict[str, Tensor], em: Emitt
     node = info.nodes[index]
     opset = info.domains.get(node.domain, info.opset)
     fn = find_converter(node.op_type, node.domain, opset)
+    if fn is None and has_reference(node, opset):
+        def fn(ctx: NodeContext) -> list[Tensor | None]:
+            return convert_by_reference(ctx, info)
     if fn is None:
         raise unsupported(node, info)
     em.loc = SourceLoc("onnx", index, f"{node.op_type} {node.name}")

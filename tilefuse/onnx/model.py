@@ -57,6 +57,7 @@ class NodeSpec:
     inputs: tuple[str, ...]     # "" marks an omitted optional input
     outputs: tuple[str, ...]    # "" marks an unrequested optional output
     attrs: Mapping[str, Any]
+    proto: bytes = b""          # the NodeProto as read (for the reference fallback)
 
     @property
     def label(self) -> str:
@@ -226,7 +227,8 @@ def _nodes(protos: Any) -> list[NodeSpec]:
             raise OnnxError(f"node {name!r} has no op type")
         attrs = attribute_values(n.attribute, f"node {label}")
         nodes.append(NodeSpec(n.op_type, "" if n.domain in DEFAULT_DOMAINS else n.domain,
-                              name, tuple(n.input), tuple(n.output), MappingProxyType(attrs)))
+                              name, tuple(n.input), tuple(n.output), MappingProxyType(attrs),
+                              n.SerializeToString(deterministic=True)))
     return nodes
 
 

@@ -40,6 +40,14 @@ def elem_type_name(code: int) -> str:
         return f"<unknown element type {code}>"
 
 
+def elem_type_of(dtype: DType) -> int:
+    """The ONNX element type code of a tilefuse dtype."""
+    for code, dt in _DTYPES.items():
+        if dt is dtype:
+            return code
+    raise OnnxError(f"dtype {dtype.value} has no ONNX element type")
+
+
 def to_dtype(code: int, what: str) -> DType:
     """The tilefuse dtype of an ONNX element type code; OnnxError naming ``what`` if none."""
     dtype = _DTYPES.get(code)

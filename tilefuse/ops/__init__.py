@@ -12,6 +12,7 @@ from tilefuse.ops import (
     composite,
     contraction,
     elementwise,
+    foreign,
     indexing,
     movement,
     nn,
@@ -19,7 +20,8 @@ from tilefuse.ops import (
 )
 from tilefuse.ops.registry import AttrSpec, AttrType, OpDef, OpKind, Trait
 
-_MODULES = (elementwise, reduction, composite, contraction, movement, nn, attention, indexing)
+_MODULES = (elementwise, reduction, composite, contraction, movement, nn, attention, indexing,
+            foreign)
 
 
 def _gather() -> Mapping[str, OpDef]:
