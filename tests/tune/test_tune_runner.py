@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
+import pytest
 from helpers_tune import matmul_candidates
 
 from tilefuse.tune.cost_model import RandomModel
@@ -26,13 +28,14 @@ FAST = MeasureOptions(warmup=0, repeats=2, min_repeat_seconds=0.0, timeout=20.0)
 
 
 def test_planted_failures_score_inf_and_workers_are_replaced():
+    """One build worker: the dead or hung worker is replaced for the next candidate."""
     task, (good, aborts, hangs, good2) = matmul_candidates(4)
     faults = {"abort": aborts, "hang": hangs}
     results = {}
     for kind, victim in faults.items():
         fault = PlantedFault(kind, frozenset({victim.to_json()}), hang_seconds=60)
         options = MeasureOptions(warmup=0, repeats=2, min_repeat_seconds=0.0, timeout=4.0)
-        with LocalRunner(options, fault) as runner:
+        with LocalRunner(options, fault, build_workers=1) as runner:
             out = runner.measure(task, [good, victim, good2])
             results[kind] = (out, runner.workers_started)
     for kind, status in (("abort", CRASH), ("hang", TIMEOUT)):
@@ -45,11 +48,47 @@ def test_planted_failures_score_inf_and_workers_are_replaced():
 
 def test_corrupt_output_is_wrong():
     task, (good, victim) = matmul_candidates(2)
-    with LocalRunner(FAST, PlantedFault("corrupt", frozenset({victim.to_json()}))) as runner:
+    fault = PlantedFault("corrupt", frozenset({victim.to_json()}))
+    with LocalRunner(FAST, fault, build_workers=2) as runner:
         ok, bad = runner.measure(task, [good, victim])
         assert ok.status == OK
         assert bad.status == WRONG and bad.seconds == math.inf
-        assert runner.workers_started == 1  # a wrong answer does not cost the worker
+        again = runner.measure(task, [victim, good])
+        assert [r.status for r in again] == [WRONG, OK]
+        assert runner.workers_started == 2  # a wrong answer does not cost the worker
+
+
+def test_builds_run_at_once_and_no_timing_overlaps_a_build():
+    task, found = matmul_candidates(5)
+    with LocalRunner(FAST, build_workers=2) as runner:
+        results = runner.measure(task, found)
+        spans = runner.spans
+        assert runner.workers_started == 2
+    assert [r.schedule for r in results] == found
+    assert all(r.status == OK and math.isfinite(r.seconds) for r in results)
+    builds = [s for s in spans if s.phase == "build"]
+    timings = [s for s in spans if s.phase == "time"]
+    assert sorted(s.index for s in builds) == list(range(5))
+    assert [s.index for s in timings] == list(range(5))  # timed in the order given
+    first, second = sorted(builds, key=lambda s: s.start)[:2]
+    assert second.start < first.end  # two builds were under way at once
+    assert max(s.end for s in builds) <= min(s.start for s in timings)
+    assert all(a.end <= b.start for a, b in itertools.pairwise(timings))
+
+
+@pytest.mark.parametrize("kind,status", [("abort", CRASH), ("hang", TIMEOUT)])
+def test_a_failure_while_building_in_parallel_costs_only_its_candidate(kind, status):
+    """Each worker holds a checked build when the victim kills or hangs one of them: the
+    lost build is built again and timed on a fresh worker."""
+    task, (good, good2, victim, good3) = matmul_candidates(4)
+    fault = PlantedFault(kind, frozenset({victim.to_json()}), hang_seconds=60)
+    options = MeasureOptions(warmup=0, repeats=2, min_repeat_seconds=0.0, timeout=4.0)
+    with LocalRunner(options, fault, build_workers=2) as runner:
+        out = runner.measure(task, [good, good2, victim, good3])
+        started = runner.workers_started
+    assert [r.status for r in out] == [OK, OK, status, OK]
+    assert all(math.isfinite(r.seconds) for r in out if r.status == OK)
+    assert started == 3
 
 
 def test_invalid_schedule_is_rejected_before_building():
