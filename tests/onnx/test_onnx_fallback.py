@@ -93,3 +93,30 @@ def test_integer_input_that_decides_a_shape_is_compiled_per_value():
         got = np.asarray(got[0] if isinstance(got, (list, tuple)) else got)
         assert got.shape == want.shape
         assert_close(got, want, reduction=True)
+
+
+def test_random_ops_get_no_fallback():
+    """A random op folded at import would return one draw on every call: no fallback."""
+    node = helper.make_node("Bernoulli", ["x"], ["y"], name="coin")
+    model = make_model([node], [("x", F32, [4])], [("y", F32)], opset=15)
+    with pytest.raises(tilefuse.onnx.OnnxError, match=r"unsupported ONNX op Bernoulli"):
+        tilefuse.onnx.load(model)
+
+
+def test_declared_output_type_is_used_where_inference_differs():
+    """STFT without an onesided attribute (default 1): onnx's inference gives the two-sided
+    frame count, its reference the one-sided one. The model's declared output type is what
+    the reference computes and what tilefuse plans for."""
+    signal = arr([1, 64, 1])
+    step, length = np.array(8, np.int64), np.array(16, np.int64)
+    nodes = [helper.make_node("STFT", ["x", "step", "", "len"], ["y"], name="stft")]
+    model = make_model(nodes, [("x", F32, [1, 64, 1]), ("step", I64, []), ("len", I64, [])],
+                       [("y", F32)], opset=17)
+    feeds = {"x": signal, "step": step, "len": length}
+    want = reference(model, feeds)[0]
+    for d in want.shape:
+        model.graph.output[0].type.tensor_type.shape.dim.add().dim_value = d
+    got = tilefuse.onnx.load(model)(signal, step, length)
+    got = np.asarray(got[0] if isinstance(got, (list, tuple)) else got)
+    assert got.shape == want.shape == (1, 7, 9, 2)
+    assert_close(got, want, reduction=True)

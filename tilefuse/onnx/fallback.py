@@ -4,13 +4,14 @@ implementation (``onnx.reference``), one node at a time, on the host.
 The importer asks :func:`has_reference` when it finds no converter; if onnx's reference knows
 the op at the model's opset, :func:`convert_by_reference` keeps the node whole as one
 ``onnx_node`` (:mod:`tilefuse.ops.foreign`) and says so on the ``fallback`` log topic. The node's
-output types come from onnx's shape inference on the node alone, with the input types this
-import has (always concrete shapes) and the constant inputs' values. Where that is not enough
-(an output whose shape depends on the input values: Unique, NonZero-like ops, NonMaxSuppression)
-or an output's element type is one tilefuse lacks, there is no fallback and the error names the
-op, the opset and why. A node whose inputs are all constants is computed at import, as every
-op is (:meth:`Emitter.ops`). Nodes with subgraph attributes never get here: the model reader
-refuses control flow first.
+output types are those the model declares where the output is a graph output, else onnx's
+shape inference on the node alone, with the input types this import has (always concrete
+shapes) and the constant inputs' values. Where that is not enough (an output whose shape
+depends on the input values: Unique, NonMaxSuppression) or an output's element type is one
+tilefuse lacks, there is no fallback and the error names the op, the opset and why; random ops
+(:data:`RANDOM_OPS`) get none either. A node whose inputs are all constants is computed at
+import, as every op is (:meth:`Emitter.ops`). Nodes with subgraph attributes never get here:
+the model reader refuses control flow first.
 """
 
 from __future__ import annotations
@@ -25,10 +26,16 @@ from tilefuse.onnx.context import NodeContext, Tensor
 from tilefuse.onnx.model import ModelInfo, NodeSpec
 from tilefuse.onnx.tensors import elem_type_of, to_dtype
 
+RANDOM_OPS = frozenset({"Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike",
+                        "RandomUniform", "RandomUniformLike"})
+"""Ops that draw random numbers get no fallback: a node with constant inputs would fold at
+import into one draw that every call returns."""
+
 
 def has_reference(node: NodeSpec, opset: int) -> bool:
-    """Whether onnx's reference implementation has ``node``'s op at ``opset``."""
-    if not node.proto:
+    """Whether onnx's reference implementation has ``node``'s op at ``opset`` (and it is
+    deterministic)."""
+    if not node.proto or node.op_type in RANDOM_OPS:
         return False
     try:
         from onnx.reference.ops import load_op
@@ -60,6 +67,27 @@ def _renamed(node: NodeSpec) -> Any:
     proto.output.extend(outputs)
     proto.name = node.name
     return proto
+
+
+def _declared(info: ModelInfo, name: str) -> tuple[str, tuple[int, ...]] | None:
+    """The type the model declares for graph output ``name``, if it is complete and static."""
+    for spec in info.outputs:
+        if spec.name == name and spec.dtype is not None and spec.dims is not None \
+                and all(isinstance(d, int) for d in spec.dims):
+            return spec.dtype.value, tuple(int(d) for d in spec.dims)  # type: ignore[arg-type]
+    return None
+
+
+def _output_types(ctx: NodeContext, proto: Any, info: ModelInfo
+                  ) -> list[tuple[str, tuple[int, ...]] | None]:
+    """(dtype name, shape) of each output: what the model declares where the output is a
+    graph output with a complete static type (onnx's inference gets some wrong: STFT's
+    onesided frames), else onnx's shape inference; None where the output is not requested."""
+    declared = [_declared(info, name) if name else None for name in ctx.spec.outputs]
+    if all(d is not None for d, name in zip(declared, ctx.spec.outputs) if name):
+        return declared
+    inferred = _inferred_outputs(ctx, proto, _opsets(info))
+    return [d if d is not None else t for d, t in zip(declared, inferred)]
 
 
 def _inferred_outputs(ctx: NodeContext, proto: Any, opsets: tuple[tuple[str, int], ...]
@@ -124,7 +152,7 @@ def convert_by_reference(ctx: NodeContext, info: ModelInfo) -> list[Tensor | Non
                         "static input shapes")
     proto = _renamed(ctx.spec)
     opsets = _opsets(info)
-    types = _inferred_outputs(ctx, proto, opsets)
+    types = _output_types(ctx, proto, info)
     wanted = [t for t in types if t is not None]
     attrs = {"node": base64.b64encode(proto.SerializeToString(deterministic=True)).decode(),
              "opsets": opsets, "out_dtypes": tuple(d for d, _ in wanted),
