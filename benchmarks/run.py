@@ -17,13 +17,14 @@ round every implementation runs once (or a batch of calls for microsecond worklo
 so that noise from the shared machine hits all of them alike. NumPy alone is timed in rounds
 of its own (``harness.SEPARATE``).
 
-Thread pools: tilefuse (libgomp), torch (its own OpenMP runtime) and onnxruntime (its own pool)
-live in one process here. By default each keeps its idle threads spinning for a while after a
-parallel region, so on 2 cores whichever runs next in a round finds its cores taken by another
-runtime's spinning threads. The harness therefore shortens the spin: GOMP_SPINCOUNT is
-tilefuse's own default (``tilefuse.codegen.target.SPIN_COUNT``, 3000, what a tilefuse user gets),
-set before any runtime loads, so torch's OpenMP runtime reads it too: threads stay hot between
-back-to-back calls but sleep within microseconds; and onnxruntime's
+Thread pools: tilefuse (its own, ``tilefuse.codegen.pool``: idle workers poll ~0.1 ms, then
+sleep), torch (its OpenMP runtime) and onnxruntime (its own pool) live in one process here. By
+default the last two keep their idle threads spinning for a while after a parallel region, so
+on 2 cores whichever runs next in a round finds its cores taken by another runtime's spinning
+threads. The harness therefore shortens the spin: GOMP_SPINCOUNT is set to
+``tilefuse.codegen.target.SPIN_COUNT`` (3000) before any runtime loads, so torch's OpenMP
+runtime reads it: threads stay hot between back-to-back calls but sleep within microseconds;
+and onnxruntime's
 `session.intra_op.allow_spinning=0`. Sleeping pools (OMP_WAIT_POLICY=PASSIVE) were tried and
 rejected: they cost torch eager ~1 ms per call on W5. (Until 2026-12-01 the spin was 20,000:
 on a 128×768×768 matmul, onnxruntime's call after tilefuse's then took 1.2 ms instead of 0.8,
