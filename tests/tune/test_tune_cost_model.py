@@ -99,12 +99,17 @@ def test_top_k_recall():
 
 
 @pytest.mark.skipif(not lightgbm_available(), reason="lightgbm is not installed")
-def test_lambdarank_ranks_held_out_candidates():
+@pytest.mark.parametrize("objective", ["rank_xendcg", "lambdarank", "regression"])
+def test_every_objective_ranks_held_out_candidates(objective):
     rng = np.random.default_rng(1)
     x = rng.uniform(0, 10, size=(150, 20))
     times = np.exp(0.3 * x[:, 0] - 0.2 * x[:, 3]) * rng.uniform(0.95, 1.05, 150)
     times[::23] = math.inf
-    recalls = cross_validated_recall(x, times, k=5, folds=5)
+
+    def make(seed: int = 0) -> LightGBMModel:
+        return LightGBMModel(seed, objective=objective)
+
+    recalls = cross_validated_recall(x, times, k=5, folds=5, make=make)  # type: ignore[arg-type]
     assert len(recalls) == 5
     chance = np.mean(cross_validated_recall(x, times, k=5, folds=5, make=RandomModel))
     assert np.mean(recalls) >= 0.5 > chance

@@ -8,7 +8,7 @@ One module per concept, each an abstract base with a trivial and a real implemen
 - :mod:`~tilefuse.tune.space` ``FixedSpace`` / knob spaces generated from the group;
 - :mod:`~tilefuse.tune.search` ``RandomSearch`` / ``EvolutionarySearch``;
 - :mod:`~tilefuse.tune.features` loop-IR features; :mod:`~tilefuse.tune.cost_model`
-  ``RandomModel`` / ``LightGBMModel`` (lambdarank);
+  ``RandomModel`` / ``LightGBMModel`` (a ranking objective);
 - :mod:`~tilefuse.tune.runner` ``InProcessRunner`` / ``LocalRunner`` (isolated worker, timeout);
   :mod:`~tilefuse.tune.runner_ray` ``RayRunner`` (Ray tasks, for a cluster);
 - :mod:`~tilefuse.tune.database` ``MemoryDatabase`` / ``SQLiteDatabase`` (WAL);
