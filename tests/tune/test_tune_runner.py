@@ -117,3 +117,18 @@ def test_tuner_goes_on_past_failures():
     assert math.isfinite(result.seconds)
     assert result.schedule != aborts
     assert db.best(result.key)[0] == result.schedule
+
+
+def test_every_timed_call_follows_a_cache_flush():
+    """The runner flushes before every timed call (as a kernel in a model finds the caches),
+    outside the timing, and not at all with flush_bytes=0."""
+    from tilefuse.tune.runner import cache_flush, time_runs
+
+    events: list[str] = []
+    options = MeasureOptions(warmup=1, repeats=3, min_repeat_seconds=0.0)
+    times = time_runs(lambda: events.append("run"), options, lambda: events.append("flush"))
+    assert len(times) == 3
+    timed = events[2:]          # the warm-up call and the call that sizes a timing: no flush
+    assert events[:2] == ["run", "run"] and timed == ["flush", "run"] * 3
+    assert cache_flush(MeasureOptions(flush_bytes=0)) is None
+    assert cache_flush(MeasureOptions()) is not None
