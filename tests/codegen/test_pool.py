@@ -117,6 +117,19 @@ def test_a_forked_child_gets_workers_of_its_own():
     assert seen == [0, 1]
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run_child(script: str, threads: int) -> list[str]:
+    """The words ``script`` (formatted with the repository root) prints in a fresh process
+    with ``threads`` pool threads; the process must exit cleanly."""
+    env = {**os.environ, "TILEFUSE_NUM_THREADS": str(threads), "TILEFUSE_CACHE": "0"}
+    out = subprocess.run([sys.executable, "-c", script.format(root=_ROOT)], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=_ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()
+
+
 _CALLER_RUNS = """
 import sys, numpy as np
 sys.path.insert(0, {root!r})
@@ -141,12 +154,7 @@ def test_one_thread_runs_every_iteration_on_the_caller():
     """TILEFUSE_NUM_THREADS=1: no worker; the caller runs the whole loop. Then the pool is told
     it has a worker that never starts (a descheduled one, forever): the caller publishes the
     loop, takes every grain itself and returns without waiting for it."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "TILEFUSE_NUM_THREADS": "1", "TILEFUSE_CACHE": "0"}
-    out = subprocess.run([sys.executable, "-c", _CALLER_RUNS.format(root=root)], env=env,
-                         capture_output=True, text=True, timeout=300, cwd=root)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["1", "[0]", "[0]"]
+    assert _run_child(_CALLER_RUNS, threads=1) == ["1", "[0]", "[0]"]
 
 
 _STOP = """
@@ -166,9 +174,4 @@ print(int(hits.min()), int(hits.max()))
 def test_workers_stop_and_loops_still_run_after():
     """What runs at interpreter exit: the workers are told to stop and all of them exit (their
     machine code is freed after); a loop called later still runs, on the caller."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "TILEFUSE_NUM_THREADS": "3", "TILEFUSE_CACHE": "0"}
-    out = subprocess.run([sys.executable, "-c", _STOP.format(root=root)], env=env,
-                         capture_output=True, text=True, timeout=300, cwd=root)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["True", "2", "2"]
+    assert _run_child(_STOP, threads=3) == ["True", "2", "2"]

@@ -132,3 +132,6 @@ def test_every_timed_call_follows_a_cache_flush():
     assert events[:2] == ["run", "run"] and timed == ["flush", "run"] * 3
     assert cache_flush(MeasureOptions(flush_bytes=0)) is None
     assert cache_flush(MeasureOptions()) is not None
+    events.clear()
+    time_runs(lambda: events.append("run"), options, None)
+    assert events == ["run"] * 5

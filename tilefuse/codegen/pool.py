@@ -52,7 +52,7 @@ from llvmlite import ir
 from llvmlite.ir import instructions
 
 from tilefuse.codegen.llvm_types import I32, I64, PTR, VOID, declare
-from tilefuse.codegen.target import host_target, target_machine
+from tilefuse.codegen.target import host_target, target_machine, usable_cpus
 from tilefuse.errors import CompileError
 
 SPIN_CYCLES = 200_000
@@ -95,10 +95,7 @@ def pool_threads(env: Mapping[str, str] | None = None) -> int:
         if not first.isdigit() or int(first) < 1:
             raise CompileError(f"{name}={text!r}: expected a positive thread count")
         return int(first)
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    return usable_cpus()
 
 
 def _align(var: ir.GlobalVariable) -> int:

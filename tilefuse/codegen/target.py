@@ -31,6 +31,15 @@ ms after a spin of 20,000). tilefuse's own kernels run on :mod:`tilefuse.codegen
 does not read it."""
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; the CPU count where there is
+    none)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def quiet_openmp_waits(env: MutableMapping[str, str] | None = None) -> None:
     """Sets ``GOMP_SPINCOUNT`` to :data:`SPIN_COUNT` in ``env`` (the process environment) unless
     the user chose a wait policy; it takes effect for a libgomp loaded after this call."""

@@ -78,7 +78,8 @@ def _declared(info: ModelInfo, name: str) -> tuple[str, tuple[int, ...]] | None:
     return None
 
 
-def _output_types(ctx: NodeContext, proto: Any, info: ModelInfo
+def _output_types(ctx: NodeContext, proto: Any, info: ModelInfo,
+                  opsets: tuple[tuple[str, int], ...]
                   ) -> list[tuple[str, tuple[int, ...]] | None]:
     """(dtype name, shape) of each output: what the model declares where the output is a
     graph output with a complete static type (onnx's inference gets some wrong: STFT's
@@ -86,7 +87,7 @@ def _output_types(ctx: NodeContext, proto: Any, info: ModelInfo
     declared = [_declared(info, name) if name else None for name in ctx.spec.outputs]
     if all(d is not None for d, name in zip(declared, ctx.spec.outputs) if name):
         return declared
-    inferred = _inferred_outputs(ctx, proto, _opsets(info))
+    inferred = _inferred_outputs(ctx, proto, opsets)
     return [d if d is not None else t for d, t in zip(declared, inferred)]
 
 
@@ -152,7 +153,7 @@ def convert_by_reference(ctx: NodeContext, info: ModelInfo) -> list[Tensor | Non
                         "static input shapes")
     proto = _renamed(ctx.spec)
     opsets = _opsets(info)
-    types = _output_types(ctx, proto, info)
+    types = _output_types(ctx, proto, info, opsets)
     wanted = [t for t in types if t is not None]
     attrs = {"node": base64.b64encode(proto.SerializeToString(deterministic=True)).decode(),
              "opsets": opsets, "out_dtypes": tuple(d for d, _ in wanted),

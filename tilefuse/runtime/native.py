@@ -195,9 +195,6 @@ class _Builder:
     # ---------------------------------------------------------------- lowering
     def lower(self, group: KernelGroup) -> _Pending:
         pending = _Pending(group)
-        if any(n.op.name == "onnx_node" for n in group.nodes):
-            return self.fall_back(pending, "an ONNX op without a converter: onnx's reference "
-                                  "implementation runs it")
         if group.kind not in NATIVE_KINDS and not is_pool_group(group):
             return self.fall_back(pending, f"no native lowering for {group.kind.value} "
                                   "kernels yet")

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from tilefuse.codegen.target import usable_cpus
 from tilefuse.errors import TilefuseError
 from tilefuse.graph.ir import Value
 from tilefuse.kernel.fusion import KernelKind
@@ -122,16 +123,18 @@ class PlantedFault:
 
 @dataclass
 class Session:
-    """What measuring one task needs once: the inputs and the reference outputs."""
+    """What measuring one task needs once: the inputs, the reference outputs and the cache
+    flush of the timings (:func:`cache_flush`)."""
 
     task: TuneTask
     inputs: dict[Value, np.ndarray]
     reference: list[np.ndarray]
+    flush: Callable[[], None] | None = None
 
     @staticmethod
-    def start(task: TuneTask, seed: int) -> Session:
-        inputs = task.random_inputs(np.random.default_rng(seed))
-        return Session(task, inputs, task.reference(inputs))
+    def start(task: TuneTask, options: MeasureOptions) -> Session:
+        inputs = task.random_inputs(np.random.default_rng(options.seed))
+        return Session(task, inputs, task.reference(inputs), cache_flush(options))
 
 
 def build_checked(session: Session, schedule: Schedule, options: MeasureOptions,
@@ -161,9 +164,11 @@ def build_checked(session: Session, schedule: Schedule, options: MeasureOptions,
     return built
 
 
-def timed(schedule: Schedule, built: BuiltKernel, options: MeasureOptions) -> MeasureResult:
-    """The result of timing a checked build (:func:`time_runs`, the median)."""
-    times = time_runs(built.run, options)
+def timed(session: Session, schedule: Schedule, built: BuiltKernel,
+          options: MeasureOptions) -> MeasureResult:
+    """The result of timing a checked build (:func:`time_runs` with the session's flush, the
+    median)."""
+    times = time_runs(built.run, options, session.flush)
     return MeasureResult(schedule, statistics.median(times), OK, times=tuple(times))
 
 
@@ -172,7 +177,9 @@ def measure_schedule(session: Session, schedule: Schedule, options: MeasureOptio
     """Validates, builds, checks and times ``schedule`` in this process (see the module
     docstring); never raises for a bad candidate."""
     built = build_checked(session, schedule, options, fault)
-    return built if isinstance(built, MeasureResult) else timed(schedule, built, options)
+    if isinstance(built, MeasureResult):
+        return built
+    return timed(session, schedule, built, options)
 
 
 FLUSHED_CALLS = 20
@@ -191,17 +198,16 @@ def cache_flush(options: MeasureOptions) -> Callable[[], None] | None:
 def time_runs(run: Any, options: MeasureOptions,
               flush: Callable[[], None] | None = None) -> list[float]:
     """Seconds per call of ``run``: ``warmup`` calls, then ``repeats`` timings, each of enough
-    calls to last ``min_repeat_seconds``, each call after ``flush`` (default
-    :func:`cache_flush`; BERT tuned with 16 MiB of it gained 1.01-1.05x in the whole layer,
-    without it 0.99-1.02x, with 8 MiB 0.99-1.01x, where the isolated runs promised 1.2x: a
-    weak effect, see docs/PERFORMANCE.md)."""
+    calls to last ``min_repeat_seconds``, each call after ``flush`` where one is given (a
+    session's :func:`cache_flush`; BERT tuned with 16 MiB of it gained 1.01-1.05x in the
+    whole layer, without it 0.99-1.02x, with 8 MiB 0.99-1.01x, where the isolated runs
+    promised 1.2x: a weak effect, see docs/PERFORMANCE.md)."""
     for _ in range(max(0, options.warmup)):
         run()
     start = time.perf_counter()
     run()
     once = max(time.perf_counter() - start, 1e-9)
     inner = max(1, min(10_000, math.ceil(options.min_repeat_seconds / once)))
-    flush = flush or cache_flush(options)
     if flush is not None:
         inner = min(inner, FLUSHED_CALLS)  # each call is timed alone: no need for many
     times = []
@@ -249,7 +255,7 @@ class InProcessRunner(Runner):
     def measure(self, task: TuneTask, schedules: Sequence[Schedule]) -> list[MeasureResult]:
         key = task.fingerprint()
         if key not in self._sessions:
-            self._sessions = {key: Session.start(task, self.options.seed)}
+            self._sessions = {key: Session.start(task, self.options)}
         return [measure_schedule(self._sessions[key], s, self.options) for s in schedules]
 
 
@@ -261,7 +267,7 @@ def worker_loop(conn: Connection, wire: dict[str, Any], options: MeasureOptions,
                 fault: PlantedFault | None) -> None:
     """A worker process: make the task's session, say ready, then answer each message until
     None or the pipe closes (:func:`worker_answer`)."""
-    session = Session.start(TuneTask.from_wire(wire), options.seed)
+    session = Session.start(TuneTask.from_wire(wire), options)
     conn.send(("ready", os.getpid()))
     kept: dict[str, BuiltKernel] = {}
     while True:
@@ -292,7 +298,7 @@ def worker_answer(session: Session, kept: dict[str, BuiltKernel], message: str |
                 return (BUILT,)
             r = built
         else:
-            r = timed(schedule, kept.pop(text), options)
+            r = timed(session, schedule, kept.pop(text), options)
     return r.seconds, r.status, r.message, r.times
 
 
@@ -345,10 +351,7 @@ class _Worker:
 
 def default_build_workers() -> int:
     """One build worker per core this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    return usable_cpus()
 
 
 SETTLE_SECONDS = 0.1

@@ -58,7 +58,7 @@ from tilefuse.tune.task import TuneError, TuneTask
 def measure_remote(wire: Mapping[str, Any], schedule_json: str, options: MeasureOptions,
                    fault: PlantedFault | None) -> tuple[float, str, str, tuple[float, ...]]:
     """What one Ray task runs: re-form the task, measure one schedule, return plain data."""
-    session = Session.start(TuneTask.from_wire(wire), options.seed)
+    session = Session.start(TuneTask.from_wire(wire), options)
     r = measure_schedule(session, Schedule.from_json(schedule_json), options, fault)
     return r.seconds, r.status, r.message, r.times
 
