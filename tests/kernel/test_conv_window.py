@@ -99,3 +99,24 @@ def test_dilation_along_w_keeps_the_materialised_matrix():
     assert window_operand(group, matmul_node(group).inputs[0]) is None
     names = check(graph, seed=9)
     assert any("a_rows" in name for name in names)
+
+
+@pytest.mark.parametrize("n, hw, strides, mr, kc", [
+    (2, (6, 14), (1, 1), 7, 0),    # OW = 14: tiles of 7 pixels, two per output row
+    (1, (5, 14), (1, 1), 14, 20),  # a whole row per tile; K blocks split kernel rows
+    (1, (9, 15), (2, 2), 4, 0),    # OW = 8 after a stride of 2
+    (1, (7, 7), (1, 1), 7, 0),     # OW = 7: one tile per output row
+])
+def test_tiles_within_one_output_row(n, hw, strides, mr, kc):
+    """MR dividing OW: a tile's rows are adjacent pixels of one output row, addressed from
+    one base (:meth:`WindowA.tiles_stay_in_row`)."""
+    graph = window_graph(n, hw, 5, 40, (3, 3), strides, (1, 1), 1, "nhwc")
+    [group] = form_kernels(graph).groups
+    window = window_operand(group, matmul_node(group).inputs[0])
+    assert window is not None and window.tiles_stay_in_row(mr)
+    tiles = (("m", 4 * mr), ("n", 32)) + ((("k", kc),) if kc else ())
+    schedule = Schedule(KernelKind.CONTRACTION, tiles=tiles, order=("n", "k", "m"),
+                        vector_axis="n", vector_width=16, parallel_axes=("n",),
+                        unroll=(("k", 4),), pack=("B",), micro_tile=(mr, 32))
+    check(graph, seed=mr + kc, schedule=schedule)
+    check(graph, seed=mr + kc, schedule=schedule, interpreted=True)

@@ -178,7 +178,9 @@ def test_default_for_w1_matmul_bias_gelu():
     group = only_group(W1)
     assert iteration_axes(group) == {"m": 512, "n": 3072, "k": 768}
     # NC: B's 768 x 384 block stays in L2 for every MC block (CACHE_TILES)
-    assert default_schedule(group, AVX512_2) == _mm(tiles=(("m", 96), ("n", 384), ("k", 768)))
+    # a 6x64 register tile: 4 B vectors and 6 A broadcasts per k step (_tile_vectors)
+    assert default_schedule(group, AVX512_2) == _mm(tiles=(("m", 96), ("n", 384), ("k", 768)),
+                                                    micro_tile=(6, 64))
     serial = default_schedule(group, CpuTarget(512, cores=1))
     assert serial.parallel_axes == () and serial.tile("n") == 384
     avx2 = default_schedule(group, CpuTarget(256, cores=2))
@@ -203,9 +205,16 @@ def test_default_contraction_threads_over_m_or_batch_when_n_is_narrow():
         """)  # a 3x3 conv's im2col matrix: one 32-wide panel per thread if threads went over N
     s = default_schedule(conv, AVX512_2)
     assert s.parallel_axes == ("m",) and s.tile("n") == 64 and s.tile("m") == 96
-    wide = only_group("""
+    two_panels = only_group("""
         graph @g(%x: f32[3136,64], %w: f32[64,128]) -> f32[3136,128] {
           %0 = matmul(%x, %w) : f32[3136,128]
+          return %0
+        }
+        """)  # N = 128: one 64-wide panel per thread
+    assert default_schedule(two_panels, AVX512_2).parallel_axes == ("m",)
+    wide = only_group("""
+        graph @g(%x: f32[3136,64], %w: f32[64,256]) -> f32[3136,256] {
+          %0 = matmul(%x, %w) : f32[3136,256]
           return %0
         }
         """)

@@ -45,6 +45,16 @@ class WindowA:
     def k(self) -> int:
         return self.kernel_rows * self.run
 
+    @property
+    def pixel_stride(self) -> int:
+        """The source stride between A rows that are adjacent pixels of one output row."""
+        return self.row_strides[2]
+
+    def tiles_stay_in_row(self, mr: int) -> bool:
+        """True when register tiles of ``mr`` rows starting at multiples of ``mr`` never cross
+        an output row (``mr`` divides OW), so a tile's rows are ``pixel_stride`` apart."""
+        return mr > 0 and self.rows[2] % mr == 0
+
     def row_offset(self, i: Expr) -> Expr:
         """The source offset of A's row ``i`` (its window's first element)."""
         offset: Expr = const(0)

@@ -418,13 +418,19 @@ class _NestBuilder:
         kh = var(f"kh{tag}")
         first = Let(f"kf{tag}", kh * w.run)   # the k of the kernel row's first column
         step = Let(f"ka{tag}", kh * w.kernel_row_stride)
+        row_offset: Callable[[Expr], Expr] = lambda r: w.row_offset(i0 + r)  # noqa: E731
+        if w.tiles_stay_in_row(self.mr) and rows == self.mr:
+            # the tile's rows are adjacent pixels of one output row: one base, constant
+            # offsets (12 row pointers spilled to the stack otherwise)
+            base = w.row_offset(i0)
+            row_offset = lambda r: base + r * w.pixel_stride  # noqa: E731
         if self.kc >= s.k:      # one K block: every run whole
             lo, hi = const(0), const(w.run)
         else:
             lo, hi = maximum(k0 - first.ref, 0), minimum(k1 - first.ref, w.run)
         run = self.unrolled_k(f"{tag}w", lo, hi, lambda t, c: self.fmas(
             t, rows, j0, first.ref + c, chunks, accs,
-            lambda r: w.row_offset(i0 + r) + step.ref + c))
+            lambda r: row_offset(r) + step.ref + c))
         kh0 = k0 // w.run if self.kc < s.k else const(0)
         kh1 = (k1 + (w.run - 1)) // w.run if self.kc < s.k else const(w.kernel_rows)
         return [loop(f"kh{tag}", kh0, kh1, [first, step, *run])]
