@@ -212,9 +212,16 @@ def test_default_contraction_threads_over_m_or_batch_when_n_is_narrow():
         }
         """)  # N = 128: one 64-wide panel per thread
     assert default_schedule(two_panels, AVX512_2).parallel_axes == ("m",)
-    wide = only_group("""
+    tall = only_group("""
         graph @g(%x: f32[3136,64], %w: f32[64,256]) -> f32[3136,256] {
           %0 = matmul(%x, %w) : f32[3136,256]
+          return %0
+        }
+        """)  # A (3136 x 64) is larger than B (64 x 256): each thread reads half of it
+    assert default_schedule(tall, AVX512_2).parallel_axes == ("m",)
+    wide = only_group("""
+        graph @g(%x: f32[196,256], %w: f32[256,1024]) -> f32[196,1024] {
+          %0 = matmul(%x, %w) : f32[196,1024]
           return %0
         }
         """)
