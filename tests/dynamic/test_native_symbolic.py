@@ -99,20 +99,21 @@ def test_matmul_m_is_a_runtime_extent_with_every_tail(rows):
 
 def test_small_runtime_m_runs_a_static_tile_per_size_with_a_runtime_b():
     """M below the register tile's rows picks, at run time, the nest a static compile of that
-    M emits (a 1-row tile 4 vectors wide here, not 2); B, a runtime input packed per call,
-    is read from panels as wide as that tile. Every M up to past MR, N = 70 (a partial panel)."""
+    M emits (a 1-row tile 8 vectors wide here, not the 6x64 tile's 4); B, a runtime input
+    packed per call, is read from panels as wide as that tile. Every M up to past MR,
+    N = 140 (a partial panel)."""
     def f(x, w):
         return np.tanh(x @ w)
 
-    exe = build(f, {"x": {0: "m"}}, arr(0, (5, 96)), arr(1, (96, 70)))
+    exe = build(f, {"x": {0: "m"}}, arr(0, (5, 96)), arr(1, (96, 140)))
     assert exe.per_size_groups == []
     main = next(k.fn for p in exe._builder.pending for k in p.kernels if "panels" not in
                 k.fn.name)
     text = str(main)
     assert "if dim_m < " in text and "if dim_m == 1:" in text, text[:400]
-    assert "acc0_3" in text   # the M = 1 tile has 4 accumulators (64 columns)
+    assert "acc0_7" in text   # the M = 1 tile has 8 accumulators (128 columns)
     rows = (*range(1, 14), 25, 513)
-    check_sizes(exe, lambda seed, n: [arr(seed, (n, 96)), arr(seed + 50, (96, 70))], rows)
+    check_sizes(exe, lambda seed, n: [arr(seed, (n, 96)), arr(seed + 50, (96, 140))], rows)
 
 
 def test_batched_matmul_over_batch_and_sequence_symbols():

@@ -13,8 +13,8 @@ schedule's order, one of them parallel, then inside each block::
     micro-kernels over the partial last panel         (last NC block only)
 
 The micro-kernel keeps an ``MR x NR`` tile of C in registers (``MR * NR/V`` accumulators of V
-lanes: 24 zmm for 12x32 f32 on AVX-512) and for each ``k`` loads ``NR/V`` vectors of B and
-broadcasts one element of A per row into an ``fma``. The partial last panel uses narrower
+lanes: 24 zmm for the default 6x64 f32 tile on AVX-512) and for each ``k`` loads ``NR/V``
+vectors of B and broadcasts one element of A per row into an ``fma``. The partial last panel uses narrower
 vectors (V, then halves down to scalars), so nothing is stored past column N.
 
 The epilogue (bias, gelu, any elementwise chain after the matmul in the kernel group) is applied
@@ -257,8 +257,9 @@ def small_m_buckets(general: _NestBuilder, panel: int) -> Stmt:
 
 def small_m_rows(params: MatmulParams, n: int) -> list[int]:
     """The runtime sizes of M that get a nest of their own: those below MR whose static tile
-    is wider than NR (1, 2, 3 for W1; from 4 rows the hint tile's remainder kernel is what a
-    static compile emits, and a nest for each would multiply the LLVM build time)."""
+    is wider than NR (only 1 for W1's 6x64 tile, 1-3 for a 12x32 one; from there the hint
+    tile's remainder kernel is what a static compile emits, and a nest for each would
+    multiply the LLVM build time)."""
     return [rows for rows in range(1, params.mr) if small_m_tile(rows, params, n) > params.nr]
 
 
