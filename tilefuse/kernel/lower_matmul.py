@@ -14,8 +14,8 @@ schedule's order, one of them parallel, then inside each block::
 
 The micro-kernel keeps an ``MR x NR`` tile of C in registers (``MR * NR/V`` accumulators of V
 lanes: 24 zmm for the default 6x64 f32 tile on AVX-512) and for each ``k`` loads ``NR/V``
-vectors of B and broadcasts one element of A per row into an ``fma``. The partial last panel uses narrower
-vectors (V, then halves down to scalars), so nothing is stored past column N.
+vectors of B and broadcasts one element of A per row into an ``fma``. The partial last panel
+uses narrower vectors (V, then halves down to scalars), so nothing is stored past column N.
 
 The epilogue (bias, gelu, any elementwise chain after the matmul in the kernel group) is applied
 to the accumulators right before the store. With K blocking the first blocks' partial sums are
