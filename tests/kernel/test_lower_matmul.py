@@ -4,6 +4,7 @@ the generated code's shape (FMA on zmm), and lowering kernel groups with their e
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -260,3 +261,33 @@ def test_non_matmul_groups_are_refused():
     [group] = form_kernels(graph).groups
     with pytest.raises(CompileError, match="matmul"):
         lower_matmul(group, default_schedule(group))
+
+
+@pytest.mark.parametrize("k, kc", [(513, 100), (40, 0)])
+def test_prefetching_b_changes_no_value(k, kc):
+    """B prefetched 8 and 16 k steps ahead (past its panel near the end of K, which a hint may
+    do), K blocked and not, compiled and interpreted (where a prefetch does nothing)."""
+    graph = matmul_graph(19, k, 150, "bias_gelu")
+    for distance in (8, 16):
+        schedule = Schedule(KernelKind.CONTRACTION,
+                            tiles=(("m", 12), ("n", 64)) + ((("k", kc),) if kc else ()),
+                            order=("n", "k", "m"), vector_axis="n", vector_width=16,
+                            parallel_axes=("n",), unroll=(("k", 4),), pack=("B",),
+                            micro_tile=(6, 64), prefetch=(("B", distance),))
+        check_group(graph, seed=distance, schedule=schedule)
+    check_group(matmul_graph(7, 40, 70), schedule=replace(schedule, tiles=(("m", 6),)),
+                interpreted=True)
+
+
+@pytest.mark.skipif(not host_target().has("avx512f"), reason="needs AVX-512")
+def test_a_streamed_b_is_prefetched_in_the_fma_loop():
+    """BERT's FFN (M = 128: two M blocks, B read about once) prefetches B's panel ahead, one
+    prefetcht0 per 64-byte line of a k step; W1 (M = 512: B reused from cache) does not."""
+    [group] = form_kernels(matmul_graph(128, 768, 3072, "bias_gelu")).groups
+    schedule = default_schedule(group, host_target())
+    assert schedule.prefetch == (("B", 16),)
+    main = lower_matmul(group, schedule).functions[-1]
+    fma_loop = max(self_loops(compile_kernel(main).assembly()), key=lambda b: b.count("vfmadd"))
+    assert fma_loop.count("prefetcht0") == fma_loop.count("vfmadd231ps") // 6
+    [w1] = form_kernels(matmul_graph(512, 768, 3072, "bias_gelu")).groups
+    assert default_schedule(w1, host_target()).prefetch == ()

@@ -49,7 +49,9 @@ schedules = st.builds(
     Schedule, kind=st.sampled_from(KernelKind), tiles=pairs, order=names,
     vector_axis=st.none() | axis_names, vector_width=st.integers(1, 1 << 20),
     parallel_axes=names, unroll=pairs, pack=st.lists(st.sampled_from("AB"), max_size=2).map(tuple),
-    micro_tile=st.none() | st.tuples(st.integers(1, 64), st.integers(1, 64)))
+    micro_tile=st.none() | st.tuples(st.integers(1, 64), st.integers(1, 64)),
+    prefetch=st.lists(st.tuples(st.sampled_from("AB"), st.integers(1, 256)),
+                      max_size=2).map(tuple))
 
 
 @settings(max_examples=200, deadline=None)
@@ -81,6 +83,8 @@ def _w1_json() -> dict:
     ({"vector_axis": 3}, "vector_axis must be a non-empty axis name"),
     ({"micro_tile": [12]}, "micro_tile must be None or two positive ints"),
     ({"micro_tile": [12, -32]}, "micro_tile must be None or two positive ints"),
+    ({"prefetch": [["B"]]}, "prefetch entries must be"),
+    ({"prefetch": "B"}, "prefetch must be a JSON list"),
     ({"kind": "gemm"}, "unknown kernel kind 'gemm'"),
     ({"kind": ["contraction"]}, "unknown kernel kind"),
 ])
@@ -88,6 +92,16 @@ def test_from_json_rejects_unknown_keys_and_bad_types(change, message):
     data = {**_w1_json(), **change}
     with pytest.raises(ScheduleError, match=message):
         Schedule.from_json(json.dumps(data))
+
+
+def test_json_without_prefetch_reads_as_none():
+    """Schedules stored before the field existed (tuning databases) still load."""
+    data = _w1_json()
+    assert data["prefetch"] == []
+    del data["prefetch"]
+    assert Schedule.from_json(json.dumps(data)).prefetch == ()
+    with_b = Schedule.from_dict({**data, "prefetch": [["B", 16]]})
+    assert with_b.prefetch == (("B", 16),) and str(with_b).endswith("prefetch(B+16)")
 
 
 def test_from_json_rejects_missing_keys_and_non_objects():
@@ -152,6 +166,9 @@ def test_a_valid_schedule_passes():
     (_mm(micro_tile=None), MNK, "a contraction needs a micro_tile"),
     (_mm(micro_tile=(12, 24)), MNK, "NR=24 is not a multiple of the vector width 16"),
     (_mm(micro_tile=(128, 32)), MNK, "micro tile 128 along 'm' exceeds its block 96"),
+    (_mm(prefetch=(("A", 16),)), MNK, "only its packed B"),
+    (_mm(pack=(), prefetch=(("B", 16),)), MNK, "only its packed B"),
+    (_mm(prefetch=(("B", 300),)), MNK, "prefetch distance 300 is not in 1..256"),
     (_mm(), {"m": 512, "n": 3072, "q": 768}, "needs the axes"),
     (Schedule(KernelKind.ELEMENTWISE, order=("i",), pack=("B",)), {"i": 8}, "only a contraction"),
     (Schedule(KernelKind.ELEMENTWISE, order=("i",), micro_tile=(1, 1)), {"i": 8},

@@ -13,6 +13,7 @@ from tilefuse.loop import (
     LoopFunction,
     LoopKind,
     LType,
+    Prefetch,
     XOp,
     binary,
     broadcast,
@@ -26,6 +27,7 @@ from tilefuse.loop import (
     unary,
     var,
 )
+from tilefuse.loop.printer import format_stmt
 
 F32 = DType.f32
 
@@ -96,3 +98,4 @@ def test_other_nodes():
     assert format_expr(thread_id()) == "thread_id()"
     assert format_expr(unary(XOp.ISNAN, v)) == "isnan(load<8>(X, i))"
     assert str(var("i") + 1) == "i + 1"
+    assert format_stmt(Prefetch("X", var("i") + 16)) == ["prefetch X[i + 16]"]

@@ -15,6 +15,7 @@ from tilefuse.loop import (
     LoopFunction,
     LoopKind,
     LType,
+    Prefetch,
     XOp,
     binary,
     block,
@@ -41,7 +42,7 @@ def kernel(*body, buffers=(X, Y), scalars=("n",)) -> LoopFunction:
 
 def test_a_well_formed_kernel_passes():
     acc = Local("acc", LType(F32, 8))
-    verify(kernel(loop("i", 0, n, [acc, acc.store(0, X.load(i, 8)),
+    verify(kernel(loop("i", 0, n, [acc, Prefetch("X", i + 64), acc.store(0, X.load(i, 8)),
                                    Y.store(i, reduce(XOp.REDUCE_ADD, acc.load(0)))],
                        kind=LoopKind.PARALLEL)))
 
@@ -52,6 +53,8 @@ BAD = {
         "t", LType(F32)))),
     "readonly buffer X": kernel(X.store(0, const(1.0, F32))),
     "unknown buffer": kernel(Y.store(0, Expr(XOp.LOAD, LType(F32), (const(0),), "Z"))),
+    "prefetch of unknown buffer Z": kernel(Prefetch("Z", const(0))),
+    "prefetch index must be i64": kernel(Prefetch("X", const(0, DType.i32))),
     "defined more than once": kernel(loop("i", 0, n, [loop("i", 0, n, [])])),
     "do not match result": kernel(Y.store(0, X.load(0, 8) + X.load(0))),
     "stores f32x8 into local": kernel(Local("a", LType(F32, 4)),

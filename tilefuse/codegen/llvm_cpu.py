@@ -60,6 +60,7 @@ from tilefuse.loop.ir import (
     LocalStore,
     LoopFunction,
     LoopKind,
+    Prefetch,
     Stmt,
     Store,
     XOp,
@@ -188,6 +189,8 @@ class LoopLowering:
             st.b.store(self.expr(st, s.value, {}), self.local_ptr(st, s.name, s.index))
         elif isinstance(s, Store):
             self.store(st, s)
+        elif isinstance(s, Prefetch):
+            self.prefetch(st, s)
         else:
             raise CompileError(f"cannot lower statement {type(s).__name__}")
 
@@ -198,6 +201,16 @@ class LoopLowering:
             value = st.b.zext(value, llvm_type(s.value.type, memory=True))
         address = self.element_ptr(st, ptr, buf, self.expr(st, s.index, {}))
         st.b.store(value, address, align=self.access_align(buf, s.value.lanes))
+
+    def prefetch(self, st: FnState, s: Prefetch) -> None:
+        """``llvm.prefetch(address, read, locality 3 (all levels), data cache)``; the address
+        is computed without ``inbounds``: a hint may point past the buffer."""
+        ptr, buf = st.buffers[s.buffer]
+        index = self.expr(st, s.index, {})
+        address = st.b.gep(ptr, [index], source_etype=scalar_type(buf.dtype, memory=True))
+        fn = st.b.module.declare_intrinsic(
+            "llvm.prefetch", [address.type], ir.FunctionType(VOID, [PTR, I32, I32, I32]))
+        st.b.call(fn, [address, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
     def loop(self, st: FnState, s: For) -> None:
         start, stop = self.expr(st, s.start, {}), self.expr(st, s.stop, {})
@@ -413,7 +426,7 @@ def free_names(s: Stmt) -> set[str]:
 def buffer_names(s: Stmt) -> set[str]:
     names: set[str] = set()
     for node in walk_stmts(s):
-        if isinstance(node, Store):
+        if isinstance(node, (Store, Prefetch)):
             names.add(node.buffer)
         for e in expr_children(node):
             names.update(n.arg for n in walk_expr(e) if n.op is XOp.LOAD)  # type: ignore[misc]

@@ -33,6 +33,7 @@ from tilefuse.loop.ir import (
     Local,
     LocalStore,
     LoopFunction,
+    Prefetch,
     Stmt,
     Store,
     XOp,
@@ -97,6 +98,8 @@ class _Rewriter:
             return replace(s, type=s.type.with_lanes(self.lanes(s.type.lanes)))
         if isinstance(s, LocalStore):
             return LocalStore(s.name, self.expr(s.index), self.expr(s.value))
+        if isinstance(s, Prefetch):
+            return Block()  # a CPU cache hint
         if isinstance(s, Store):
             index = self.expr(s.index)
             if s.value.lanes > 1:

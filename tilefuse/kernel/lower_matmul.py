@@ -60,6 +60,7 @@ from tilefuse.loop.ir import (
     LoopFunction,
     LoopKind,
     LType,
+    Prefetch,
     Stmt,
     XOp,
     binary,
@@ -87,7 +88,8 @@ class MatmulParams:
     """The numbers that shape the loop nest. ``kc``/``mc``/``nc`` of 0 mean the whole axis
     (``nc`` 0: one panel); ``order`` is the block loops' order (outermost first); ``parallel``
     names the block axis split over threads ("n", "m", "b", or "" for none); ``unroll_k``
-    unrolls the micro-kernel's k loop; ``pack_b`` reads B packed into panels (else in place)."""
+    unrolls the micro-kernel's k loop; ``pack_b`` reads B packed into panels (else in place);
+    ``prefetch_b`` (k steps, 0: none) prefetches B's panel that far ahead in full tiles."""
 
     mr: int = 12
     nr: int = 32
@@ -99,6 +101,7 @@ class MatmulParams:
     order: tuple[str, ...] = ("b", "n", "k", "m")
     unroll_k: int = 1
     pack_b: bool = True
+    prefetch_b: int = 0
 
     def __post_init__(self) -> None:
         for name in ("mr", "nr", "lanes", "unroll_k"):
@@ -454,7 +457,13 @@ class _NestBuilder:
         """One step of k: B vectors loaded once, A (element ``a_index(row)``) broadcast per
         row, one fma per accumulator."""
         b_values = [self.b.load(self.b_index(j0, k, off), lanes) for off, lanes in chunks]
-        return fma_tile_step(tag, rows, accs, b_values, lambda r: self.a.load(a_index(r)))
+        step = fma_tile_step(tag, rows, accs, b_values, lambda r: self.a.load(a_index(r)))
+        if self.p.prefetch_b and self.p.pack_b and rows == self.mr:
+            line = max(1, 64 // self.dtype.itemsize)   # one hint per cache line of the row
+            ahead = k + self.p.prefetch_b
+            step = [*(Prefetch(self.b.name, self.b_index(j0, ahead, off))
+                      for off in range(0, self.nr, line)), *step]
+        return step
 
     def finish(self, tag: int, rows: int, i0: Expr, j0: Expr, chunks: list[tuple[int, int]],
                accs: list[Local]) -> Stmt:
@@ -534,7 +543,8 @@ def params_from_schedule(schedule: Schedule) -> MatmulParams:
                         kc=schedule.tile("k") or 0, mc=schedule.tile("m") or 0,
                         nc=schedule.tile("n") or 0, parallel=parallel,
                         order=tuple(a for a in schedule.order if a in BLOCK_AXES),
-                        unroll_k=unroll, pack_b="B" in schedule.pack)
+                        unroll_k=unroll, pack_b="B" in schedule.pack,
+                        prefetch_b=dict(schedule.prefetch).get("B", 0))
 
 
 # ==================================================================== kernel groups

@@ -16,6 +16,7 @@ from tilefuse.loop.ir import (
     LoopFunction,
     LoopKind,
     LType,
+    Prefetch,
     Stmt,
     Store,
     XOp,
@@ -42,7 +43,7 @@ from tilefuse.loop.verify import verify
 
 __all__ = [
     "BOOL", "I64", "Block", "BufferParam", "Expr", "For", "If", "LType", "Let", "Local",
-    "LocalStore", "LoopFunction", "LoopKind", "Stmt", "Store", "XOp", "binary", "block",
+    "LocalStore", "LoopFunction", "LoopKind", "Prefetch", "Stmt", "Store", "XOp", "binary", "block",
     "broadcast", "cast", "const", "fma", "fold_constants", "fold_expr", "format_expr",
     "format_function", "hoist_invariants", "interpret", "load", "local_load", "loop", "maximum",
     "minimum", "reduce", "select", "simplify", "thread_id", "unary", "var", "verify",

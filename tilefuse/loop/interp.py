@@ -32,6 +32,7 @@ from tilefuse.loop.ir import (
     LocalStore,
     LoopFunction,
     LType,
+    Prefetch,
     Stmt,
     Store,
     XOp,
@@ -303,6 +304,8 @@ class _Machine:
             i = self.local_index(s.name, s.index)
             data[i] = self.eval(s.value, {})
             written[i] = True
+        elif isinstance(s, Prefetch):
+            pass  # a cache hint: no value changes
         elif isinstance(s, Store):
             value = self.eval(s.value, {})
             self.buffer_slice(s.buffer, self.scalar(s.index), len(value))[:] = value

@@ -17,7 +17,8 @@ Semantics, written once (the interpreter and the code generator both follow them
 * Names (buffers, scalars, loop variables, lets, locals) are unique within a function.
 
 Statements: :class:`For` (serial, parallel, vectorized, unrolled), :class:`Store`,
-:class:`Local` / :class:`LocalStore`, :class:`Let`, :class:`If`, :class:`Block`. A ``Let`` or
+:class:`Local` / :class:`LocalStore`, :class:`Let`, :class:`If`, :class:`Block`, and
+:class:`Prefetch` (a cache hint with no effect on results). A ``Let`` or
 ``Local`` is visible in the rest of its block. Loop bounds are evaluated once, on entry; the loop
 variable takes ``start, start+step, ...`` while it is below ``stop`` (for every kind).
 
@@ -398,11 +399,21 @@ class If:
 
 
 @dataclass(frozen=True)
+class Prefetch:
+    """A hint that the cache line holding element ``index`` of ``buffer`` will soon be read.
+    It changes no value: the interpreter skips it, a GPU kernel drops it, and the CPU code
+    generator emits ``llvm.prefetch``, which does not fault (``index`` may be past the end)."""
+
+    buffer: str
+    index: Expr
+
+
+@dataclass(frozen=True)
 class Block:
     stmts: tuple[Stmt, ...] = ()
 
 
-Stmt = For | Store | Local | LocalStore | Let | If | Block
+Stmt = For | Store | Local | LocalStore | Let | If | Block | Prefetch
 
 
 @dataclass(frozen=True)
@@ -458,6 +469,8 @@ def expr_children(s: Stmt) -> tuple[Expr, ...]:
         return (s.value,)
     if isinstance(s, If):
         return (s.cond,)
+    if isinstance(s, Prefetch):
+        return (s.index,)
     return ()
 
 

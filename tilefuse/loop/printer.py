@@ -25,6 +25,7 @@ from tilefuse.loop.ir import (
     LocalStore,
     LoopFunction,
     LoopKind,
+    Prefetch,
     Stmt,
     Store,
     XOp,
@@ -114,6 +115,8 @@ def format_stmt(s: Stmt, indent: int = 0) -> list[str]:
         return [f"{pad}let {s.name} = {format_expr(s.value)}"]
     if isinstance(s, Local):
         return [f"{pad}local {s.name}: {s.type}[{s.count}]"]
+    if isinstance(s, Prefetch):
+        return [f"{pad}prefetch {s.buffer}[{format_expr(s.index)}]"]
     return [f"{pad}<unknown statement {type(s).__name__}>"]
 
 

@@ -27,6 +27,7 @@ from tilefuse.loop.ir import (
     Let,
     LocalStore,
     LoopFunction,
+    Prefetch,
     Stmt,
     Store,
     XOp,
@@ -189,6 +190,9 @@ def _map_exprs(s: Stmt, f: Callable[[Expr], Expr]) -> Stmt:
     if isinstance(s, If):
         cond = f(s.cond)
         return s if cond is s.cond else replace(s, cond=cond)
+    if isinstance(s, Prefetch):
+        index = f(s.index)
+        return s if index is s.index else replace(s, index=index)
     return s
 
 

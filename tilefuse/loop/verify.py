@@ -35,6 +35,7 @@ from tilefuse.loop.ir import (
     LoopFunction,
     LoopKind,
     LType,
+    Prefetch,
     Stmt,
     Store,
     XOp,
@@ -132,6 +133,10 @@ class _Checker:
                 raise self.fail(s, f"stores {s.value.type} into local {s.name} of {local.type}")
         elif isinstance(s, Store):
             self.store(s, scope)
+        elif isinstance(s, Prefetch):
+            if s.buffer not in self.buffers:
+                raise self.fail(s, f"prefetch of unknown buffer {s.buffer}")
+            self.index_like(s, s.index, scope, I64, "prefetch index")
         else:
             raise VerifyError(f"not a loop-IR statement: {type(s).__name__}")
 

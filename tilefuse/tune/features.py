@@ -116,6 +116,10 @@ class _Body:
             self.loaded[key] = self.loaded.get(key, 0.0) + nbytes * times
 
 
+def _work(body: _Body) -> float:
+    return body.fmas + body.ops + body.loads + body.stores
+
+
 @dataclass
 class _Hot:
     executions: float = 0.0
@@ -168,9 +172,13 @@ class _Walker:
                                    outer * trips, [*chain, (s, trips)])
         total = _Body()
         total.add(body, trips)
-        if s.kind is not LoopKind.UNROLLED and not has_loop and outer * trips >= \
-                self.hot.executions:
-            self.hot = _Hot(outer * trips, body, [(s, trips), *chain[::-1]])
+        executions = outer * trips
+        if s.kind is not LoopKind.UNROLLED and not has_loop and (
+                executions > self.hot.executions or (executions == self.hot.executions and
+                                                     _work(body) >= _work(self.hot.body))):
+            # the most executed innermost loop; of equals, the one doing more work (a full
+            # panel's tile rather than the narrower tile of the last partial panel)
+            self.hot = _Hot(executions, body, [(s, trips), *chain[::-1]])
         return total, has_loop or s.kind is not LoopKind.UNROLLED
 
 

@@ -6,7 +6,8 @@ iteration extents, dtype and the target, not a template per operator:
 - contraction: vector width (the target's lanes, or half), NR (1..4 vectors), MR (1..16, with
   MR·NR/width at most :data:`MAX_ACCUMULATORS` vector accumulators), cache blocks MC / NC / KC
   (targets turned into divisors or near-divisors of the extents, multiples of MR / NR), the
-  parallel axis (n, m, b when batched, none), k unroll (1, 2, 4, 8) and pack B on / off;
+  parallel axis (n, m, b when batched, none), k unroll (1, 2, 4, 8), pack B on / off and
+  its prefetch distance (none, 8, 16, 32 k steps);
 - elementwise: vector width (4..16) and the number of parallel chunks (0: serial);
 - row reduction: vector width, unroll of the row loop (1, 2, 4, 8), parallel row chunks;
 - attention: the query block (8..256 rows), the key block (1..8 vectors), the register tile's
@@ -187,7 +188,8 @@ def _pow2_upto(low: int, high: int) -> list[int]:
 
 
 class ContractionSpace(KnobSpace):
-    """Micro tile, cache blocks, parallel axis, k unroll, pack B of a matmul kernel."""
+    """Micro tile, cache blocks, parallel axis, k unroll, pack B and B's prefetch distance of
+    a matmul kernel."""
 
     def __init__(self, group: KernelGroup, target: CpuTarget):
         sizes = iteration_axes(group)
@@ -202,7 +204,7 @@ class ContractionSpace(KnobSpace):
                                                    3072, n)}),
                  "kc": sorted({min(t, k) for t in (64, 128, 256, 384, 512, 768, 1024, k)}),
                  "parallel": parallel, "unroll_k": [u for u in (1, 2, 4, 8) if u <= k],
-                 "pack_b": [True, False]}
+                 "pack_b": [True, False], "prefetch_b": [0, 8, 16, 32]}
         super().__init__(group, target, knobs)
 
     def schedule(self, point: Point) -> Schedule:
@@ -221,7 +223,9 @@ class ContractionSpace(KnobSpace):
                         vector_axis="n" if width > 1 else None, vector_width=width,
                         parallel_axes=(point["parallel"],) if point["parallel"] else (),
                         unroll=(("k", unroll),) if unroll > 1 else (),
-                        pack=("B",) if point["pack_b"] else (), micro_tile=(mr, nr))
+                        pack=("B",) if point["pack_b"] else (), micro_tile=(mr, nr),
+                        prefetch=(("B", point["prefetch_b"]),)
+                        if point["pack_b"] and point["prefetch_b"] else ())
 
     def point(self, schedule: Schedule) -> Point:
         mr, nr = schedule.micro_tile or (1, schedule.vector_width)
@@ -235,7 +239,8 @@ class ContractionSpace(KnobSpace):
                 "kc": self.nearest("kc", schedule.tile("k") or e["k"]),
                 "parallel": self.nearest("parallel", (schedule.parallel_axes or ("",))[0]),
                 "unroll_k": self.nearest("unroll_k", dict(schedule.unroll).get("k", 1)),
-                "pack_b": "B" in schedule.pack}
+                "pack_b": "B" in schedule.pack,
+                "prefetch_b": self.nearest("prefetch_b", dict(schedule.prefetch).get("B", 0))}
 
 
 def _chunk_counts(cores: int) -> list[int]:
