@@ -14,13 +14,16 @@ status saying which.
   the ``spawn`` context: the task travels as plain data, each worker makes its inputs and
   reference once. A batch runs in two phases: the workers build and check its candidates at
   once (``("build", json)``: compiling is single-threaded, so on two cores two builds take the
-  time of one; the worker keeps each checked build), then, after a short pause, each
-  candidate is timed (``("time", json)``) by the worker holding it, one at a time in the
-  batch's order while every other worker waits: a kernel is never timed while anything else
-  compiles (it uses all the cores). A worker that dies (a segfault, an abort) or does not
-  answer within ``timeout`` seconds is killed and replaced for the next candidate, and the
-  candidate scores inf; the other checked builds it held are built again, and timed, on its
-  replacement. A plain schedule JSON still asks for a whole measurement.
+  time of one; the worker keeps each checked build), then, after a short pause, the
+  candidates are timed by the workers holding them, one timing at a time while every other
+  worker waits (a kernel is never timed while anything else compiles: it uses all the cores),
+  interleaved: ``repeats`` rounds, each timing every candidate once (``("repeat", json)``), the
+  order reversed every other round, so that a slow spell of this shared machine falls on all
+  of a batch's candidates alike rather than on the one being timed. A worker that dies (a
+  segfault, an abort) or does not answer within ``timeout`` seconds is killed and replaced
+  for the next candidate, and the candidate scores inf; the other checked builds it held are
+  built again, and measured, on its replacement. A plain schedule JSON still asks for a whole
+  measurement.
 
 A Ray runner (measurements spread over a cluster) would be another :class:`Runner`: it ships
 ``task.wire()`` and schedule JSON to remote workers running :func:`worker_loop`'s logic and maps
@@ -40,7 +43,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -285,7 +288,8 @@ def worker_answer(session: Session, kept: dict[str, BuiltKernel], message: str |
     """A schedule JSON: measure it, answer ``(seconds, status, message, times)``.
     ``("build", json)``: build and check it and keep the build in ``kept``, answer
     ``(BUILT,)``, or the failed candidate's 4-tuple. ``("time", json)``: time the kept build
-    (and drop it), answer the 4-tuple."""
+    (and drop it), answer the 4-tuple. ``("repeat", json)``: one timing of the kept build
+    (kept), the 4-tuple. ``("drop", json)``: forget the kept build, answer ``(BUILT,)``."""
     if isinstance(message, str):
         r = measure_schedule(session, Schedule.from_json(message), options, fault)
     else:
@@ -297,6 +301,11 @@ def worker_answer(session: Session, kept: dict[str, BuiltKernel], message: str |
                 kept[text] = built
                 return (BUILT,)
             r = built
+        elif verb == "repeat":
+            r = timed(session, schedule, kept[text], replace(options, repeats=1))
+        elif verb == "drop":
+            kept.pop(text, None)
+            return (BUILT,)
         else:
             r = timed(session, schedule, kept.pop(text), options)
     return r.seconds, r.status, r.message, r.times
@@ -433,16 +442,40 @@ class LocalRunner(Runner):
         held = self._build_all(task, [(i, schedules[i]) for i in todo], results)
         if held and self.build_workers > 1:
             time.sleep(self.settle_seconds)  # let the machine settle after the parallel builds
-        for i in todo:
-            if results[i] is None:
+        self._time_interleaved(task, schedules, [i for i in todo if results[i] is None], held,
+                               results)
+        return [r for r in results if r is not None]
+
+    def _time_interleaved(self, task: TuneTask, schedules: Sequence[Schedule], order: list[int],
+                          held: dict[int, tuple[int, _Worker]],
+                          results: list[MeasureResult | None]) -> None:
+        """Times the held builds of ``order`` in rounds (module docstring): the median of
+        each one's ``repeats`` timings. A build whose worker died is built again and measured
+        whole on its replacement; a timing that fails is the candidate's result."""
+        times: dict[int, list[float]] = {i: [] for i in order}
+        for round_ in range(max(1, self.options.repeats)):
+            for i in order if round_ % 2 == 0 else order[::-1]:
+                if results[i] is not None:
+                    continue
                 k, worker = held[i]
                 start = time.perf_counter()
                 if self._workers[k] is worker and worker.alive():
-                    results[i] = self._ask(k, ("time", schedules[i].to_json()), schedules[i])
-                else:  # its worker died after building it: build it again, and time it
+                    r = self._ask(k, ("repeat", schedules[i].to_json()), schedules[i])
+                    assert isinstance(r, MeasureResult)
+                    if r.ok:
+                        times[i].extend(r.times)
+                    else:
+                        results[i] = r
+                else:  # its worker died after building it: build it again, and measure it
                     results[i] = self._measure_one(task, k, schedules[i])
                 self.spans.append(Span("time", i, start, time.perf_counter()))
-        return [r for r in results if r is not None]
+        for i in order:
+            k, worker = held[i]
+            if results[i] is None:
+                results[i] = MeasureResult(schedules[i], statistics.median(times[i]), OK,
+                                           times=tuple(times[i]))
+            if self._workers[k] is worker and worker.alive():
+                self._ask(k, ("drop", schedules[i].to_json()), schedules[i], expect=BUILT)
 
     def _build_all(self, task: TuneTask, items: list[tuple[int, Schedule]],
                    results: list[MeasureResult | None]) -> dict[int, tuple[int, _Worker]]:
@@ -510,9 +543,10 @@ class LocalRunner(Runner):
         seconds, status, message, times = reply
         return MeasureResult(schedule, seconds, status, message, tuple(times))
 
-    def _ask(self, k: int, message: str | tuple[str, str], schedule: Schedule) -> MeasureResult:
+    def _ask(self, k: int, message: str | tuple[str, str], schedule: Schedule,
+             expect: str | None = None) -> MeasureResult | str:
         """Sends ``message`` to slot ``k``'s worker and waits up to the timeout for the
-        result."""
+        result (``expect`` :data:`BUILT`: for that answer, returned as is)."""
         worker = self._workers[k]
         assert worker is not None
         try:
@@ -526,7 +560,7 @@ class LocalRunner(Runner):
             return MeasureResult(schedule, math.inf, CRASH,
                                  f"worker died (exit code {worker.process.exitcode})")
         reply = self._receive(k, schedule)
-        assert isinstance(reply, MeasureResult)
+        assert isinstance(reply, MeasureResult) or reply == expect
         return reply
 
     def _measure_one(self, task: TuneTask, k: int, schedule: Schedule) -> MeasureResult:
@@ -535,7 +569,9 @@ class LocalRunner(Runner):
             self._ready(task, k)
         except TilefuseError as err:
             return MeasureResult(schedule, math.inf, CRASH, str(err))
-        return self._ask(k, schedule.to_json(), schedule)
+        result = self._ask(k, schedule.to_json(), schedule)
+        assert isinstance(result, MeasureResult)
+        return result
 
     def close(self) -> None:
         for k, worker in enumerate(self._workers):
