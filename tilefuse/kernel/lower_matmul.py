@@ -422,12 +422,13 @@ class _NestBuilder:
         kh = var(f"kh{tag}")
         first = Let(f"kf{tag}", kh * w.run)   # the k of the kernel row's first column
         step = Let(f"ka{tag}", kh * w.kernel_row_stride)
-        row_offset: Callable[[Expr], Expr] = lambda r: w.row_offset(i0 + r)  # noqa: E731
-        if w.tiles_stay_in_row(self.mr) and rows == self.mr:
-            # the tile's rows are adjacent pixels of one output row: one base, constant
-            # offsets (12 row pointers spilled to the stack otherwise)
-            base = w.row_offset(i0)
-            row_offset = lambda r: base + r * w.pixel_stride  # noqa: E731
+        # a full tile whose rows are adjacent pixels of one output row: one base and constant
+        # offsets (a pointer per row otherwise, which LLVM spills for 12-row tiles)
+        in_row = w.tiles_stay_in_row(self.mr) and rows == self.mr
+        base = w.row_offset(i0) if in_row else const(0)
+
+        def row_offset(r: Expr) -> Expr:
+            return base + r * w.pixel_stride if in_row else w.row_offset(i0 + r)
         if self.kc >= s.k:      # one K block: every run whole
             lo, hi = const(0), const(w.run)
         else:

@@ -192,7 +192,8 @@ class Schedule:
         if not isinstance(data, dict):
             raise ScheduleError(f"a schedule must be a JSON object, got {type(data).__name__}")
         keys = set(_FIELDS)
-        unknown, missing = sorted(set(data) - keys), sorted(keys - set(data) - {"prefetch"})
+        unknown = sorted(set(data) - keys)
+        missing = sorted(keys - set(data) - set(_OPTIONAL_FIELDS))
         if unknown:
             raise ScheduleError(f"unknown schedule keys: {', '.join(map(str, unknown))}")
         if missing:
@@ -239,6 +240,9 @@ class Schedule:
 
 _FIELDS = ("kind", "tiles", "order", "vector_axis", "vector_width", "parallel_axes", "unroll",
            "pack", "micro_tile", "prefetch")
+_OPTIONAL_FIELDS = ("prefetch",)
+"""Keys a schedule's JSON may lack (added after schedules were first stored): they read as
+the field's default."""
 
 
 def _list(value: Any, what: str) -> tuple:

@@ -17,9 +17,10 @@ status saying which.
   time of one; the worker keeps each checked build), then, after a short pause, the
   candidates are timed by the workers holding them, one timing at a time while every other
   worker waits (a kernel is never timed while anything else compiles: it uses all the cores),
-  interleaved: ``repeats`` rounds, each timing every candidate once (``("repeat", json)``), the
-  order reversed every other round, so that a slow spell of this shared machine falls on all
-  of a batch's candidates alike rather than on the one being timed. A worker that dies (a
+  interleaved: ``repeats`` rounds, each timing every candidate once (``("repeat", json)``;
+  ``("time", json)`` in the last round, which drops the build), the order reversed every other
+  round, so that a slow spell of this shared machine falls on all of a batch's candidates
+  alike rather than on the one being timed. A worker that dies (a
   segfault, an abort) or does not answer within ``timeout`` seconds is killed and replaced
   for the next candidate, and the candidate scores inf; the other checked builds it held are
   built again, and measured, on its replacement. A plain schedule JSON still asks for a whole
@@ -287,9 +288,9 @@ def worker_answer(session: Session, kept: dict[str, BuiltKernel], message: str |
                   options: MeasureOptions, fault: PlantedFault | None) -> tuple[Any, ...]:
     """A schedule JSON: measure it, answer ``(seconds, status, message, times)``.
     ``("build", json)``: build and check it and keep the build in ``kept``, answer
-    ``(BUILT,)``, or the failed candidate's 4-tuple. ``("time", json)``: time the kept build
-    (and drop it), answer the 4-tuple. ``("repeat", json)``: one timing of the kept build
-    (kept), the 4-tuple. ``("drop", json)``: forget the kept build, answer ``(BUILT,)``."""
+    ``(BUILT,)``, or the failed candidate's 4-tuple. ``("repeat", json)``: one timing of the
+    kept build, the 4-tuple; ``("time", json)``: the same, the last one (the build is
+    dropped)."""
     if isinstance(message, str):
         r = measure_schedule(session, Schedule.from_json(message), options, fault)
     else:
@@ -301,13 +302,9 @@ def worker_answer(session: Session, kept: dict[str, BuiltKernel], message: str |
                 kept[text] = built
                 return (BUILT,)
             r = built
-        elif verb == "repeat":
-            r = timed(session, schedule, kept[text], replace(options, repeats=1))
-        elif verb == "drop":
-            kept.pop(text, None)
-            return (BUILT,)
         else:
-            r = timed(session, schedule, kept.pop(text), options)
+            built = kept[text] if verb == "repeat" else kept.pop(text)
+            r = timed(session, schedule, built, replace(options, repeats=1))
     return r.seconds, r.status, r.message, r.times
 
 
@@ -453,15 +450,16 @@ class LocalRunner(Runner):
         each one's ``repeats`` timings. A build whose worker died is built again and measured
         whole on its replacement; a timing that fails is the candidate's result."""
         times: dict[int, list[float]] = {i: [] for i in order}
-        for round_ in range(max(1, self.options.repeats)):
+        rounds = max(1, self.options.repeats)
+        for round_ in range(rounds):
+            verb = "time" if round_ == rounds - 1 else "repeat"  # the last drops the build
             for i in order if round_ % 2 == 0 else order[::-1]:
                 if results[i] is not None:
                     continue
                 k, worker = held[i]
                 start = time.perf_counter()
                 if self._workers[k] is worker and worker.alive():
-                    r = self._ask(k, ("repeat", schedules[i].to_json()), schedules[i])
-                    assert isinstance(r, MeasureResult)
+                    r = self._ask(k, (verb, schedules[i].to_json()), schedules[i])
                     if r.ok:
                         times[i].extend(r.times)
                     else:
@@ -470,12 +468,9 @@ class LocalRunner(Runner):
                     results[i] = self._measure_one(task, k, schedules[i])
                 self.spans.append(Span("time", i, start, time.perf_counter()))
         for i in order:
-            k, worker = held[i]
             if results[i] is None:
                 results[i] = MeasureResult(schedules[i], statistics.median(times[i]), OK,
                                            times=tuple(times[i]))
-            if self._workers[k] is worker and worker.alive():
-                self._ask(k, ("drop", schedules[i].to_json()), schedules[i], expect=BUILT)
 
     def _build_all(self, task: TuneTask, items: list[tuple[int, Schedule]],
                    results: list[MeasureResult | None]) -> dict[int, tuple[int, _Worker]]:
@@ -543,10 +538,9 @@ class LocalRunner(Runner):
         seconds, status, message, times = reply
         return MeasureResult(schedule, seconds, status, message, tuple(times))
 
-    def _ask(self, k: int, message: str | tuple[str, str], schedule: Schedule,
-             expect: str | None = None) -> MeasureResult | str:
+    def _ask(self, k: int, message: str | tuple[str, str], schedule: Schedule) -> MeasureResult:
         """Sends ``message`` to slot ``k``'s worker and waits up to the timeout for the
-        result (``expect`` :data:`BUILT`: for that answer, returned as is)."""
+        result."""
         worker = self._workers[k]
         assert worker is not None
         try:
@@ -560,7 +554,7 @@ class LocalRunner(Runner):
             return MeasureResult(schedule, math.inf, CRASH,
                                  f"worker died (exit code {worker.process.exitcode})")
         reply = self._receive(k, schedule)
-        assert isinstance(reply, MeasureResult) or reply == expect
+        assert isinstance(reply, MeasureResult)
         return reply
 
     def _measure_one(self, task: TuneTask, k: int, schedule: Schedule) -> MeasureResult:
@@ -569,9 +563,7 @@ class LocalRunner(Runner):
             self._ready(task, k)
         except TilefuseError as err:
             return MeasureResult(schedule, math.inf, CRASH, str(err))
-        result = self._ask(k, schedule.to_json(), schedule)
-        assert isinstance(result, MeasureResult)
-        return result
+        return self._ask(k, schedule.to_json(), schedule)
 
     def close(self) -> None:
         for k, worker in enumerate(self._workers):
