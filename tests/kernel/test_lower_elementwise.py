@@ -432,6 +432,12 @@ def test_lane_run_rules():
     assert reshaped_run((13, 1), (13,), 1) == 2
     with pytest.raises(NotVectorizable):
         reshaped_run((3, 4), (2, 6), 1)
+    # an axis split inside the run: the fewest trailing axes holding whole vectors
+    assert reshaped_run((2, 64, 56, 56), (2, 32, 6272), 1, lanes=16) == 2
+    assert reshaped_run((4, 32), (8, 16), 1, lanes=16) == 1
+    assert reshaped_run((3, 4), (2, 6), 1, lanes=2) == 1
+    with pytest.raises(NotVectorizable):   # runs of 6 do not hold whole vectors of 4
+        reshaped_run((3, 4), (2, 6), 1, lanes=4)
     assert transposed_run((2, 3, 5), (1, 0, 2), 1) == 1
     with pytest.raises(NotVectorizable):
         transposed_run((3, 5), (1, 0), 1)

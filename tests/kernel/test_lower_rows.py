@@ -7,6 +7,7 @@ the loop interpreter and compiled, against the graph's reference interpreter."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -112,6 +113,23 @@ def test_composites_left_whole_are_decomposed_by_the_lowering(op, shape):
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 def test_norms_over_two_trailing_axes(op):
     check_rows(composite_graph(op, (6, 5, 64), k=2))
+
+
+@pytest.mark.parametrize(("shape", "groups"), [((2, 64, 8, 8), 32), ((1, 32, 7, 9), 4),
+                                               ((3, 6, 5), 3), ((1, 48, 513), 3)])
+def test_group_norm_rows(shape, groups):
+    """group_norm's rows are [N, C, H, W] viewed as [N, G, C/G·H·W]: the reshape splits the
+    channel axis inside a row, and the row passes still run in vectors where a row holds whole
+    vectors (C/G·H·W a multiple of 16; 2·8·8 and 16·513 here, not 8·63 or 2·5)."""
+    b = GraphBuilder("group_norm")
+    x = b.input((shape, F32), "x")
+    w, bias = b.input(((shape[1],), F32), "w"), b.input(((shape[1],), F32), "b")
+    graph = b.build([b.add1("group_norm", [x, w, bias], {"groups": groups, "eps": 1e-4})])
+    plan = plan_of(graph)
+    fns = check_groups(plan.graph, plan.groups, random_inputs(graph, groups), reduction=True)
+    (rows,) = [f for f, g in zip(fns, plan.groups) if g.kind is KernelKind.ROW_REDUCTION]
+    whole_vectors = (math.prod(shape[1:]) // groups) % 16 == 0
+    assert (vector_accumulators(rows) > 0) == whole_vectors
 
 
 @pytest.mark.parametrize("dtype", [F64, F16, BF16])

@@ -8,6 +8,8 @@ import pytest
 from onnx import helper
 from onnxcheck import F32, I64, arr, compare, init, make_model, single
 
+import tilefuse.onnx
+
 # ---- elementwise -----------------------------------------------------------------------------
 
 UNARY = ["Neg", "Abs", "Exp", "Tanh", "Sigmoid", "Relu", "Erf", "Softplus", "Floor", "Ceil",
@@ -149,6 +151,25 @@ def test_layer_normalization() -> None:
            consts={"s": arr([8]), "b": arr([8])}, reduction=True)
     single("LayerNormalization", {"x": arr([2, 3, 4])}, consts={"s": arr([3, 4])}, axis=1,
            epsilon=1e-3, reduction=True)
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+def test_group_normalization(opset: int) -> None:
+    """Scale and bias per group at opset 18, per channel from opset 21."""
+    for shape, groups in [((2, 6, 7, 5), 3), ((1, 4, 513), 2), ((3, 8, 1), 8)]:
+        params = [groups if opset == 18 else shape[1]]
+        single("GroupNormalization", {"x": arr(list(shape))},
+               consts={"s": arr(params), "b": arr(params)}, opset=opset, num_groups=groups,
+               epsilon=1e-3, reduction=True, out_type=F32)
+
+
+def test_group_normalization_errors() -> None:
+    model = make_model([helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"],
+                                         num_groups=4)],
+                       [("x", F32, [2, 6, 3])], [("y", F32)],
+                       initializers=[init("s", arr([6])), init("b", arr([6]))], opset=21)
+    with pytest.raises(tilefuse.onnx.OnnxError, match="num_groups=4 must divide the 6"):
+        tilefuse.onnx.load(model)
 
 
 # ---- movement and shapes ---------------------------------------------------------------------

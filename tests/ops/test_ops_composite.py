@@ -1,6 +1,6 @@
-"""Composites: softmax, log_softmax, layer_norm, rms_norm. Their references are checked against
-independent NumPy/SciPy formulas, and each decomposition, run through the interpreter, against the
-composite's own reference."""
+"""Composites: softmax, log_softmax, layer_norm, rms_norm, group_norm. Their references are
+checked against independent NumPy/SciPy formulas, and each decomposition, run through the
+interpreter, against the composite's own reference."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from hypothesis.extra.numpy import array_shapes
 from opcheck import FLOATS, LOW, array, in_f64, noncontiguous, rng, run1, seeds, type_of
 
 from tilefuse.dtypes import DType
+from tilefuse.errors import TilefuseError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.verifier import verify
 from tilefuse.ops import OPS, Trait
 from tilefuse.testing import assert_close
 
-COMPOSITES = ("softmax", "log_softmax", "layer_norm", "rms_norm")
+COMPOSITES = ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm")
 
 
 def layer_norm_np(x, w, b, eps, k):
@@ -32,6 +33,19 @@ def layer_norm_np(x, w, b, eps, k):
 def rms_norm_np(x, w, eps, k):
     axes = tuple(range(x.ndim - k, x.ndim))
     return x / np.sqrt((x**2).mean(axis=axes, keepdims=True) + eps) * w
+
+
+def group_norm_np(x, w, b, groups, eps):
+    """Channel by channel: each group's channels gathered, normalised, then scaled."""
+    out = np.empty_like(x)
+    per = x.shape[1] // groups
+    for n in range(x.shape[0]):
+        for g in range(groups):
+            chunk = x[n, g * per:(g + 1) * per]
+            mu, var = chunk.mean(), chunk.var()
+            for c in range(g * per, (g + 1) * per):
+                out[n, c] = (x[n, c] - mu) / np.sqrt(var + eps) * w[c] + b[c]
+    return out
 
 
 def _expect(fn, *arrays, dtype):
@@ -73,6 +87,30 @@ def test_norm_references(dtype: DType) -> None:
                      reduction=True)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_group_norm_reference(dtype: DType) -> None:
+    r = rng("group_norm", dtype.value)
+    for shape, groups in [((2, 6, 7, 5), 3), ((1, 4, 513), 1), ((3, 8, 1, 1), 8), ((1, 2), 2)]:
+        x = array(r, shape, dtype, -3, 3)
+        w, b = array(r, shape[1:2], dtype), array(r, shape[1:2], dtype)
+        got = run1("group_norm", [noncontiguous(x), w, b], {"groups": groups, "eps": 1e-3})
+        expect = _expect(lambda x, w, b, g=groups: group_norm_np(x, w, b, g, 1e-3), x, w, b,
+                         dtype=dtype)
+        assert_close(got, expect, reduction=True, msg=f"{shape} groups={groups}")
+
+
+@pytest.mark.parametrize("shapes,groups,message", [
+    (((2, 6, 4), (6,), (6,)), 4, "must divide"),
+    (((2, 6, 4), (3,), (3,)), 3, "one per channel"),
+    (((6,), (6,), (6,)), 2, "at least"),
+])
+def test_group_norm_rejects_bad_shapes(shapes, groups, message) -> None:
+    b = GraphBuilder("bad_group_norm")
+    ins = [b.input(type_of(np.zeros(s, np.float32)), f"x{i}") for i, s in enumerate(shapes)]
+    with pytest.raises(TilefuseError, match=message):
+        b.add1("group_norm", ins, {"groups": groups})
+
+
 def test_composites_are_marked() -> None:
     for name in COMPOSITES:
         op = OPS[name]
@@ -103,6 +141,8 @@ def _cases(dtype: DType):
         ("log_softmax", [x], {"axis": 0}), ("log_softmax", [x3], {}),
         ("layer_norm", [x, w1, b1], {}), ("layer_norm", [x3, w2, b2], {"eps": 0.5}),
         ("rms_norm", [x, w1], {}), ("rms_norm", [x3, w2], {"eps": 1e-2}),
+        ("group_norm", [x3, w1[:7], b1[:7]], {"groups": 7}),
+        ("group_norm", [array(r, (2, 6, 3, 5), dtype), w1[:6], b1[:6]], {"groups": 2}),
     ]
 
 

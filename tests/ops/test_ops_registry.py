@@ -15,7 +15,7 @@ BINARY = {"add", "sub", "mul", "div", "floordiv", "mod", "pow", "maximum", "mini
           "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
 OTHER_ELEMENTWISE = {"where", "cast", "clip"}
 REDUCTIONS = {"sum", "mean", "max", "min", "prod", "var", "argmax", "argmin"}
-COMPOSITES = {"softmax", "log_softmax", "layer_norm", "rms_norm"}
+COMPOSITES = {"softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm"}
 CONTRACTIONS = {"matmul", "einsum"}
 MOVEMENT = {"reshape", "transpose", "broadcast_to", "expand_dims", "squeeze", "slice", "concat",
             "split", "stack", "pad", "take", "take_along_axis"}
@@ -59,7 +59,7 @@ def test_traits() -> None:
 
 VARIADIC = {"concat", "stack", "einsum", "conv2d"}
 TWO_INPUTS = BINARY | {"matmul", "rms_norm", "take", "take_along_axis"}
-THREE_INPUTS = {"where", "layer_norm"}
+THREE_INPUTS = {"where", "layer_norm", "group_norm"}
 
 
 @pytest.mark.parametrize("name", sorted(ALL))

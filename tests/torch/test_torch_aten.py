@@ -65,9 +65,19 @@ def layer_norm_statistics(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return out + mean * rstd
 
 
+def group_norm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """GroupNorm in a small conv block, with and without its affine parameters."""
+    img = torch.cat([x, y, x * y], dim=0).reshape(1, 3, 7, 9)
+    w = torch.linspace(-1, 1, 6 * 3 * 9).reshape(6, 3, 3, 3)
+    c = F.conv2d(img, w, padding=1)                      # [1, 6, 7, 9]
+    scale, shift = torch.linspace(0.5, 2, 6), torch.linspace(-1, 1, 6)
+    return F.group_norm(c, 3, scale, shift, eps=1e-4) + F.group_norm(c * c, 2)
+
+
 CASES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     f.__name__: f for f in (elementwise, reductions, movement, sources_and_casts,
-                            integer_division, pooling_and_conv1d, layer_norm_statistics)
+                            integer_division, pooling_and_conv1d, layer_norm_statistics,
+                            group_norm)
 }
 
 

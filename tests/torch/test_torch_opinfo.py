@@ -42,6 +42,7 @@ OPINFO_OVERRIDES: dict[str, tuple[str, ...]] = {
     "aten.convolution.default": ("nn.functional.conv1d", "nn.functional.conv2d"),
     "aten.native_layer_norm.default": ("native_layer_norm", "nn.functional.layer_norm"),
     "aten.native_batch_norm.default": ("native_batch_norm",),
+    "aten.native_group_norm.default": ("nn.functional.group_norm",),
     "aten._native_batch_norm_legit_no_training.default": ("nn.functional.batch_norm",),
     "aten.embedding.default": ("nn.functional.embedding",),
     "aten._to_copy.default": ("to", "float", "double"),
@@ -72,7 +73,8 @@ NO_OPINFO: dict[str, str] = {
 """Mapped ATen ops that no OpInfo sample exercises here, with why."""
 
 REDUCTION_OPS = ("sum", "mean", "var", "mm", "bmm", "matmul", "addmm", "softmax", "log_softmax",
-                 "native_layer_norm", "nn.functional.layer_norm", "native_batch_norm",
+                 "native_layer_norm", "nn.functional.layer_norm", "nn.functional.group_norm",
+                 "native_batch_norm",
                  "nn.functional.batch_norm", "nn.functional.conv1d", "nn.functional.conv2d",
                  "nn.functional.avg_pool2d", "nn.functional.adaptive_avg_pool2d")
 """OpInfo entries compared with the reduction/contraction tolerance."""

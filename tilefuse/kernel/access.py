@@ -212,9 +212,15 @@ def broadcast_run(operand: Sequence[int], out: Sequence[int], block: int) -> int
                           f"the broadcast operand {list(operand)}")
 
 
-def reshaped_run(operand: Sequence[int], out: Sequence[int], block: int) -> int:
+def reshaped_run(operand: Sequence[int], out: Sequence[int], block: int, lanes: int = 1) -> int:
     """The operand block of a run through an op that keeps C order (reshape, expand_dims,
-    squeeze): its trailing axes holding exactly the run's block of elements."""
+    squeeze): its trailing axes holding exactly the run's block of elements; failing that (a
+    reshape that splits an axis inside the run, as a group norm's [N, C, H, W] → [N, G, C/G·H·W]
+    does), the fewest trailing axes holding a multiple of ``lanes`` elements. That is exact
+    because a run of a multiple of ``lanes`` elements starts at a multiple of its size and its
+    vectors at multiples of ``lanes`` from there (:func:`run_loops`, the row passes), so no
+    vector crosses a block of those axes: in C order the vector's elements are then contiguous
+    in the operand too."""
     size = math.prod(out[len(out) - block:])
     total = 1
     for a in range(len(operand) - 1, -1, -1):
@@ -223,6 +229,12 @@ def reshaped_run(operand: Sequence[int], out: Sequence[int], block: int) -> int:
             return len(operand) - a
         if total > size:
             break
+    if lanes > 1 and size % lanes == 0:
+        total = 1
+        for a in range(len(operand) - 1, -1, -1):
+            total *= operand[a]
+            if total % lanes == 0:
+                return len(operand) - a
     raise NotVectorizable(f"a run over {size} elements does not map to trailing axes of "
                           f"{list(operand)}")
 

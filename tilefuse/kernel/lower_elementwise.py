@@ -111,7 +111,7 @@ class KernelContext:
             own = dims(v.shape)
             at = index if own == shape else reindex(index, shape, own)
             run = block_axes if own == shape or lanes == 1 else reshaped_run(own, shape,
-                                                                             block_axes)
+                                                                             block_axes, lanes)
             stores.append(Store(self.buffers.outputs[v].name, flatten(at, own),
                                 b.value(v, at, lanes, run)))
         return [*b.lets, *stores]

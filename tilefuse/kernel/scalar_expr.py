@@ -346,7 +346,7 @@ class ElementBuilder:
             return self.value(u, u_index, lanes, run)
         if name in ("reshape", "expand_dims", "squeeze"):
             u_index = self._reindex(name, attrs, index, shape, out)
-            run = reshaped_run(shape, out, block) if lanes > 1 else 1
+            run = reshaped_run(shape, out, block, lanes) if lanes > 1 else 1
             return self.value(u, u_index, lanes, run)
         if name == "window_patches":
             return self._window(attrs, u, index, lanes, block)

@@ -1,6 +1,6 @@
 """Converters for neural-network ops: Softmax, LogSoftmax, LayerNormalization,
-BatchNormalization (inference), Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool,
-Dropout (inference).
+GroupNormalization, BatchNormalization (inference), Conv, MaxPool, AveragePool,
+GlobalAveragePool, GlobalMaxPool, Dropout (inference).
 
 Convolution and pooling map onto tilefuse's NCHW ``conv2d`` / ``max_pool2d`` / ``avg_pool2d``;
 1-D ones get a unit height axis. ONNX pads are ``[begin..., end...]``; tilefuse's are
@@ -111,6 +111,35 @@ def _instance_norm(ctx: NodeContext) -> list[Tensor]:
     scale = ctx.cast(ctx.op("reshape", scale, shape=per_channel), wide.dtype)
     bias = ctx.cast(ctx.op("reshape", bias, shape=per_channel), wide.dtype)
     return [ctx.cast(ctx.op("add", ctx.op("mul", norm, scale), bias), x.dtype)]
+
+
+def _group_norm(per_channel: bool) -> Converter:
+    """GroupNormalization: opset 18 gives scale and bias per group ([num_groups], repeated over
+    each group's channels here), opset 21 per channel ([C]); computed in f32 for narrower floats
+    (opset 21's default stash type) by tilefuse's ``group_norm``."""
+    def convert(ctx: NodeContext) -> list[Tensor]:
+        x, scale, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+        groups = ctx.attr("num_groups")
+        if groups is None:
+            raise ctx.error("attribute 'num_groups' is required")
+        if ctx.attr("stash_type", 1) != 1:
+            raise ctx.error("only stash_type=1 (float32) is supported")
+        if x.rank < 2 or not x.dtype.is_float:
+            raise ctx.error("needs a float input [N, C, ...]")
+        channels, groups = x.shape[1], int(groups)
+        if groups < 1 or channels % groups:
+            raise ctx.error(f"num_groups={groups} must divide the {channels} channels")
+        want = (channels,) if per_channel else (groups,)
+        if scale.shape != want or bias.shape != want:
+            raise ctx.error(f"scale and bias must have shape {list(want)}")
+        if not per_channel:
+            scale, bias = (ctx.op("reshape", ctx.op("broadcast_to", ctx.op(
+                "reshape", t, shape=(groups, 1)), shape=(groups, channels // groups)),
+                shape=(channels,)) for t in (scale, bias))
+        eps = float(ctx.attr("epsilon", 1e-5))
+        scale, bias = ctx.cast(scale, x.dtype), ctx.cast(bias, x.dtype)
+        return [ctx.op("group_norm", x, scale, bias, groups=groups, eps=eps)]
+    return convert
 
 
 def _lrn(ctx: NodeContext) -> list[Tensor]:
@@ -376,6 +405,8 @@ CONVERTERS: tuple[tuple[str, int, Converter], ...] = (
     ("LogSoftmax", 13, _softmax_13("log_softmax")),
     ("LayerNormalization", 17, _layer_norm), ("BatchNormalization", 7, _batch_norm),
     ("RMSNormalization", 23, _rms_norm),
+    ("GroupNormalization", 18, _group_norm(per_channel=False)),
+    ("GroupNormalization", 21, _group_norm(per_channel=True)),
     ("Conv", 1, _conv), ("MaxPool", 1, _pool("max_pool2d")),
     ("AveragePool", 1, _pool("avg_pool2d")),
     ("GlobalAveragePool", 1, _global_pool("mean")), ("GlobalMaxPool", 1, _global_pool("max")),

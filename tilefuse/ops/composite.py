@@ -1,4 +1,4 @@
-"""Composite ops: softmax, log_softmax, layer_norm, rms_norm.
+"""Composite ops: softmax, log_softmax, layer_norm, rms_norm, group_norm.
 
 Each has a NumPy reference and a ``decompose(builder, inputs, attrs, loc)`` that rebuilds it from
 simpler registered ops and returns its output values. Both compute f16/bf16 in f32 and round once
@@ -188,4 +188,71 @@ RMS_NORM = OpDef("rms_norm", OpKind.REDUCTION, 2, _norm_rule, promoted, quiet(_r
                  accepts=FLOAT_TYPES, decompose=_rms_norm_decompose,
                  doc="x / sqrt(mean(x²) + eps) · weight over the trailing weight.ndim dims")
 
-DEFINITIONS: tuple[OpDef, ...] = (SOFTMAX, LOG_SOFTMAX, LAYER_NORM, RMS_NORM)
+
+# ---- group_norm ------------------------------------------------------------------------------
+
+
+def _group_norm_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
+    """x [N, C, spatial...] with static C and spatial dims; weight and bias [C]; ``groups``
+    divides C."""
+    x, weight, bias = shapes
+    groups = attrs["groups"]
+    if len(x) < 2:
+        raise ShapeError(f"x {format_shape(x)} needs at least [N, C]")
+    channels = x[1]
+    if not all(isinstance(d, int) for d in x[1:]):
+        raise ShapeError(f"x {format_shape(x)} needs static channel and spatial dims")
+    if groups < 1 or channels % groups:  # type: ignore[operator]
+        raise ShapeError(f"groups={groups} must divide the {channels} channels of x "
+                         f"{format_shape(x)}")
+    if weight != (channels,) or bias != (channels,):
+        raise ShapeError(f"weight {format_shape(weight)} and bias {format_shape(bias)} must "
+                         f"both be [{channels}] (one per channel)")
+    if any(d == 0 for d in x[1:]):
+        raise ShapeError(f"cannot normalise the empty groups of x {format_shape(x)}")
+    return (x,)
+
+
+def _group_norm_ref(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, groups: int,
+                    eps: float) -> np.ndarray:
+    out = promote_all((dtype_of(x), dtype_of(weight), dtype_of(bias)))
+    w = work_dtype(out)
+    grouped = x.astype(w).reshape(x.shape[0], groups, -1)
+    centred = grouped - grouped.mean(axis=2, keepdims=True)
+    var = (centred * centred).mean(axis=2, keepdims=True)
+    norm = (centred / np.sqrt(var + w.type(eps))).reshape(x.shape)
+    per_channel = (x.shape[1],) + (1,) * (x.ndim - 2)
+    y = norm * weight.astype(w).reshape(per_channel) + bias.astype(w).reshape(per_channel)
+    return as_dtype(y, out)
+
+
+def _group_norm_decompose(builder: Any, inputs: Sequence[Value], attrs: Attrs,
+                          loc: SourceLoc | None = None) -> tuple[Value, ...]:
+    """x viewed as [N, groups, rest], each row normalised as layer_norm does, viewed back, then
+    the per-channel affine."""
+    em = _Emitter(builder, loc, _out_dtype(inputs))
+    x, weight, bias = (em.widen(v) for v in inputs)
+    shape = tuple(x.type.shape)
+    groups = attrs["groups"]
+    rest = 1
+    for d in shape[1:]:
+        rest *= int(d)  # type: ignore[arg-type]
+    grouped = em.op("reshape", x, shape=(shape[0], groups, rest // groups))
+    centred = em.op("sub", grouped, em.op("mean", grouped, axes=(2,), keepdims=True))
+    var = em.op("mean", em.op("mul", centred, centred), axes=(2,), keepdims=True)
+    inv = em.op("rsqrt", em.op("add", var, em.scalar(attrs["eps"])))
+    norm = em.op("reshape", em.op("mul", centred, inv), shape=shape)
+    per_channel = (shape[1],) + (1,) * (len(shape) - 2)
+    y = em.op("add", em.op("mul", norm, em.op("reshape", weight, shape=per_channel)),
+              em.op("reshape", bias, shape=per_channel))
+    return (em.narrow(y),)
+
+
+GROUP_NORM = OpDef("group_norm", OpKind.REDUCTION, 3, _group_norm_rule, promoted,
+                   quiet(_group_norm_ref),
+                   attrs=(attr("groups", AttrType.INT), attr("eps", AttrType.FLOAT, 1e-5)),
+                   traits=_COMPOSITE, accepts=FLOAT_TYPES, decompose=_group_norm_decompose,
+                   doc="x [N, C, ...] in ``groups`` groups of channels, each normalised over its "
+                       "channels and spatial dims (biased variance), then · weight[c] + bias[c]")
+
+DEFINITIONS: tuple[OpDef, ...] = (SOFTMAX, LOG_SOFTMAX, LAYER_NORM, RMS_NORM, GROUP_NORM)

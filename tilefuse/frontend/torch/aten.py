@@ -226,6 +226,19 @@ def _layer_norm(lw: Lowering, node: fx.Node) -> Result:
     return (y, mean, rstd)
 
 
+def _group_norm(lw: Lowering, node: fx.Node) -> Result:
+    """native_group_norm(x, weight, bias, N, C, HxW, group, eps) → (y, mean, rstd); the saved
+    mean / rstd (training's) are not computed."""
+    x_node, weight, bias, _, channels, _, groups, eps = node.args[:8]
+    if used_outputs(node) & {1, 2}:
+        raise Unsupported("group_norm's saved mean / rstd are read", op=lw.op)
+    out = lw.out_type.dtype
+    x = lw.cast(lw.tensor(x_node), out)
+    c = (int(channels),)
+    w, b = _ones_or(lw, weight, c, out, 1.0), _ones_or(lw, bias, c, out, 0.0)
+    return (lw.add("group_norm", [x, w, b], groups=int(groups), eps=float(eps)), None, None)
+
+
 def _batch_norm_eval(lw: Lowering, node: fx.Node, x_node: Any, weight: Any, bias: Any,
                      mean: Any, var: Any, eps: float) -> Result:
     """(x - mean) · rsqrt(var + eps) · weight + bias per channel (dim 1); extra results unused."""
@@ -558,6 +571,7 @@ def _table() -> Mapping[Any, Converter]:
         aten._softmax.default: _softmax("softmax"),
         aten._log_softmax.default: _softmax("log_softmax"),
         aten.native_layer_norm.default: _layer_norm,
+        aten.native_group_norm.default: _group_norm,
         aten.native_batch_norm.default: _native_batch_norm,
         aten._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
         aten.sum.dim_IntList: _reduce("sum"), aten.sum.default: _reduce("sum"),
