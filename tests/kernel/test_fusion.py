@@ -421,6 +421,29 @@ def test_elementwise_chain_with_broadcasting_and_a_transpose_is_one_kernel():
         """)
 
 
+SHUFFLED_SUM = """
+    graph @shuffled_sum(%x: f32[6,4,34]) -> f32[136] {{
+      %0 = transpose(%x) {{perm={perm}}} : {shape}
+      %1 = reshape(%0) {{shape=[6,136]}} : f32[6,136]
+      %2 = sum(%1) {{axes=[0]}} : f32[136]
+      return %2
+    }}
+    """
+
+
+def test_a_transpose_that_moves_the_lane_axis_stays_out_of_a_reduction():
+    """A channel shuffle ([6, 4, 34] -> [6, 34, 4]) read by a reduction along its last axis
+    would load one element at a time in every tap of the reduction: it is written once by a
+    kernel of its own instead; a transpose that keeps the last axis still joins."""
+    moved = plan_of(SHUFFLED_SUM.format(perm="[0,2,1]", shape="f32[6,34,4]"))
+    assert [g.kind for g in moved.groups] == [KernelKind.MOVEMENT, KernelKind.REDUCTION]
+    assert "transpose" not in [n.op.name for n in moved.groups[1].nodes]
+    assert_plan_computes_graph(moved)
+    kept = plan_of(SHUFFLED_SUM.format(perm="[1,0,2]", shape="f32[4,6,34]"))
+    assert [g.kind for g in kept.groups] == [KernelKind.REDUCTION]
+    assert_plan_computes_graph(kept)
+
+
 def test_a_small_producer_joins_as_a_leaf_only_while_cheap():
     cheap = plan_of("""
         graph @small(%x: f32[4,8], %b: f32[8]) -> f32[4,8] {

@@ -11,7 +11,7 @@ from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph
 from tilefuse.kernel.fusion import KernelGroup, KernelKind, form_kernels
-from tilefuse.kernel.lower_movement import lower_movement
+from tilefuse.kernel.lower_movement import MOVEMENT_MIN_ELEMENTS, lower_movement
 from tilefuse.runtime.native import NativeExecutable, build_native
 from tilefuse.testing import assert_close, random_array
 
@@ -126,8 +126,14 @@ def test_layout_ops(op, shape, attrs, dtype):
 
 
 def test_large_copies_run_across_threads():
-    """Over 64 Ki elements per thread: the copy loops are parallel, and still exact."""
+    """From 16 Ki elements per thread (MOVEMENT_MIN_ELEMENTS) a piece's copy loop is parallel,
+    and still exact: ShuffleNet's concat of four [3136, 28] pieces is; a 16 Ki piece is not."""
+    assert MOVEMENT_MIN_ELEMENTS == 16 * 1024
+    small = one_op("concat", [(128, 64), (128, 64)], F32, {"axis": 1})
+    (group,) = movement_groups(small)
+    assert "parallel" not in str(lower_movement(group))
     for graph in (one_op("concat", [(600, 513), (600, 511)], F32, {"axis": 1}),
+                  one_op("concat", [(3136, 28)] * 4, F32, {"axis": 1}),
                   one_op("pad", [(1, 300000)], F32, {"pads": (0, 0, 5, 3), "mode": "edge",
                                                      "value": 0.0})):
         check(graph)

@@ -326,6 +326,25 @@ def test_default_elementwise_threads_only_with_64ki_elements_per_thread():
     assert default_schedule(small, CpuTarget(512, cores=1)).parallel_axes == ()
 
 
+SHUFFLE = """
+    graph @shuffle(%x: f32[784,4,34]) -> {shape} {{
+      %0 = relu(%x) : f32[784,4,34]
+      %1 = transpose(%0) {{perm={perm}}} : {shape}
+      return %1
+    }}
+    """
+
+
+def test_default_elementwise_through_a_lane_moving_transpose_threads_sooner():
+    """Its elements are loaded one at a time, so 64 Ki / 16 of them make a thread worth it;
+    the same 106 624 elements through a transpose that keeps the last axis stay serial."""
+    moved = only_group(SHUFFLE.format(perm="[0,2,1]", shape="f32[784,34,4]"))
+    s = default_schedule(moved, AVX512_2)
+    assert s.parallel_axes == ("i",) and s.tile("i") == 784 * 136 // 2
+    kept = only_group(SHUFFLE.format(perm="[1,0,2]", shape="f32[4,784,34]"))
+    assert default_schedule(kept, AVX512_2).parallel_axes == ()
+
+
 def test_default_reduction_vectorises_the_contiguous_axis():
     columns = only_group("""
         graph @g(%x: f32[4096,1024]) -> f32[1,1024] {

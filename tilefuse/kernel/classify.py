@@ -42,6 +42,19 @@ def gathered(node: Node) -> bool:
     return node.op.name in CHEAP_MOVEMENT or node.op.name == "slice"
 
 
+def moves_lane_axis(node: Node) -> bool:
+    """Whether ``node`` is a transpose whose output's last axis (size-1 axes aside) is not its
+    input's last: a kernel reading through it along that axis, where its vectors run, loads
+    one element at a time (ShuffleNet's channel shuffle in channels-last layout)."""
+    if node.op.name != "transpose":
+        return False
+    shape = node.inputs[0].type.shape
+    perm = node.attrs["perm"]
+    kept = [a for a in perm if shape[a] != 1]
+    inner = [a for a in range(len(shape)) if shape[a] != 1]
+    return bool(kept) and kept[-1] != inner[-1]
+
+
 def op_cost(node: Node) -> int:
     """Scalar ops per element of a pointwise node: 0 remap/fill, 4 transcendental, else 1."""
     if node.op.name in CHEAP_MOVEMENT or node.op.name == "full":

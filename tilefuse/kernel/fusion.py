@@ -88,6 +88,7 @@ from tilefuse.kernel.classify import (
     gathered,
     is_constant,
     is_pointwise,
+    moves_lane_axis,
     numel,
     op_cost,
     reduced_axes,
@@ -309,6 +310,8 @@ class _ReductionSpace(_Space):
     shared_roles = frozenset({Role.ANCHOR})
 
     def candidates(self, node: Node) -> list[Role]:
+        if moves_lane_axis(node):
+            return []  # its reads would be scalar in every tap of the window: materialised
         roles = self._roles(node)
         return [*roles, Role.LEAF] if is_pointwise(node) and op_cost(node) == 0 else roles
 

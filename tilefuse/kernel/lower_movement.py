@@ -20,8 +20,8 @@ copy). ``take`` is not lowered: an out-of-range index raises in the reference an
 no error channel, so it keeps its host fallback (CompileError here).
 
 A piece runs across threads when its output box holds at least
-:data:`~tilefuse.kernel.schedule.PARALLEL_MIN_ELEMENTS` elements per thread (movement groups
-have no tuned schedule; a schedule naming a vector width is honoured).
+:data:`MOVEMENT_MIN_ELEMENTS` elements per thread (movement groups have no tuned schedule; a
+schedule naming a vector width is honoured).
 """
 
 from __future__ import annotations
@@ -267,8 +267,14 @@ def _lanes(schedule: Schedule | None, dtype: DType) -> int:
     return _host_lanes(dtype.itemsize)
 
 
+MOVEMENT_MIN_ELEMENTS = PARALLEL_MIN_ELEMENTS // 4
+"""Elements per thread from which a piece's copy is split across threads: a quarter of the
+elementwise rule's, since a copy does no arithmetic and each piece of a concat is its own loop
+(ShuffleNet's 4-way concat, pieces of 3136x28 f32, ran serial under the elementwise rule)."""
+
+
 def _threads(elements: int) -> int:
-    return max(1, min(os.cpu_count() or 1, elements // PARALLEL_MIN_ELEMENTS))
+    return max(1, min(os.cpu_count() or 1, elements // MOVEMENT_MIN_ELEMENTS))
 
 
 def _fill_value(piece: Piece, lanes: int) -> Expr:
