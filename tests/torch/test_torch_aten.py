@@ -114,6 +114,28 @@ def test_fallback_region_is_cut_in_two() -> None:
     (report,) = graphs[0].reports
     assert len(report.graphs) == 2
     assert [op for op, _ in report.fallbacks] == ["aten.sort.default"]
+    assert graphs[0].direct() == [False]   # the FX module runs the sort between the regions
+
+
+def test_a_wholly_compiled_graph_is_called_directly() -> None:
+    """One region fed by the placeholders and returned as it is: no FX module around it, and
+    the same results, call after call."""
+    from tilefuse.frontend.torch.backend import SpecializedGraph, tilefuse_backend
+
+    graphs: list[SpecializedGraph] = []
+
+    def spy(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], **kw: object) -> object:
+        compiled = tilefuse_backend(gm, inputs, **kw)
+        graphs.append(compiled)
+        return compiled
+
+    fn = CASES["reductions"]
+    compiled = torch.compile(fn, backend=spy, dynamic=False)
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(seed)
+        x, y = torch.rand(7, 9, generator=gen), torch.randn(7, 9, generator=gen)
+        assert_close(compiled(x, y).numpy(), fn(x, y).numpy(), reduction=True)
+    assert graphs[0].direct() == [True]
 
 
 def test_parameters_are_frozen_into_the_compiled_graph() -> None:

@@ -55,7 +55,12 @@ from torch.utils import _pytree as pytree
 from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import TilefuseError
 from tilefuse.frontend.torch.convert import tensors_on
-from tilefuse.frontend.torch.partition import PartitionReport, partition_and_compile, write_report
+from tilefuse.frontend.torch.partition import (
+    CompiledPartition,
+    PartitionReport,
+    partition_and_compile,
+    write_report,
+)
 from tilefuse.frontend.torch.symbolic import is_symbolic_graph, trace_symbolic
 from tilefuse.graph.ir import Graph
 from tilefuse.log import get_logger
@@ -104,7 +109,7 @@ class SpecializedGraph:
         self._gm = gm
         self._constants = dict(constants)
         self._options = options
-        self._cache: dict[Key, fx.GraphModule] = {}
+        self._cache: dict[Key, Callable[..., Any]] = {}
         self._lock = threading.Lock()
         self._name = graph_name(gm)
         self.reports: list[PartitionReport] = []
@@ -115,6 +120,11 @@ class SpecializedGraph:
         if compiled is None:
             compiled = self._compile(key, args)
         return compiled(*args)
+
+    def direct(self) -> list[bool]:
+        """Per compiled signature, in order: whether its call goes straight to its one compiled
+        region (:func:`direct_call`) rather than through the partitioned FX module."""
+        return [not isinstance(c, fx.GraphModule) for c in self._cache.values()]
 
     def _key(self, args: Sequence[Any]) -> Key:
         return tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor)
@@ -133,8 +143,8 @@ class SpecializedGraph:
             dump = None if self._options.dump is None else \
                 self._options.dump / self._name / f"s{len(self._cache)}"
             self.reports.append(compile_traced(traced, self._constants, self._options, dump))
-            self._cache[key] = traced
-            return traced
+            self._cache[key] = direct_call(traced) or traced
+            return self._cache[key]
 
 
 class SymbolicGraph:
@@ -153,6 +163,32 @@ class SymbolicGraph:
 
     def __call__(self, *args: Any) -> Any:
         return self._traced(*args)
+
+
+def direct_call(gm: fx.GraphModule) -> Callable[..., Any] | None:
+    """When the partitioned graph is one compiled region fed straight from placeholders and
+    returned as it is (the whole model compiled, no torch fallback), a call of that region
+    without interpreting the FX module around it (~50-100 µs a call on the BERT layer, with
+    the caches cold after the model ran); None otherwise."""
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    calls = [n for n in nodes if n.op == "call_module"]
+    rest = [n for n in nodes if n.op not in ("placeholder", "call_module", "output")]
+    if len(calls) != 1 or rest or not all(a in placeholders for a in calls[0].args) \
+            or calls[0].kwargs:
+        return None
+    part = gm.get_submodule(str(calls[0].target))
+    if not isinstance(part, CompiledPartition) or not part.single:
+        return None
+    out = gm.graph.output_node().args[0]
+    positions = [placeholders.index(a) for a in calls[0].args]  # type: ignore[arg-type]
+    forward = part.forward
+    if out is calls[0]:
+        return lambda *args: forward(*[args[p] for p in positions])
+    if isinstance(out, tuple | list) and len(out) == 1 and out[0] is calls[0]:
+        wrap = type(out)
+        return lambda *args: wrap([forward(*[args[p] for p in positions])])
+    return None
 
 
 def graph_name(gm: fx.GraphModule) -> str:
