@@ -163,6 +163,14 @@ def test_group_normalization(opset: int) -> None:
                epsilon=1e-3, reduction=True, out_type=F32)
 
 
+@pytest.mark.parametrize(("shape", "axes"), [((3, 4, 5, 7), None), ((2, 513), [1]),
+                                             ((2, 3, 7), [0, -1])])
+def test_mean_variance_normalization(shape: tuple[int, ...], axes: list[int] | None) -> None:
+    attrs = {} if axes is None else {"axes": axes}
+    single("MeanVarianceNormalization", {"x": arr(list(shape))}, opset=13, reduction=True,
+           out_type=F32, **attrs)
+
+
 def test_group_normalization_errors() -> None:
     model = make_model([helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"],
                                          num_groups=4)],

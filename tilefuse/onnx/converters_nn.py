@@ -1,6 +1,6 @@
 """Converters for neural-network ops: Softmax, LogSoftmax, LayerNormalization,
-GroupNormalization, BatchNormalization (inference), Conv, MaxPool, AveragePool,
-GlobalAveragePool, GlobalMaxPool, Dropout (inference).
+GroupNormalization, MeanVarianceNormalization, BatchNormalization (inference), Conv, MaxPool,
+AveragePool, GlobalAveragePool, GlobalMaxPool, Dropout (inference).
 
 Convolution and pooling map onto tilefuse's NCHW ``conv2d`` / ``max_pool2d`` / ``avg_pool2d``;
 1-D ones get a unit height axis. ONNX pads are ``[begin..., end...]``; tilefuse's are
@@ -140,6 +140,20 @@ def _group_norm(per_channel: bool) -> Converter:
         scale, bias = ctx.cast(scale, x.dtype), ctx.cast(bias, x.dtype)
         return [ctx.op("group_norm", x, scale, bias, groups=groups, eps=eps)]
     return convert
+
+
+def _mean_variance_norm(ctx: NodeContext) -> list[Tensor]:
+    """MeanVarianceNormalization: ``(x - mean) / (sqrt(var) + 1e-9)`` over ``axes`` (default
+    [0, 2, 3]; population variance, as the ONNX function body computes it)."""
+    x = ctx.input(0)
+    if not x.dtype.is_float:
+        raise ctx.error("needs a float input")
+    axes = tuple(sorted({ctx.axis(int(a), x.rank) for a in ctx.attr("axes", [0, 2, 3])}))
+    wide = ctx.cast(x, DType.f32) if x.dtype in (DType.f16, DType.bf16) else x
+    mean = ctx.op("mean", wide, axes=axes, keepdims=True)
+    std = ctx.op("sqrt", ctx.op("var", wide, axes=axes, keepdims=True))
+    eps = ctx.scalar(1e-9, wide.dtype)
+    return [ctx.cast(ctx.op("div", ctx.op("sub", wide, mean), ctx.op("add", std, eps)), x.dtype)]
 
 
 def _lrn(ctx: NodeContext) -> list[Tensor]:
@@ -411,6 +425,7 @@ CONVERTERS: tuple[tuple[str, int, Converter], ...] = (
     ("AveragePool", 1, _pool("avg_pool2d")),
     ("GlobalAveragePool", 1, _global_pool("mean")), ("GlobalMaxPool", 1, _global_pool("max")),
     ("Dropout", 7, _dropout), ("InstanceNormalization", 1, _instance_norm),
-    ("LRN", 1, _lrn), ("ConvTranspose", 1, _conv_transpose),
+    ("LRN", 1, _lrn), ("MeanVarianceNormalization", 9, _mean_variance_norm),
+    ("ConvTranspose", 1, _conv_transpose),
 )
 CONVERTER_BATCH_NORM: Converter = _batch_norm  # shared with the pre-opset-7 form
