@@ -510,3 +510,24 @@ def test_row_plan_levels():
     assert plan.rows == (3,) and plan.row == (8,)
     assert [s.level for s in plan.stages] == [1, 2]
     assert all(isinstance(v, Value) for v in plan.full_outputs)
+
+
+@pytest.mark.parametrize(("shape", "view"), [
+    ((2, 6, 8, 8), (2, 3, 128)),     # rows of 128 across a split channel axis: vectors
+    ((3, 4, 6, 4), (3, 2, 48)),      # rows of 48 = 3 vectors over blocks of 24 (no 16 | 24)
+    ((2, 10, 16), (4, 80)),          # rows of 80 over blocks of 16: vectors
+    ((5, 6, 7), (10, 21)),           # rows of 21: scalars
+    ((1, 64, 4, 4), (2, 512)),       # a row over several whole input axes
+])
+def test_rows_through_a_reshape_that_splits_axes(shape, view):
+    """softmax over the trailing axis of x reshaped so a row ends inside an input axis, and the
+    result reshaped back and scaled by a per-element input: compiled and interpreted kernels
+    against the reference, whether the rows run in vectors or not."""
+    b = GraphBuilder("split_rows")
+    x = b.input((shape, F32), "x")
+    y = b.input((shape, F32), "y")
+    rows = b.add1("softmax", [b.add1("reshape", [x], {"shape": view})], {"axis": -1})
+    back = b.add1("reshape", [rows], {"shape": shape})
+    graph = b.build([b.add1("mul", [back, y], {})])
+    plan = plan_of(graph)
+    check_groups(plan.graph, plan.groups, random_inputs(graph, sum(view)), reduction=True)
