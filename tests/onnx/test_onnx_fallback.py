@@ -120,3 +120,34 @@ def test_declared_output_type_is_used_where_inference_differs():
     got = np.asarray(got[0] if isinstance(got, (list, tuple)) else got)
     assert got.shape == want.shape == (1, 7, 9, 2)
     assert_close(got, want, reduction=True)
+
+
+def test_attribute_values_a_converter_does_not_compile_run_in_onnx_reference(caplog):
+    """MaxPool's Indices output and Pad's wrap mode: the converters raise NeedsReference, and
+    the node runs in onnx's reference between compiled nodes, with the converter's reason."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("MaxPool", ["r"], ["p", "i"], name="pool", kernel_shape=[3, 3],
+                              strides=[2, 2]),
+             helper.make_node("Pad", ["p", "pads"], ["q"], name="wrap", mode="wrap"),
+             helper.make_node("Mul", ["q", "k"], ["y"], name="scale")]
+    model = make_model(nodes, [("x", F32, [1, 2, 9, 7])], [("y", F32), ("i", I64)],
+                       initializers=[init("k", np.float32(1.5)),
+                                     init("pads", np.array([0, 0, 1, 2, 0, 0, 1, 2]))],
+                       opset=19)
+    x = arr([1, 2, 9, 7])
+    with caplog.at_level(logging.INFO, logger="tilefuse.fallback"):
+        got = tilefuse.onnx.load(model)(x)
+    want = reference(model, {"x": x})
+    assert_close(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "MaxPool node 'pool' (ai.onnx opset 19): the Indices output is not compiled" in said
+    assert "Pad node 'wrap' (ai.onnx opset 19): mode 'wrap' is not compiled" in said
+
+
+def test_a_dilated_average_pool_runs_in_onnx_reference():
+    node = helper.make_node("AveragePool", ["x"], ["y"], name="avg", kernel_shape=[3, 2],
+                            dilations=[2, 3], pads=[1, 0, 1, 2], count_include_pad=1)
+    model = make_model([node], [("x", F32, [2, 3, 11, 10])], [("y", F32)], opset=19)
+    x = arr([2, 3, 11, 10])
+    assert_close(tilefuse.onnx.load(model)(x), reference(model, {"x": x})[0])

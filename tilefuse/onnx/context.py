@@ -28,7 +28,7 @@ from tilefuse.graph.builder import GraphBuilder, infer_types, resolve_op
 from tilefuse.graph.ir import Literal, Node, Value
 from tilefuse.graph.types import Dim, Sym, SymProduct, TensorType, format_shape, is_static
 from tilefuse.onnx.model import NodeSpec
-from tilefuse.onnx.tensors import OnnxError
+from tilefuse.onnx.tensors import NeedsReference, OnnxError
 
 FOLD_LIMIT = 1 << 16   # fold an all-constant op only when its result has at most this many elements
 VALUE_LIMIT = 1 << 12  # a graph input needed as a constant is specialised on up to this size
@@ -234,6 +234,11 @@ class NodeContext:
 
     def error(self, message: str) -> OnnxError:
         return OnnxError(message, op=self.label, inputs=self.shapes())
+
+    def not_compiled(self, message: str) -> NeedsReference:
+        """The error for attribute values or outputs the converter does not compile: the node
+        then runs in onnx's reference where that has the op."""
+        return NeedsReference(message, op=self.label, inputs=self.shapes())
 
     # ---- inputs and attributes ------------------------------------------------------------
 

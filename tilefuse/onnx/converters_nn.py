@@ -82,7 +82,7 @@ def _broadcast(ctx: NodeContext, t: Tensor, shape: tuple[int, ...]) -> Tensor:
 
 def _batch_norm(ctx: NodeContext) -> list[Tensor]:
     if ctx.attr("training_mode", 0) or not ctx.attr("spatial", 1):
-        raise ctx.error("only inference mode (training_mode=0, spatial=1) is supported")
+        raise ctx.not_compiled("only inference mode (training_mode=0, spatial=1) is compiled")
     if ctx.outputs_wanted() > 1 and any(ctx.spec.outputs[1:]):
         raise ctx.error("running mean/var outputs exist only in training mode")
     x, scale, bias, mean, var = (ctx.input(i) for i in range(5))
@@ -245,9 +245,11 @@ def _nd_geometry(ctx: NodeContext, x: Tensor, kernel: tuple[int, ...]
 
 def _conv_transpose(ctx: NodeContext) -> list[Tensor]:
     x, w, b = ctx.input(0), ctx.input(1), ctx.optional(2)
-    if w.rank != x.rank or x.rank not in (3, 4):
-        raise ctx.error("only 1-D and 2-D transposed convolutions are supported "
-                        f"(input rank {x.rank})")
+    if w.rank != x.rank:
+        raise ctx.error(f"the weight's rank {w.rank} is not the input's {x.rank}")
+    if x.rank not in (3, 4):
+        raise ctx.not_compiled(f"only 1-D and 2-D transposed convolutions are compiled "
+                               f"(input rank {x.rank})")
     n = x.rank - 2
     kernel = _kernel(ctx, x, w.shape[2:])
     if kernel != w.shape[2:]:
@@ -327,7 +329,7 @@ def conv_with(ctx: NodeContext, x: Tensor, w: Tensor, b: Tensor | None) -> Tenso
 def _pool(name: str) -> Converter:
     def convert(ctx: NodeContext) -> list[Tensor]:
         if ctx.outputs_wanted() > 1 and ctx.spec.outputs[1]:
-            raise ctx.error("the Indices output is not supported")
+            raise ctx.not_compiled("the Indices output is not compiled")
         return [pool_with(ctx, name, ctx.input(0))]
     return convert
 
@@ -343,7 +345,7 @@ def pool_with(ctx: NodeContext, name: str, x: Tensor, count_include_pad: bool | 
     if x.rank == 5:
         if name == "avg_pool2d" and ctx.attr("dilations") is not None \
                 and any(d != 1 for d in ctx.attr("dilations")):
-            raise ctx.error("AveragePool with dilations is not supported")
+            raise ctx.not_compiled("AveragePool with dilations is not compiled")
         strides, dilations, pads = _nd_geometry(ctx, x, kernel)
         return volume.pool3d(ctx, name, x, kernel, strides, dilations, pads,
                              bool(ctx.attr("ceil_mode", 0)), include)
@@ -363,7 +365,7 @@ def pool_with(ctx: NodeContext, name: str, x: Tensor, count_include_pad: bool | 
     if name == "max_pool2d":
         attrs["dilation"] = dilation
     elif dilation != (1, 1):
-        raise ctx.error("AveragePool with dilations is not supported")
+        raise ctx.not_compiled("AveragePool with dilations is not compiled")
     else:
         attrs["count_include_pad"] = include
     y = ctx.op(name, x2, **attrs)

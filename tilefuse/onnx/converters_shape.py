@@ -315,7 +315,7 @@ def pad_with(ctx: NodeContext, pads: tuple[int, ...], mode: str, value: float,
               axes: tuple[int, ...] | None) -> list[Tensor]:
     x = ctx.input(0)
     if mode not in ("constant", "reflect", "edge"):
-        raise ctx.error(f"mode {mode!r} is not supported (constant, reflect, edge)")
+        raise ctx.not_compiled(f"mode {mode!r} is not compiled (constant, reflect, edge)")
     axes = tuple(range(x.rank)) if axes is None else tuple(ctx.axis(a, x.rank) for a in axes)
     if len(pads) != 2 * len(axes):
         raise ctx.error(f"pads {list(pads)} needs {2 * len(axes)} entries")

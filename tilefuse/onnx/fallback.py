@@ -1,7 +1,9 @@
 """The per-node fallback: an ONNX op that tilefuse has no converter for runs in onnx's reference
 implementation (``onnx.reference``), one node at a time, on the host.
 
-The importer asks :func:`has_reference` when it finds no converter; if onnx's reference knows
+The importer asks :func:`has_reference` when it finds no converter, or when the converter raises
+:class:`~tilefuse.onnx.tensors.NeedsReference` (attribute values or outputs it does not compile:
+MaxPool's Indices, a dilated AveragePool, Pad's wrap mode); if onnx's reference knows
 the op at the model's opset, :func:`convert_by_reference` keeps the node whole as one
 ``onnx_node`` (:mod:`tilefuse.ops.foreign`) and says so on the ``fallback`` log topic. The node's
 output types are those the model declares where the output is a graph output, else onnx's
@@ -142,8 +144,12 @@ def _need_values(ctx: NodeContext) -> None:
             ctx.const_input(i, "an integer input of an op run by onnx's reference")
 
 
-def convert_by_reference(ctx: NodeContext, info: ModelInfo) -> list[Tensor | None]:
-    """``ctx``'s node as one ``onnx_node`` run by onnx's reference (module docstring)."""
+def convert_by_reference(ctx: NodeContext, info: ModelInfo,
+                         reason: str = "no tilefuse converter") -> list[Tensor | None]:
+    """``ctx``'s node as one ``onnx_node`` run by onnx's reference (module docstring);
+    ``reason`` says why on the ``fallback`` log topic (a converter's
+    :class:`~tilefuse.onnx.tensors.NeedsReference` message, for attribute values it does not
+    compile)."""
     present = [t for name, t in zip(ctx.spec.inputs, ctx.inputs) if name]
     if any(t is None for t in present):
         raise ctx.error("tilefuse does not support it: no converter, and an input of the node "
@@ -159,8 +165,7 @@ def convert_by_reference(ctx: NodeContext, info: ModelInfo) -> list[Tensor | Non
              "opsets": opsets, "out_dtypes": tuple(d for d, _ in wanted),
              "out_shapes": tuple(s for _, s in wanted)}
     get_logger("fallback").info(
-        "%s: no tilefuse converter; it runs in onnx's reference implementation on the host",
-        ctx.label)
+        "%s: %s; it runs in onnx's reference implementation on the host", ctx.label, reason)
     outs = iter(ctx.em.ops("onnx_node", present, attrs))  # type: ignore[arg-type]
     return [None if t is None else next(outs) for t in types]
 

@@ -24,7 +24,7 @@ from tilefuse.onnx.context import Emitter, NodeContext, Tensor
 from tilefuse.onnx.converters import CONVERTERS, find_converter
 from tilefuse.onnx.fallback import convert_by_reference, has_reference
 from tilefuse.onnx.model import ModelInfo, NodeSpec, TensorSpec
-from tilefuse.onnx.tensors import OnnxError
+from tilefuse.onnx.tensors import NeedsReference, OnnxError
 
 _RULE_ERRORS = (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError,
                 AttributeError)
@@ -96,7 +96,12 @@ def _convert_node(info: ModelInfo, index: int, env: dict[str, Tensor], em: Emitt
                       reconvert=lambda target, bindings: _reconvert(info, index, env, em,
                                                                      target, bindings))
     try:
-        outs = fn(ctx)
+        try:
+            outs = fn(ctx)
+        except NeedsReference as err:
+            if not has_reference(node, opset):
+                raise
+            outs = convert_by_reference(ctx, info, reason=err.message)
     except OnnxError as err:
         if err.op is not None:
             raise

@@ -33,6 +33,13 @@ class OnnxError(TilefuseError):
     """A model tilefuse cannot import: malformed, unsafe, or using what tilefuse lacks."""
 
 
+class NeedsReference(OnnxError):
+    """A node whose op tilefuse converts, but not with these attribute values or outputs
+    (MaxPool's Indices, a dilated AveragePool, Pad's wrap mode, ...): the importer runs it in
+    onnx's reference instead where that has the op (:mod:`tilefuse.onnx.fallback`), else this
+    is the import's error."""
+
+
 def elem_type_name(code: int) -> str:
     try:
         return TensorProto.DataType.Name(code)
