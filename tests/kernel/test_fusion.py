@@ -442,6 +442,8 @@ def test_a_transpose_that_moves_the_lane_axis_stays_out_of_a_reduction():
     kept = plan_of(SHUFFLED_SUM.format(perm="[1,0,2]", shape="f32[4,6,34]"))
     assert [g.kind for g in kept.groups] == [KernelKind.REDUCTION]
     assert_plan_computes_graph(kept)
+    negative = plan_of(SHUFFLED_SUM.format(perm="[1,0,-1]", shape="f32[4,6,34]"))
+    assert [g.kind for g in negative.groups] == [KernelKind.REDUCTION]  # -1 is the last axis
 
 
 def test_a_small_producer_joins_as_a_leaf_only_while_cheap():

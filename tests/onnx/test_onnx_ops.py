@@ -176,7 +176,7 @@ def test_group_normalization_errors() -> None:
                                          num_groups=4)],
                        [("x", F32, [2, 6, 3])], [("y", F32)],
                        initializers=[init("s", arr([6])), init("b", arr([6]))], opset=21)
-    with pytest.raises(tilefuse.onnx.OnnxError, match="num_groups=4 must divide the 6"):
+    with pytest.raises(tilefuse.onnx.OnnxError, match="groups=4 must divide the 6 channels"):
         tilefuse.onnx.load(model)
 
 

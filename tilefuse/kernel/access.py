@@ -222,19 +222,15 @@ def reshaped_run(operand: Sequence[int], out: Sequence[int], block: int, lanes: 
     vector crosses a block of those axes: in C order the vector's elements are then contiguous
     in the operand too."""
     size = math.prod(out[len(out) - block:])
-    total = 1
+    total, whole = 1, None
     for a in range(len(operand) - 1, -1, -1):
         total *= operand[a]
         if total == size and size > 1:
             return len(operand) - a
-        if total > size:
-            break
-    if lanes > 1 and size % lanes == 0:
-        total = 1
-        for a in range(len(operand) - 1, -1, -1):
-            total *= operand[a]
-            if total % lanes == 0:
-                return len(operand) - a
+        if whole is None and lanes > 1 and total % lanes == 0:
+            whole = len(operand) - a
+    if whole is not None and size % lanes == 0:
+        return whole
     raise NotVectorizable(f"a run over {size} elements does not map to trailing axes of "
                           f"{list(operand)}")
 

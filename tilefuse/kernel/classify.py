@@ -49,7 +49,7 @@ def moves_lane_axis(node: Node) -> bool:
     if node.op.name != "transpose":
         return False
     shape = node.inputs[0].type.shape
-    perm = node.attrs["perm"]
+    perm = [normalize_axis(p, len(shape)) for p in node.attrs["perm"]]
     kept = [a for a in perm if shape[a] != 1]
     inner = [a for a in range(len(shape)) if shape[a] != 1]
     return bool(kept) and kept[-1] != inner[-1]

@@ -116,7 +116,8 @@ def _instance_norm(ctx: NodeContext) -> list[Tensor]:
 def _group_norm(per_channel: bool) -> Converter:
     """GroupNormalization: opset 18 gives scale and bias per group ([num_groups], repeated over
     each group's channels here), opset 21 per channel ([C]); computed in f32 for narrower floats
-    (opset 21's default stash type) by tilefuse's ``group_norm``."""
+    (opset 21's default stash type) by tilefuse's ``group_norm``, whose shape rule checks the
+    rest (rank, groups dividing C, per-channel scale and bias)."""
     def convert(ctx: NodeContext) -> list[Tensor]:
         x, scale, bias = ctx.input(0), ctx.input(1), ctx.input(2)
         groups = ctx.attr("num_groups")
@@ -124,18 +125,16 @@ def _group_norm(per_channel: bool) -> Converter:
             raise ctx.error("attribute 'num_groups' is required")
         if ctx.attr("stash_type", 1) != 1:
             raise ctx.error("only stash_type=1 (float32) is supported")
-        if x.rank < 2 or not x.dtype.is_float:
-            raise ctx.error("needs a float input [N, C, ...]")
-        channels, groups = x.shape[1], int(groups)
-        if groups < 1 or channels % groups:
-            raise ctx.error(f"num_groups={groups} must divide the {channels} channels")
-        want = (channels,) if per_channel else (groups,)
-        if scale.shape != want or bias.shape != want:
-            raise ctx.error(f"scale and bias must have shape {list(want)}")
+        groups = int(groups)
         if not per_channel:
+            if scale.shape != (groups,) or bias.shape != (groups,):
+                raise ctx.error(f"scale and bias must have shape [{groups}] (one per group)")
+            if x.rank < 2 or groups < 1 or x.shape[1] % groups:
+                raise ctx.error(f"num_groups={groups} must divide the channels of x")
+            per_group = x.shape[1] // groups
             scale, bias = (ctx.op("reshape", ctx.op("broadcast_to", ctx.op(
-                "reshape", t, shape=(groups, 1)), shape=(groups, channels // groups)),
-                shape=(channels,)) for t in (scale, bias))
+                "reshape", t, shape=(groups, 1)), shape=(groups, per_group)),
+                shape=(x.shape[1],)) for t in (scale, bias))
         eps = float(ctx.attr("epsilon", 1e-5))
         scale, bias = ctx.cast(scale, x.dtype), ctx.cast(bias, x.dtype)
         return [ctx.op("group_norm", x, scale, bias, groups=groups, eps=eps)]
