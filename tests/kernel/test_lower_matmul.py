@@ -30,6 +30,7 @@ from tilefuse.kernel.lower_matmul import (
 from tilefuse.kernel.packing import pack_b, pack_b_kernel, packed_shape, unpack_b
 from tilefuse.kernel.schedule import Schedule, default_schedule
 from tilefuse.loop import BufferParam, interpret
+from tilefuse.loop.printer import format_function
 from tilefuse.testing import assert_close, random_array
 
 F32, F64 = DType.f32, DType.f64
@@ -279,15 +280,56 @@ def test_prefetching_b_changes_no_value(k, kc):
                 interpreted=True)
 
 
+@pytest.mark.parametrize("k, kc", [(513, 100), (300, 0)])
+def test_prefetching_the_next_panel_changes_no_value(k, kc):
+    """B's next panel hinted into L2 (one and two panels on, past B's end for the last ones),
+    K blocked and not, M blocks of several tiles and a partial last one, compiled and
+    interpreted."""
+    graph = matmul_graph(53, k, 150, "bias_gelu")
+    for panels in (1, 2):
+        schedule = Schedule(KernelKind.CONTRACTION,
+                            tiles=(("m", 24), ("n", 64)) + ((("k", kc),) if kc else ()),
+                            order=("n", "k", "m"), vector_axis="n", vector_width=16,
+                            parallel_axes=("n",), unroll=(("k", 4),), pack=("B",),
+                            micro_tile=(6, 32), prefetch=(("B", 8), ("B_next", panels)))
+        check_group(graph, seed=panels, schedule=schedule)
+    check_group(matmul_graph(13, 40, 70), schedule=replace(schedule, tiles=(("m", 12),)),
+                interpreted=True)
+
+
+def test_the_next_panel_hint_sweeps_that_panel_over_the_block_tiles():
+    """Tile t of an M block of T tiles asks for elements t·KC·(NR/T) + k·(NR/T) of the next
+    panel: over the block, every element of it once the shares are laid end to end."""
+    [group] = form_kernels(matmul_graph(48, 256, 128)).groups
+    schedule = Schedule(KernelKind.CONTRACTION, tiles=(("m", 48), ("n", 128)),
+                        order=("n", "k", "m"), vector_axis="n", vector_width=16,
+                        pack=("B",), micro_tile=(6, 32), prefetch=(("B_next", 1),))
+    text = "\n".join(format_function(f) for f in lower_matmul(group, schedule).functions)
+    hints = [line.strip() for line in text.splitlines() if "prefetch.l2" in line]
+    # 8 tiles of 6 rows share the next 256x32 panel: 4 elements a k step, 1024 a tile
+    assert hints == ["prefetch.l2 b_panels[jr*256 + (ir_f%48//6*256 + k0)*4 + 8192]"]
+
+
 @pytest.mark.skipif(not host_target().has("avx512f"), reason="needs AVX-512")
 def test_a_streamed_b_is_prefetched_in_the_fma_loop():
     """BERT's FFN (M = 128: two M blocks, B read about once) prefetches B's panel ahead, one
-    prefetcht0 per 64-byte line of a k step; W1 (M = 512: B reused from cache) does not."""
+    prefetcht0 per 64-byte line of a k step, and its next panel into L2, one prefetcht1 a k
+    step; W1 (M = 512: B reused from cache) prefetches only the next panel."""
     [group] = form_kernels(matmul_graph(128, 768, 3072, "bias_gelu")).groups
     schedule = default_schedule(group, host_target())
-    assert schedule.prefetch == (("B", 16),)
+    assert schedule.prefetch == (("B", 16), ("B_next", 1))
     main = lower_matmul(group, schedule).functions[-1]
     fma_loop = max(self_loops(compile_kernel(main).assembly()), key=lambda b: b.count("vfmadd"))
     assert fma_loop.count("prefetcht0") == fma_loop.count("vfmadd231ps") // 6
+    assert fma_loop.count("prefetcht1") == fma_loop.count("vfmadd231ps") // 24
     [w1] = form_kernels(matmul_graph(512, 768, 3072, "bias_gelu")).groups
-    assert default_schedule(w1, host_target()).prefetch == ()
+    assert default_schedule(w1, host_target()).prefetch == (("B_next", 1),)
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 768, 3072), (7, 513, 129), (512, 64, 256),
+                                     (3136, 147, 64)])
+def test_the_next_panel_is_not_prefetched_where_it_does_not_pay(m, k, n):
+    """A GEMV or a few rows (no tiles to spread the panel over), a short K (the hints would be
+    many of the loads), a single panel."""
+    [group] = form_kernels(matmul_graph(m, k, n)).groups
+    assert "B_next" not in dict(default_schedule(group, host_target()).prefetch)

@@ -102,6 +102,8 @@ def test_json_without_prefetch_reads_as_none():
     assert Schedule.from_json(json.dumps(data)).prefetch == ()
     with_b = Schedule.from_dict({**data, "prefetch": [["B", 16]]})
     assert with_b.prefetch == (("B", 16),) and str(with_b).endswith("prefetch(B+16)")
+    both = Schedule.from_dict({**data, "prefetch": [["B", 16], ["B_next", 1]]})
+    assert str(both).endswith("prefetch(B+16,B_next+1)")
 
 
 def test_from_json_rejects_missing_keys_and_non_objects():
@@ -168,7 +170,10 @@ def test_a_valid_schedule_passes():
     (_mm(micro_tile=(128, 32)), MNK, "micro tile 128 along 'm' exceeds its block 96"),
     (_mm(prefetch=(("A", 16),)), MNK, "only its packed B"),
     (_mm(pack=(), prefetch=(("B", 16),)), MNK, "only its packed B"),
-    (_mm(prefetch=(("B", 300),)), MNK, "prefetch distance 300 is not in 1..256"),
+    (_mm(prefetch=(("B", 300),)), MNK, "prefetch B distance 300 is not in 1..256"),
+    (_mm(prefetch=(("B_next", 3),)), MNK, "prefetch B_next distance 3 is not in 1..2"),
+    (_mm(pack=(), prefetch=(("B_next", 1),)), MNK, "only its packed B"),
+    (_mm(prefetch=(("B", 8), ("B", 16))), MNK, "prefetch"),
     (_mm(), {"m": 512, "n": 3072, "q": 768}, "needs the axes"),
     (Schedule(KernelKind.ELEMENTWISE, order=("i",), pack=("B",)), {"i": 8}, "only a contraction"),
     (Schedule(KernelKind.ELEMENTWISE, order=("i",), micro_tile=(1, 1)), {"i": 8},
@@ -195,9 +200,11 @@ def test_default_for_w1_matmul_bias_gelu():
     group = only_group(W1)
     assert iteration_axes(group) == {"m": 512, "n": 3072, "k": 768}
     # NC: B's 768 x 384 block stays in L2 for every MC block (CACHE_TILES)
-    # a 6x64 register tile: 4 B vectors and 6 A broadcasts per k step (_tile_vectors)
+    # a 6x64 register tile: 4 B vectors and 6 A broadcasts per k step (_tile_vectors);
+    # B's next panel hinted into L2 while a panel's 16 tiles of an M block run
     assert default_schedule(group, AVX512_2) == _mm(tiles=(("m", 96), ("n", 384), ("k", 768)),
-                                                    micro_tile=(6, 64))
+                                                    micro_tile=(6, 64),
+                                                    prefetch=(("B_next", 1),))
     serial = default_schedule(group, CpuTarget(512, cores=1))
     assert serial.parallel_axes == () and serial.tile("n") == 384
     avx2 = default_schedule(group, CpuTarget(256, cores=2))

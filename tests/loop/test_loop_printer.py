@@ -99,3 +99,4 @@ def test_other_nodes():
     assert format_expr(unary(XOp.ISNAN, v)) == "isnan(load<8>(X, i))"
     assert str(var("i") + 1) == "i + 1"
     assert format_stmt(Prefetch("X", var("i") + 16)) == ["prefetch X[i + 16]"]
+    assert format_stmt(Prefetch("X", var("i"), locality=2)) == ["prefetch.l2 X[i]"]

@@ -55,6 +55,7 @@ BAD = {
     "unknown buffer": kernel(Y.store(0, Expr(XOp.LOAD, LType(F32), (const(0),), "Z"))),
     "prefetch of unknown buffer Z": kernel(Prefetch("Z", const(0))),
     "prefetch index must be i64": kernel(Prefetch("X", const(0, DType.i32))),
+    "prefetch locality 4 is not in 0..3": kernel(Prefetch("X", const(0), locality=4)),
     "defined more than once": kernel(loop("i", 0, n, [loop("i", 0, n, [])])),
     "do not match result": kernel(Y.store(0, X.load(0, 8) + X.load(0))),
     "stores f32x8 into local": kernel(Local("a", LType(F32, 4)),

@@ -203,14 +203,15 @@ class LoopLowering:
         st.b.store(value, address, align=self.access_align(buf, s.value.lanes))
 
     def prefetch(self, st: FnState, s: Prefetch) -> None:
-        """``llvm.prefetch(address, read, locality 3 (all levels), data cache)``; the address
+        """``llvm.prefetch(address, read, the hint's locality, data cache)``; the address
         is computed without ``inbounds``: a hint may point past the buffer."""
         ptr, buf = st.buffers[s.buffer]
         index = self.expr(st, s.index, {})
         address = st.b.gep(ptr, [index], source_etype=scalar_type(buf.dtype, memory=True))
         fn = st.b.module.declare_intrinsic(
             "llvm.prefetch", [address.type], ir.FunctionType(VOID, [PTR, I32, I32, I32]))
-        st.b.call(fn, [address, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        st.b.call(fn, [address, ir.Constant(I32, 0), ir.Constant(I32, s.locality),
+                       ir.Constant(I32, 1)])
 
     def loop(self, st: FnState, s: For) -> None:
         start, stop = self.expr(st, s.start, {}), self.expr(st, s.stop, {})

@@ -89,7 +89,9 @@ class MatmulParams:
     (``nc`` 0: one panel); ``order`` is the block loops' order (outermost first); ``parallel``
     names the block axis split over threads ("n", "m", "b", or "" for none); ``unroll_k``
     unrolls the micro-kernel's k loop; ``pack_b`` reads B packed into panels (else in place);
-    ``prefetch_b`` (k steps, 0: none) prefetches B's panel that far ahead in full tiles."""
+    ``prefetch_b`` (k steps, 0: none) prefetches B's panel that far ahead in full tiles;
+    ``prefetch_next`` (panels, 0: none) spreads L2 hints for the panel that far on over the
+    full tiles of each M block."""
 
     mr: int = 12
     nr: int = 32
@@ -102,6 +104,7 @@ class MatmulParams:
     unroll_k: int = 1
     pack_b: bool = True
     prefetch_b: int = 0
+    prefetch_next: int = 0
 
     def __post_init__(self) -> None:
         for name in ("mr", "nr", "lanes", "unroll_k"):
@@ -417,7 +420,7 @@ class _NestBuilder:
         if self.window is None:
             a_base = self.bt * (s.m * s.k) if s.a_batched else const(0)
             return self.unrolled_k(str(tag), k0, k1, lambda t, k: self.fmas(
-                t, rows, j0, k, chunks, accs, lambda r: a_base + (i0 + r) * s.k + k))
+                t, rows, j0, k, chunks, accs, lambda r: a_base + (i0 + r) * s.k + k, i0))
         w = self.window
         kh = var(f"kh{tag}")
         first = Let(f"kf{tag}", kh * w.run)   # the k of the kernel row's first column
@@ -435,7 +438,7 @@ class _NestBuilder:
             lo, hi = maximum(k0 - first.ref, 0), minimum(k1 - first.ref, w.run)
         run = self.unrolled_k(f"{tag}w", lo, hi, lambda t, c: self.fmas(
             t, rows, j0, first.ref + c, chunks, accs,
-            lambda r: row_offset(r) + step.ref + c))
+            lambda r: row_offset(r) + step.ref + c, i0))
         kh0 = k0 // w.run if self.kc < s.k else const(0)
         kh1 = (k1 + (w.run - 1)) // w.run if self.kc < s.k else const(w.kernel_rows)
         return [loop(f"kh{tag}", kh0, kh1, [first, step, *run])]
@@ -454,17 +457,37 @@ class _NestBuilder:
                 loop(f"k{tag}", main_end.ref, k1, step(f"{tag}r", k))]
 
     def fmas(self, tag: str, rows: int, j0: Expr, k: Expr, chunks: list[tuple[int, int]],
-             accs: list[Local], a_index: Callable[[Expr], Expr]) -> list[Stmt]:
+             accs: list[Local], a_index: Callable[[Expr], Expr],
+             i0: Expr | None = None) -> list[Stmt]:
         """One step of k: B vectors loaded once, A (element ``a_index(row)``) broadcast per
         row, one fma per accumulator."""
         b_values = [self.b.load(self.b_index(j0, k, off), lanes) for off, lanes in chunks]
         step = fma_tile_step(tag, rows, accs, b_values, lambda r: self.a.load(a_index(r)))
+        if self.p.prefetch_next and self.p.pack_b and self.panel == self.nr \
+                and rows == self.mr and i0 is not None:
+            step = [self.next_panel_prefetch(i0, j0, k), *step]
         if self.p.prefetch_b and self.p.pack_b and rows == self.mr:
             line = max(1, 64 // self.dtype.itemsize)   # one hint per cache line of the row
             ahead = k + self.p.prefetch_b
             step = [*(Prefetch(self.b.name, self.b_index(j0, ahead, off))
                       for off in range(0, self.nr, line)), *step]
         return step
+
+    def next_panel_prefetch(self, i0: Expr, j0: Expr, k: Expr) -> Prefetch:
+        """A hint, into L2, for part of the rows of this K block in the panel ``prefetch_next``
+        panels on (the one the tiles read after this one, when 1): tile t of the M block
+        takes the t-th share of it, a few elements a k step, so the panel arrives over the
+        block's tiles instead of stalling its first tile. Panels of one K block are
+        contiguous (``panel == nr``), so the shares sweep it linearly."""
+        s = self.s
+        rows = min(self.mc, self.m_full) if isinstance(self.m_full, int) else self.mc
+        tiles = max(1, rows // self.mr)
+        kc = min(self.kc, s.k)
+        stride = max(1, self.nr // tiles)
+        tile = (i0 % self.mc) // self.mr   # i0 < M <= MC when one block holds all of M
+        k0 = self.kc_var
+        start = self.b_index(j0 + self.p.prefetch_next * self.nr, k0, 0)
+        return Prefetch(self.b.name, start + (tile * kc + (k - k0)) * stride, locality=2)
 
     def finish(self, tag: int, rows: int, i0: Expr, j0: Expr, chunks: list[tuple[int, int]],
                accs: list[Local]) -> Stmt:
@@ -545,7 +568,8 @@ def params_from_schedule(schedule: Schedule) -> MatmulParams:
                         nc=schedule.tile("n") or 0, parallel=parallel,
                         order=tuple(a for a in schedule.order if a in BLOCK_AXES),
                         unroll_k=unroll, pack_b="B" in schedule.pack,
-                        prefetch_b=dict(schedule.prefetch).get("B", 0))
+                        prefetch_b=dict(schedule.prefetch).get("B", 0),
+                        prefetch_next=dict(schedule.prefetch).get("B_next", 0))
 
 
 # ==================================================================== kernel groups

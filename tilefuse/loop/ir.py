@@ -406,6 +406,9 @@ class Prefetch:
 
     buffer: str
     index: Expr
+    locality: int = 3
+    """``llvm.prefetch``'s locality: 3 into every cache level, 2 into L2 and beyond (x86
+    ``prefetcht1``), for a line needed later than the next few hundred cycles."""
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,8 @@ def format_stmt(s: Stmt, indent: int = 0) -> list[str]:
     if isinstance(s, Local):
         return [f"{pad}local {s.name}: {s.type}[{s.count}]"]
     if isinstance(s, Prefetch):
-        return [f"{pad}prefetch {s.buffer}[{format_expr(s.index)}]"]
+        level = "" if s.locality == 3 else f".l{4 - s.locality}"
+        return [f"{pad}prefetch{level} {s.buffer}[{format_expr(s.index)}]"]
     return [f"{pad}<unknown statement {type(s).__name__}>"]
 
 

@@ -136,6 +136,8 @@ class _Checker:
         elif isinstance(s, Prefetch):
             if s.buffer not in self.buffers:
                 raise self.fail(s, f"prefetch of unknown buffer {s.buffer}")
+            if s.locality not in (0, 1, 2, 3):
+                raise self.fail(s, f"prefetch locality {s.locality} is not in 0..3")
             self.index_like(s, s.index, scope, I64, "prefetch index")
         else:
             raise VerifyError(f"not a loop-IR statement: {type(s).__name__}")

@@ -7,7 +7,8 @@ iteration extents, dtype and the target, not a template per operator:
   MR·NR/width at most :data:`MAX_ACCUMULATORS` vector accumulators), cache blocks MC / NC / KC
   (targets turned into divisors or near-divisors of the extents, multiples of MR / NR), the
   parallel axis (n, m, b when batched, none), k unroll (1, 2, 4, 8), pack B on / off and
-  its prefetch distance (none, 8, 16, 32 k steps);
+  its prefetch distance (none, 8, 16, 32 k steps) and whether its next panel is prefetched
+  into L2;
 - elementwise: vector width (4..16) and the number of parallel chunks (0: serial);
 - row reduction: vector width, unroll of the row loop (1, 2, 4, 8), parallel row chunks;
 - attention: the query block (8..256 rows), the key block (1..8 vectors), the register tile's
@@ -204,7 +205,8 @@ class ContractionSpace(KnobSpace):
                                                    3072, n)}),
                  "kc": sorted({min(t, k) for t in (64, 128, 256, 384, 512, 768, 1024, k)}),
                  "parallel": parallel, "unroll_k": [u for u in (1, 2, 4, 8) if u <= k],
-                 "pack_b": [True, False], "prefetch_b": [0, 8, 16, 32]}
+                 "pack_b": [True, False], "prefetch_b": [0, 8, 16, 32],
+                 "prefetch_next": [0, 1]}
         super().__init__(group, target, knobs)
 
     def schedule(self, point: Point) -> Schedule:
@@ -224,8 +226,7 @@ class ContractionSpace(KnobSpace):
                         parallel_axes=(point["parallel"],) if point["parallel"] else (),
                         unroll=(("k", unroll),) if unroll > 1 else (),
                         pack=("B",) if point["pack_b"] else (), micro_tile=(mr, nr),
-                        prefetch=(("B", point["prefetch_b"]),)
-                        if point["pack_b"] and point["prefetch_b"] else ())
+                        prefetch=_prefetch(point))
 
     def point(self, schedule: Schedule) -> Point:
         mr, nr = schedule.micro_tile or (1, schedule.vector_width)
@@ -240,7 +241,17 @@ class ContractionSpace(KnobSpace):
                 "parallel": self.nearest("parallel", (schedule.parallel_axes or ("",))[0]),
                 "unroll_k": self.nearest("unroll_k", dict(schedule.unroll).get("k", 1)),
                 "pack_b": "B" in schedule.pack,
-                "prefetch_b": self.nearest("prefetch_b", dict(schedule.prefetch).get("B", 0))}
+                "prefetch_b": self.nearest("prefetch_b", dict(schedule.prefetch).get("B", 0)),
+                "prefetch_next": self.nearest("prefetch_next",
+                                              dict(schedule.prefetch).get("B_next", 0))}
+
+
+def _prefetch(point: Point) -> tuple[tuple[str, int], ...]:
+    """The prefetch pairs of a contraction point (only a packed B is prefetched)."""
+    if not point["pack_b"]:
+        return ()
+    return tuple((operand, point[knob]) for operand, knob in
+                 (("B", "prefetch_b"), ("B_next", "prefetch_next")) if point[knob])
 
 
 def _chunk_counts(cores: int) -> list[int]:
