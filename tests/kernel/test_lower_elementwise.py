@@ -34,6 +34,7 @@ from tilefuse.kernel.access import (
     reshaped_run,
     transposed_run,
     unflatten,
+    whole_vector_run,
 )
 from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan, form_kernels
 from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
@@ -441,6 +442,12 @@ def test_lane_run_rules():
     assert transposed_run((2, 3, 5), (1, 0, 2), 1) == 1
     with pytest.raises(NotVectorizable):
         transposed_run((3, 5), (1, 0), 1)
+    # merged attention heads: the exact [H, D] block narrowed to D, which holds whole vectors
+    assert reshaped_run((7, 4, 32), (7, 128), 1, lanes=16) == 2
+    assert whole_vector_run((7, 4, 32), (7, 128), 1, lanes=16) == 1
+    assert whole_vector_run((7, 4, 24), (7, 96), 1, lanes=16) == 2   # 24 holds no whole vector
+    assert whole_vector_run((7, 4, 32), (7, 128), 1, lanes=1) is None
+    assert whole_vector_run((3, 4), (2, 6), 1, lanes=4) is None
 
 
 def test_default_load_broadcasts_a_longer_index():

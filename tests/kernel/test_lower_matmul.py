@@ -239,6 +239,37 @@ def test_prologues_run_while_packing(prologue):
     check_group(matmul_graph(13, 35, 17, "bias", prologue=prologue))
 
 
+def _heads_graph(transposed: bool) -> Graph:
+    """[1, S, H·D] @ W from attention's [1, H, S, D] output: merged heads (a transpose and
+    reshapes), or a reshape only (``transposed`` False: [1, S, H·D] viewed as [S, H·D])."""
+    builder = GraphBuilder("heads")
+    if transposed:
+        x = builder.input(((1, 4, 7, 32), F32), "x")
+        x = builder.add1("transpose", [x], {"perm": (0, 2, 1, 3)})
+    else:
+        x = builder.input(((1, 7, 128), F32), "x")
+    x = builder.add1("reshape", [x], {"shape": (7, 128)})
+    w = builder.input(((128, 96), F32), "w")
+    return builder.build([builder.add1("matmul", [x, w])])
+
+
+def test_a_reshaped_input_is_read_in_place_and_merged_heads_pack_in_vectors():
+    """A reshape of an input moves nothing, so the matmul reads the input itself (no copy of
+    A); merged attention heads are copied, 16 lanes at a time along each head's D (the
+    transpose keeps only D contiguous, the reshape's exact [H, D] block is narrowed to it)."""
+    for transposed in (False, True):
+        graph = _heads_graph(transposed)
+        [group] = form_kernels(graph).groups
+        lowered = lower_matmul(group, default_schedule(group, host_target()))
+        packs = [f for f in lowered.functions if "a_rows" in f.name]
+        if transposed:
+            [pack] = packs
+            assert "load<16>(x" in format_function(pack)
+        else:
+            assert packs == [] and lowered.functions[-1].buffer("x") is not None
+        check_group(graph, seed=int(transposed))
+
+
 def test_batched_group_with_epilogue():
     check_group(matmul_graph(13, 35, 17, "bias_gelu", batch=(3,)))
 

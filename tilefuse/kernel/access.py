@@ -222,17 +222,32 @@ def reshaped_run(operand: Sequence[int], out: Sequence[int], block: int, lanes: 
     vector crosses a block of those axes: in C order the vector's elements are then contiguous
     in the operand too."""
     size = math.prod(out[len(out) - block:])
-    total, whole = 1, None
+    total = 1
     for a in range(len(operand) - 1, -1, -1):
         total *= operand[a]
         if total == size and size > 1:
             return len(operand) - a
-        if whole is None and lanes > 1 and total % lanes == 0:
-            whole = len(operand) - a
-    if whole is not None and size % lanes == 0:
+    whole = whole_vector_run(operand, out, block, lanes)
+    if whole is not None:
         return whole
     raise NotVectorizable(f"a run over {size} elements does not map to trailing axes of "
                           f"{list(operand)}")
+
+
+def whole_vector_run(operand: Sequence[int], out: Sequence[int], block: int,
+                     lanes: int) -> int | None:
+    """The fewest trailing axes of ``operand`` holding a multiple of ``lanes`` elements, when
+    the run's block holds whole vectors (None otherwise): the block :func:`reshaped_run` falls
+    back to, and what an exact block is narrowed to when a later remap (a transpose of the
+    split axes, as attention's [S, H·D] ← [H, S, D] is) keeps only the vectors contiguous."""
+    if lanes <= 1 or math.prod(out[len(out) - block:]) % lanes:
+        return None
+    total = 1
+    for a in range(len(operand) - 1, -1, -1):
+        total *= operand[a]
+        if total % lanes == 0:
+            return len(operand) - a
+    return None
 
 
 def transposed_run(operand: Sequence[int], perm: Sequence[int], block: int) -> int:

@@ -669,13 +669,15 @@ class _GroupLowering:
 
     def operand(self, value: Value, hint: str, nr: int | None,
                 wide: tuple[int, Expr, int] | None = None) -> BufferParam:
-        """The buffer the matmul reads operand ``value`` from: the group input itself (when
-        no packing is asked), else a scratch buffer that a new kernel fills with the value
-        (evaluating its prologue), packed into ``nr``-wide panels (``nr`` None: row-major).
+        """The buffer the matmul reads operand ``value`` from: the group input holding it
+        (when no packing is asked and ``value`` is that input or a reshape of it), else a
+        scratch buffer that a new kernel fills with the value (evaluating its prologue),
+        packed into ``nr``-wide panels (``nr`` None: row-major).
         ``wide`` = (width, M, bound): when the runtime M is below the bound a second kernel
         packs it in panels that wide instead (the scratch is sized for the wider)."""
-        if value in self.buffers.inputs and nr is None:
-            return self.buffers.inputs[value]
+        held = view_of_input(self.group, value) if nr is None else None
+        if held is not None:   # the input itself, or a reshape of it: read in place
+            return self.buffers.inputs[held]
         shape = dims(value.shape)
         *batch, rows, cols = shape
         width = cols if nr is None else nr
@@ -716,9 +718,6 @@ class _GroupLowering:
     def window_source(self, window: WindowA) -> BufferParam:
         """The buffer a windowed A is read from: the group input holding the convolution's
         source when it is one (or a reshape of one), else a scratch copy of the source."""
-        held = view_of_input(self.group, window.source)
-        if held is not None:
-            return self.buffers.inputs[held]
         return self.operand(window.source, "a_src", None)
 
     def operand_inputs(self, value: Value) -> tuple[BufferParam, ...]:

@@ -47,6 +47,7 @@ from tilefuse.kernel.access import (
     sliced_run,
     transposed_run,
     unflatten,
+    whole_vector_run,
 )
 from tilefuse.loop.ir import (
     BINARY,
@@ -347,7 +348,13 @@ class ElementBuilder:
         if name in ("reshape", "expand_dims", "squeeze"):
             u_index = self._reindex(name, attrs, index, shape, out)
             run = reshaped_run(shape, out, block, lanes) if lanes > 1 else 1
-            return self.value(u, u_index, lanes, run)
+            try:
+                return self.value(u, u_index, lanes, run)
+            except NotVectorizable:
+                narrow = whole_vector_run(shape, out, block, lanes)
+                if narrow is None or narrow == run:
+                    raise
+                return self.value(u, u_index, lanes, narrow)
         if name == "window_patches":
             return self._window(attrs, u, index, lanes, block)
         if name == "pad" and attrs["mode"] == "constant":
