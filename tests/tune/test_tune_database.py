@@ -103,6 +103,21 @@ def test_roofline_peaks_are_measured_once_and_stored(tmp_path):
     assert NoRoofline().bound_seconds(1e9, 1e9) == 0.0
 
 
+def test_a_schedule_measured_once_does_not_beat_those_measured_again(tmp_path):
+    """After a search re-measures its fastest few and the default, a candidate that has its
+    one search row only is not a build's choice, however fast that row was."""
+    for db in (MemoryDatabase(), SQLiteDatabase(tmp_path / "again.db")):
+        db.record(KEY, schedule(4), 1.0)        # one lucky row, never measured again
+        db.record(KEY, schedule(8), 2.0)
+        db.record(KEY, schedule(16), 2.4)
+        assert db.best(KEY) == (schedule(4), 1.0)   # nothing measured again yet: all count
+        db.record(KEY, schedule(8), 2.2)
+        db.record(KEY, schedule(16), 2.3)
+        assert db.best(KEY) == (schedule(8), 2.1)
+        db.record(KEY, schedule(4), 1.1)        # measured again, it decides again
+        assert db.best(KEY) == (schedule(4), 1.05)
+
+
 def test_best_is_the_least_median_so_one_lucky_row_does_not_win(tmp_path):
     for db in (MemoryDatabase(), SQLiteDatabase(tmp_path / "m.db")):
         db.record(KEY, schedule(4), 1.0)       # lucky once ...

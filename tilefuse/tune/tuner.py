@@ -189,8 +189,9 @@ def tune_task(task: TuneTask, budget: Budget, db: TuningDatabase, runner: Runner
 
 CONFIRM_TOP = 3
 """The fastest schedules of a search that are measured again against the default."""
-CONFIRM_PASSES = 2
-"""How many more times each of them (and the default) is measured, alternating."""
+CONFIRM_PASSES = 4
+"""How many more times each of them (and the default) is measured, alternating: their medians
+then rest on these interleaved rows, not on the one row each got in the search."""
 
 
 def _confirm(task: TuneTask, runner: Runner, db: TuningDatabase, key: TuneKey,
