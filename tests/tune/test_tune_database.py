@@ -130,3 +130,39 @@ def test_best_is_the_least_median_so_one_lucky_row_does_not_win(tmp_path):
         db.record(KEY, schedule(16), math.inf)  # a failure is never best, whatever its count
         db.record(KEY, schedule(16), math.inf)
         assert db.best(KEY)[0] == schedule(8)
+
+
+def test_a_verdict_decides_the_build_and_survives_reopening(tmp_path):
+    for make in (MemoryDatabase, lambda: SQLiteDatabase(tmp_path / "v.db")):
+        db = make()
+        db.record(KEY, schedule(4), 1.0)
+        db.record(KEY, schedule(4), 1.2)
+        db.record(KEY, schedule(8), 1.5)
+        db.record(KEY, schedule(8), 1.7)
+        assert db.verdict(KEY) is None and db.best(KEY) == (schedule(4), 1.1)
+        db.decide(KEY, schedule(8), 1.0)     # the confirmation kept the default
+        assert db.verdict(KEY) == (schedule(8), 1.0)
+        assert db.best(KEY) == (schedule(8), 1.6)
+        db.decide(KEY, schedule(4), 1.05)    # a later run replaces it
+        assert db.best(KEY) == (schedule(4), 1.1)
+    again = SQLiteDatabase(tmp_path / "v.db")
+    assert again.verdict(KEY) == (schedule(4), 1.05)
+    again.decide(KEY, schedule(16), math.inf)   # a verdict with no finite row: least median
+    assert again.verdict(KEY) == (schedule(16), math.inf)
+    assert again.best(KEY) == (schedule(4), 1.1)
+
+
+def test_a_file_of_the_first_schema_gets_the_verdicts_table(tmp_path):
+    path = tmp_path / "v1.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("CREATE TABLE measurements (fingerprint TEXT NOT NULL, target TEXT NOT NULL, "
+                 "version TEXT NOT NULL, schedule TEXT NOT NULL, seconds REAL NOT NULL, "
+                 "date TEXT NOT NULL)")
+    conn.execute("INSERT INTO measurements VALUES (?, ?, ?, ?, ?, ?)",
+                 (KEY.fingerprint, KEY.target, KEY.version, schedule(8).to_json(), 2.0, "old"))
+    conn.execute("PRAGMA user_version=1")
+    conn.close()
+    db = SQLiteDatabase(path)
+    assert db.best(KEY) == (schedule(8), 2.0) and db.verdict(KEY) is None
+    db.decide(KEY, schedule(8), 1.0)
+    assert db.connection().execute("PRAGMA user_version").fetchone()[0] == 2

@@ -110,9 +110,10 @@ class KernelReport:
     """One tunable kernel of the graph: its share of the default time, default and best
     median seconds, trials spent tuning it (0: kept its default, ``note`` says why), roofline
     bound and why its search stopped. For a tuned kernel ``default_seconds`` and
-    ``best_seconds`` are medians over the default's and the winner's measurements, taken
-    alternately after the search (:func:`~tilefuse.tune.tuner.tune_task`); for one that kept
-    its default, the profile's measurement."""
+    ``best_seconds`` come from the measurements taken alternately after the search (the
+    default's median, and that over the verdict's paired gain:
+    :func:`~tilefuse.tune.tuner.tune_task`); for one that kept its default, the profile's
+    measurement."""
 
     name: str
     label: str

@@ -5,7 +5,9 @@ machine, or by another compiler version, is not reused elsewhere. A row is (sche
 median seconds, date). :meth:`TuningDatabase.best` gives the schedule of a key with the least
 median over its rows (a schedule measured again, as the tuner confirms its best ones against
 the default, is judged by all its measurements, so one lucky measurement on a noisy machine
-does not decide which schedule builds use); schedules whose median is inf never win.
+does not decide which schedule builds use); schedules whose median is inf never win. A key may
+also hold the tuner's *verdict* (:meth:`TuningDatabase.decide`): the schedule its last
+confirmation chose by paired comparison with the default, which ``best`` then gives.
 
 - :class:`MemoryDatabase` (trivial): a dict in this process.
 - :class:`SQLiteDatabase`: one SQLite file in WAL mode, shared by the processes of one host.
@@ -76,6 +78,17 @@ def best_by_median(rows: Iterable[tuple[str, float]]) -> tuple[Schedule, float] 
     return Schedule.from_json(text), seconds
 
 
+def best_with_verdict(rows: list[tuple[str, float]],
+                      verdict: tuple[Schedule, float] | None) -> tuple[Schedule, float] | None:
+    """:meth:`TuningDatabase.best` over (schedule JSON, seconds) rows and a verdict."""
+    if verdict is not None:
+        text = verdict[0].to_json()
+        times = [t for s, t in rows if s == text and math.isfinite(t)]
+        if times:
+            return verdict[0], statistics.median(times)
+    return best_by_median(rows)
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
@@ -91,10 +104,21 @@ class TuningDatabase(abc.ABC):
     def records(self, key: TuneKey) -> list[Record]:
         """Every measurement of ``key``, fastest first."""
 
+    @abc.abstractmethod
+    def decide(self, key: TuneKey, schedule: Schedule, gain: float) -> None:
+        """Stores the tuner's verdict for ``key`` (replacing an earlier one): ``schedule``,
+        which was ``gain`` times as fast as the default in paired re-measurements."""
+
+    @abc.abstractmethod
+    def verdict(self, key: TuneKey) -> tuple[Schedule, float] | None:
+        """The stored verdict of ``key``: (schedule, gain), or None."""
+
     def best(self, key: TuneKey) -> tuple[Schedule, float] | None:
-        """The schedule of ``key`` with the least median seconds over its rows (None when no
-        schedule's median is finite), and that median."""
-        return best_by_median((r.schedule.to_json(), r.seconds) for r in self.records(key))
+        """The verdict's schedule when ``key`` has one with a finite median, else the schedule
+        with the least median seconds over its rows (None when no schedule's median is
+        finite); with that median."""
+        rows = [(r.schedule.to_json(), r.seconds) for r in self.records(key)]
+        return best_with_verdict(rows, self.verdict(key))
 
     @abc.abstractmethod
     def keys(self) -> list[TuneKey]:
@@ -118,6 +142,7 @@ class MemoryDatabase(TuningDatabase):
     def __init__(self) -> None:
         self._rows: dict[TuneKey, list[Record]] = {}
         self._peaks: dict[tuple[str, str], float] = {}
+        self._verdicts: dict[TuneKey, tuple[Schedule, float]] = {}
 
     def record(self, key: TuneKey, schedule: Schedule, seconds: float) -> None:
         self._rows.setdefault(key, []).append(Record(schedule, float(seconds), _now()))
@@ -134,6 +159,12 @@ class MemoryDatabase(TuningDatabase):
     def set_peak(self, target: str, name: str, value: float) -> None:
         self._peaks[(target, name)] = float(value)
 
+    def decide(self, key: TuneKey, schedule: Schedule, gain: float) -> None:
+        self._verdicts[key] = (schedule, float(gain))
+
+    def verdict(self, key: TuneKey) -> tuple[Schedule, float] | None:
+        return self._verdicts.get(key)
+
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS measurements (
@@ -144,9 +175,14 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS peaks (
         target TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL, date TEXT NOT NULL,
         PRIMARY KEY (target, name))""",
+    """CREATE TABLE IF NOT EXISTS verdicts (
+        fingerprint TEXT NOT NULL, target TEXT NOT NULL, version TEXT NOT NULL,
+        schedule TEXT NOT NULL, gain REAL NOT NULL, date TEXT NOT NULL,
+        PRIMARY KEY (fingerprint, target, version))""",
 )
-SCHEMA_VERSION = 1
-"""``PRAGMA user_version`` of a file whose schema is complete."""
+SCHEMA_VERSION = 2
+"""``PRAGMA user_version`` of a file whose schema is complete (1: before verdicts; such a
+file gets the verdicts table when opened)."""
 
 INF_SECONDS = 1e300
 """How inf is stored (SQLite REAL holds inf, but a plain large number sorts and reads back
@@ -193,12 +229,27 @@ class SQLiteDatabase(TuningDatabase):
                 for s, t, d in rows]
 
     def best(self, key: TuneKey) -> tuple[Schedule, float] | None:
-        """One indexed query for the key's rows (what a build asks per kernel), then
-        :func:`best_by_median`."""
+        """Two indexed queries (what a build asks per kernel): the key's verdict and rows,
+        then :func:`best_with_verdict`."""
         rows = self.connection().execute(
             "SELECT schedule, seconds FROM measurements WHERE fingerprint = ? AND target = ? "
             "AND version = ?", (key.fingerprint, key.target, key.version)).fetchall()
-        return best_by_median((s, math.inf if t >= INF_SECONDS else float(t)) for s, t in rows)
+        return best_with_verdict([(s, math.inf if t >= INF_SECONDS else float(t))
+                                  for s, t in rows], self.verdict(key))
+
+    def decide(self, key: TuneKey, schedule: Schedule, gain: float) -> None:
+        with self._write() as conn:
+            conn.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?, ?)",
+                         (key.fingerprint, key.target, key.version, schedule.to_json(),
+                          float(gain) if math.isfinite(gain) else INF_SECONDS, _now()))
+
+    def verdict(self, key: TuneKey) -> tuple[Schedule, float] | None:
+        row = self.connection().execute(
+            "SELECT schedule, gain FROM verdicts WHERE fingerprint = ? AND target = ? AND "
+            "version = ?", (key.fingerprint, key.target, key.version)).fetchone()
+        if row is None:
+            return None
+        return Schedule.from_json(row[0]), math.inf if row[1] >= INF_SECONDS else float(row[1])
 
     def keys(self) -> list[TuneKey]:
         """Every key with at least one measurement."""
