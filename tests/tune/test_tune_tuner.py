@@ -8,7 +8,7 @@ import statistics
 
 import numpy as np
 import pytest
-from helpers_tune import matmul_graph
+from helpers_tune import matmul_candidates, matmul_graph
 
 from tilefuse.graph.interpreter import interpret
 from tilefuse.kernel.fusion import form_kernels
@@ -89,31 +89,34 @@ def test_tune_group_on_a_bare_group(tmp_path):
     assert TuneTask.of_group(group).fingerprint() == TuneTask.of_group(group).fingerprint()
 
 
-def test_a_lucky_measurement_does_not_pick_the_winner():
-    """After the search, the default and the fastest schedules are measured again: one that
-    was fast once and slow twice loses to one that is steadily fast, and the result is what
-    the database gives builds, with the default's median beside it."""
-    from helpers_tune import matmul_candidates
-
+def _scripted_tuning(task, candidates, plan, per_round):
+    """``tune_task`` over exactly ``candidates`` (the first the default) with a runner that
+    gives each schedule its ``plan`` times in order, into a fresh in-memory database."""
     from tilefuse.tune.database import MemoryDatabase
     from tilefuse.tune.runner import MeasureResult
     from tilefuse.tune.search import RandomSearch
     from tilefuse.tune.space import FixedSpace
 
-    task, (default, lucky, steady) = matmul_candidates(3)
-    plan = {default.to_json(): [2.0, 2.2, 1.9, 2.1, 2.0],
-            lucky.to_json(): [1.0, 3.0, 3.1, 2.9, 3.2],
-            steady.to_json(): [1.5, 1.6, 1.4, 1.5, 1.45]}
-
     class Scripted:
-        """Each schedule's measurements, in order."""
-
         def measure(self, task, schedules):
             return [MeasureResult(s, plan[s.to_json()].pop(0), "ok") for s in schedules]
 
     db = MemoryDatabase()
-    result = tune_task(task, Budget(trials=3, seconds=60, per_round=2), db, Scripted(),
-                       best_model(), RandomSearch(), space=FixedSpace([default, lucky, steady]))
+    budget = Budget(trials=len(candidates), seconds=60, per_round=per_round)
+    result = tune_task(task, budget, db, Scripted(), best_model(), RandomSearch(),
+                       space=FixedSpace(candidates))
+    return result, db
+
+
+def test_a_lucky_measurement_does_not_pick_the_winner():
+    """After the search, the default and the fastest schedules are measured again: one that
+    was fast once and slow twice loses to one that is steadily fast, and the result is what
+    the database gives builds, with the default's median beside it."""
+    task, (default, lucky, steady) = matmul_candidates(3)
+    plan = {default.to_json(): [2.0, 2.2, 1.9, 2.1, 2.0],
+            lucky.to_json(): [1.0, 3.0, 3.1, 2.9, 3.2],
+            steady.to_json(): [1.5, 1.6, 1.4, 1.5, 1.45]}
+    result, db = _scripted_tuning(task, [default, lucky, steady], plan, per_round=2)
     assert len(result.history.seconds) == 3                   # the search's own trials
     assert all(not left for left in plan.values())            # each measured 4 times more
     assert db.best(result.key) == (steady, 1.5) and result.schedule == steady
@@ -128,26 +131,13 @@ def test_a_gain_within_the_noise_keeps_the_default():
     """A contender whose median is lower but which is, pass by pass, only ~1 % faster than the
     default measured beside it (the host slowed down during the default's own search row) is
     not the verdict: builds keep the default."""
-    from helpers_tune import matmul_candidates
-
-    from tilefuse.tune.database import MemoryDatabase
-    from tilefuse.tune.runner import MeasureResult
-    from tilefuse.tune.search import RandomSearch
-    from tilefuse.tune.space import FixedSpace
     from tilefuse.tune.tuner import MIN_GAIN
 
     task, (default, close, _) = matmul_candidates(3)
     # search rows, then 4 passes in which the host's speed moves 1.0 -> 1.4 -> 0.9 -> 1.2
     plan = {default.to_json(): [3.0, 2.00, 2.80, 1.80, 2.40],
             close.to_json(): [1.9, 1.98, 2.77, 1.79, 2.37]}
-
-    class Scripted:
-        def measure(self, task, schedules):
-            return [MeasureResult(s, plan[s.to_json()].pop(0), "ok") for s in schedules]
-
-    db = MemoryDatabase()
-    result = tune_task(task, Budget(trials=2, seconds=60, per_round=1), db, Scripted(),
-                       best_model(), RandomSearch(), space=FixedSpace([default, close]))
+    result, db = _scripted_tuning(task, [default, close], plan, per_round=1)
     assert statistics.median([1.9, 1.98, 2.77, 1.79, 2.37]) < statistics.median(
         [3.0, 2.00, 2.80, 1.80, 2.40])                          # the least median would switch
     assert result.schedule == default and db.verdict(result.key) == (default, 1.0)

@@ -320,12 +320,9 @@ _ERF_SMALL_F32 = [7.875875119940506e-05, -0.0008016864304837285, 0.0051890874254
 of it at 7 Chebyshev nodes of t, in float64, turned into monomials; relative error 1.3e-9."""
 _ERFCX_F32_TERMS = 12
 """Chebyshev terms of f32 erfcx kept for Horner's rule (0.33 ulp in erf with f32 rounding)."""
-
-
-def _erfcx_monomials(dtype: DType) -> list[float]:
-    """f32 erfcx on [lo, hi] as a polynomial in u ∈ [-1, 1], highest degree first."""
-    cheb = _ERFCX_CHEB[dtype][2][:_ERFCX_F32_TERMS]
-    return [float(c) for c in chebyshev.cheb2poly(cheb)[::-1]]
+_ERFCX_F32_MONOMIALS = [float(c) for c in chebyshev.cheb2poly(
+    _ERFCX_CHEB[DType.f32][2][:_ERFCX_F32_TERMS])[::-1]]
+"""f32 erfcx on [lo, hi] as a polynomial in u ∈ [-1, 1], highest degree first."""
 
 
 def _erf(em: _Em, x: ir.Value) -> ir.Value:
@@ -342,7 +339,7 @@ def _erf(em: _Em, x: ir.Value) -> ir.Value:
     a = em.unary("fabs", x)
     a = em.sel(em.cmp(">", a, em.f(hi)), em.f(hi), a)  # erf rounds to 1 beyond hi
     u = em.fma(a, em.f(2.0 / (hi - lo)), em.f(-(hi + lo) / (hi - lo)))
-    erfcx = em.poly(u, _erfcx_monomials(em.dtype)) if f32 else _clenshaw(em, u, cheb)
+    erfcx = em.poly(u, _ERFCX_F32_MONOMIALS) if f32 else _clenshaw(em, u, cheb)
     erfc = em.mul(em.call("exp", em.neg(em.mul(a, a))), erfcx)
     big = em.copysign(em.sub(em.f(1.0), erfc), x)
     return em.sel(em.cmp("<", em.unary("fabs", x), em.f(1.0)), small, big)

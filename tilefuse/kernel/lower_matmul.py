@@ -457,14 +457,13 @@ class _NestBuilder:
                 loop(f"k{tag}", main_end.ref, k1, step(f"{tag}r", k))]
 
     def fmas(self, tag: str, rows: int, j0: Expr, k: Expr, chunks: list[tuple[int, int]],
-             accs: list[Local], a_index: Callable[[Expr], Expr],
-             i0: Expr | None = None) -> list[Stmt]:
-        """One step of k: B vectors loaded once, A (element ``a_index(row)``) broadcast per
-        row, one fma per accumulator."""
+             accs: list[Local], a_index: Callable[[Expr], Expr], i0: Expr) -> list[Stmt]:
+        """One step of k of the tile at row ``i0``: B vectors loaded once, A (element
+        ``a_index(row)``) broadcast per row, one fma per accumulator."""
         b_values = [self.b.load(self.b_index(j0, k, off), lanes) for off, lanes in chunks]
         step = fma_tile_step(tag, rows, accs, b_values, lambda r: self.a.load(a_index(r)))
         if self.p.prefetch_next and self.p.pack_b and self.panel == self.nr \
-                and rows == self.mr and i0 is not None:
+                and rows == self.mr:
             step = [self.next_panel_prefetch(i0, j0, k), *step]
         if self.p.prefetch_b and self.p.pack_b and rows == self.mr:
             line = max(1, 64 // self.dtype.itemsize)   # one hint per cache line of the row
@@ -715,11 +714,6 @@ class _GroupLowering:
                                replace(other, body=If(binary(XOp.LT, m, mr), other.body))]
         return BufferParam(dst.name, self.dtype, readonly=True, align=64)
 
-    def window_source(self, window: WindowA) -> BufferParam:
-        """The buffer a windowed A is read from: the group input holding the convolution's
-        source when it is one (or a reshape of one), else a scratch copy of the source."""
-        return self.operand(window.source, "a_src", None)
-
     def operand_inputs(self, value: Value) -> tuple[BufferParam, ...]:
         _, reads = operand_cone(self.group, value)
         return tuple(self.buffers.inputs[v] for v in reads)
@@ -761,7 +755,9 @@ def lower_matmul(group: KernelGroup, schedule: Schedule, *,
     low = _GroupLowering(group, params)
     a_value, b_value = low.node.inputs
     window = None if low.shape.symbolic or low.shape.batch else window_operand(group, a_value)
-    a = low.operand(a_value, "a_rows", None) if window is None else low.window_source(window)
+    # a windowed A is read from its convolution's source (in place when that is an input)
+    a = low.operand(a_value, "a_rows", None) if window is None else \
+        low.operand(window.source, "a_src", None)
     panel = params.nr if constant_b else b_panel_width(low.shape, params)
     if constant_b:
         b = BufferParam(low.namer.fresh("b_const"), low.dtype, readonly=True,

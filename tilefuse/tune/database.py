@@ -311,4 +311,5 @@ __all__ = [
     "TuneKey",
     "TuningDatabase",
     "best_by_median",
+    "best_with_verdict",
 ]
