@@ -55,6 +55,18 @@ def test_pool_ir_parks_idle_workers_in_the_kernel():
     assert "@\"syscall\"(i64 202" in text          # futex: idle workers sleep, not spin forever
     assert "@\"pthread_create\"" in text
     assert "cmpxchg" in text and "seq_cst" in text
+    assert "define i64 @\"tilefuse_pool_wake\"()" in text
+
+
+def test_wake_brings_every_worker():
+    """A wake after the workers fell asleep returns once every thread checked in (a worker the
+    OS is slow to schedule may miss one wake's bounded wait, not ten in a row)."""
+    pool = thread_pool()
+    came = []
+    for _ in range(10):
+        time.sleep(0.005)   # longer than SPIN_CYCLES: the workers sleep
+        came.append(pool.wake())
+    assert pool.threads in came and max(came) == pool.threads and min(came) >= 1
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 64, 513])
@@ -154,14 +166,16 @@ ctypes.CFUNCTYPE(None, ctypes.c_int64)(
 ids[:] = -1
 kernel(ids, ids.size)
 print(sorted(set(np.unique(ids).tolist())))
+print(pool.wake())   # waits for a worker that never comes only WAKE_CYCLES long
 """
 
 
 def test_one_thread_runs_every_iteration_on_the_caller():
     """TILEFUSE_NUM_THREADS=1: no worker; the caller runs the whole loop. Then the pool is told
     it has a worker that never starts (a descheduled one, forever): the caller publishes the
-    loop, takes every grain itself and returns without waiting for it."""
-    assert _run_child(_CALLER_RUNS, threads=1) == ["1", "[0]", "[0]"]
+    loop, takes every grain itself and returns without waiting for it; a wake waits for it
+    only a bounded time."""
+    assert _run_child(_CALLER_RUNS, threads=1) == ["1", "[0]", "[0]", "1"]
 
 
 _STOP = """

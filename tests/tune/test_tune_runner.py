@@ -5,9 +5,11 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
-from helpers_tune import matmul_candidates
+from helpers_tune import matmul_candidates, matmul_graph
 
+from tilefuse.testing import assert_close
 from tilefuse.tune.cost_model import RandomModel
 from tilefuse.tune.database import MemoryDatabase
 from tilefuse.tune.runner import (
@@ -124,7 +126,7 @@ def test_tuner_goes_on_past_failures():
 def test_every_timed_call_follows_a_cache_flush():
     """The runner flushes before every timed call (as a kernel in a model finds the caches),
     outside the timing, and not at all with flush_bytes=0."""
-    from tilefuse.tune.runner import cache_flush, time_runs
+    from tilefuse.tune.runner import flush_scratch, time_runs
 
     events: list[str] = []
     options = MeasureOptions(warmup=1, repeats=3, min_repeat_seconds=0.0)
@@ -132,8 +134,33 @@ def test_every_timed_call_follows_a_cache_flush():
     assert len(times) == 3
     timed = events[2:]          # the warm-up call and the call that sizes a timing: no flush
     assert events[:2] == ["run", "run"] and timed == ["flush", "run"] * 3
-    assert cache_flush(MeasureOptions(flush_bytes=0)) is None
-    assert cache_flush(MeasureOptions()) is not None
+    assert flush_scratch(MeasureOptions(flush_bytes=0)) is None
+    assert flush_scratch(MeasureOptions(flush_bytes=1 << 20)).nbytes == 1 << 20
     events.clear()
     time_runs(lambda: events.append("run"), options, None)
     assert events == ["run"] * 5
+
+
+def test_before_each_call_writes_the_inputs_again_after_the_flush():
+    """Before a timed call the scratch is written and then the kernel's inputs, with the
+    session's values (a model's producer just wrote them), whatever the buffers held."""
+    from tilefuse.codegen.target import host_target
+    from tilefuse.kernel.schedule import default_schedule
+    from tilefuse.tune.runner import Session, before_each_call
+    from tilefuse.tune.task import tasks_from_graph
+
+    [task] = tasks_from_graph(matmul_graph(7, 13, 9, constant_w=False))
+    session = Session.start(task, MeasureOptions(flush_bytes=1 << 20))
+    built = task.build(default_schedule(task.group, host_target()), session.inputs)
+    assert len(built.arrays) == 2
+    for array in built.arrays:
+        array[...] = 0.0
+    session.scratch[...] = 0.0
+    before_each_call(session, built)()
+    for array, value in zip(built.arrays, task.graph.inputs):
+        np.testing.assert_array_equal(array, session.inputs[value])
+    assert (session.scratch == 1.0).all()
+    built.run()
+    for got, want in zip(built.outputs, session.reference):
+        assert_close(got, want, reduction=True)
+    assert before_each_call(Session.start(task, MeasureOptions(flush_bytes=0)), built) is None

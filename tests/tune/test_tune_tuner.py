@@ -3,6 +3,7 @@ reference."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 
@@ -89,7 +90,7 @@ def test_tune_group_on_a_bare_group(tmp_path):
     assert TuneTask.of_group(group).fingerprint() == TuneTask.of_group(group).fingerprint()
 
 
-def _scripted_tuning(task, candidates, plan, per_round):
+def _scripted_tuning(task, candidates, plan, per_round, roofline=None):
     """``tune_task`` over exactly ``candidates`` (the first the default) with a runner that
     gives each schedule its ``plan`` times in order, into a fresh in-memory database."""
     from tilefuse.tune.database import MemoryDatabase
@@ -104,8 +105,45 @@ def _scripted_tuning(task, candidates, plan, per_round):
     db = MemoryDatabase()
     budget = Budget(trials=len(candidates), seconds=60, per_round=per_round)
     result = tune_task(task, budget, db, Scripted(), best_model(), RandomSearch(),
-                       space=FixedSpace(candidates))
+                       space=FixedSpace(candidates), roofline=roofline)
     return result, db
+
+
+class _MovingHost(Roofline):
+    """Peaks that follow the host's speed, probe by probe: ``peak × speeds[i]``."""
+
+    def __init__(self, peak: float, speeds: list[float]):
+        self.peak, self.speeds, self.probes = peak, list(speeds), 0
+
+    def bound_seconds(self, flops: float, nbytes: float) -> float:
+        return 1e-12   # the stored bound: far away, the search never stops at it
+
+    def measure_now(self) -> Peaks:
+        self.probes += 1
+        return Peaks(self.peak * self.speeds.pop(0), 1e30)
+
+
+def test_the_share_of_the_bound_is_paired_with_the_peaks_measured_beside_it():
+    """The host's speed moves between the confirmation's passes, and the kernels' times and
+    the peaks measured around each pass move with it: the verdict's share of its bound comes
+    out as the same 40 % in every pass, where a bound from one stored peak would not."""
+    task, (default, steady, _) = matmul_candidates(3)
+    speeds = [1.0, 1.2, 0.8, 1.0, 1.1]                  # at the 5 probes around 4 passes
+    pace = [(a + b) / 2 for a, b in itertools.pairwise(speeds)]  # a pass: its brackets' mean
+    flops = task.work()[0]
+    peak = flops / (0.4 * 1.5)                          # steady at 1.5 s is 40 % of its bound
+    plan = {default.to_json(): [2.0] + [2.0 / m for m in pace],
+            steady.to_json(): [1.5] + [1.5 / m for m in pace]}
+    roofline = _MovingHost(peak, speeds)
+    result, _ = _scripted_tuning(task, [default, steady], plan, per_round=1, roofline=roofline)
+    assert roofline.probes == 5 and result.schedule == steady and result.bound_paired
+    assert result.seconds == pytest.approx(statistics.median(2.0 / m for m in pace) * 0.75)
+    assert result.bound_seconds / result.seconds == pytest.approx(0.4)
+    # without probes (a roofline that measures nothing) the stored bound is reported
+    plan = {default.to_json(): [2.0] * 5, steady.to_json(): [1.5] * 5}
+    result, _ = _scripted_tuning(task, [default, steady], plan, per_round=1,
+                                 roofline=_TinyBound())
+    assert not result.bound_paired and result.bound_seconds == 1e-12
 
 
 def test_a_lucky_measurement_does_not_pick_the_winner():

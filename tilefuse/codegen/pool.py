@@ -60,6 +60,10 @@ SPIN_CYCLES = 200_000
 cycles (~0.1 ms here): longer than the gap between two kernels of one call and between calls
 of a loop in Python, short enough not to take a core from another process for long."""
 
+WAKE_CYCLES = 4_000_000
+"""The longest :meth:`ThreadPool.wake` waits for every worker to check in, in time-stamp-counter
+cycles (~2 ms here): a worker the OS has not scheduled by then is left to come late."""
+
 YIELD_AFTER = 2048
 """Pause rounds a caller waits for in-flight workers before it yields its core each round."""
 
@@ -288,11 +292,46 @@ def _controls(p: _Builder, worker: ir.Function) -> None:
     b.ret(p.load(b, "alive"))
 
 
+def _wake(p: _Builder) -> None:
+    """``i64 tilefuse_pool_wake()``: runs a job in which every thread adds one to a counter
+    on the caller's stack and the caller waits (at most :data:`WAKE_CYCLES`) until all have:
+    afterwards every worker that came is awake and polling, as after a kernel. Returns the
+    count (the caller included)."""
+    job = ir.Function(p.module, _JOB, "tilefuse.pool.wake_job")
+    job.linkage = "internal"
+    ctx, tid, n = job.args
+    blocks = {k: job.append_basic_block(k) for k in ("entry", "caller", "poll", "spin", "done")}
+    b = ir.IRBuilder(blocks["entry"])
+    b.atomic_rmw("add", ctx, ir.Constant(I64, 1), "seq_cst")
+    b.cbranch(b.icmp_signed("==", tid, ir.Constant(I64, 0)), blocks["caller"], blocks["done"])
+    b.position_at_end(blocks["caller"])
+    since = p.cycles(b)
+    b.branch(blocks["poll"])
+    b.position_at_end(blocks["poll"])
+    arrived = b.load_atomic(ctx, "seq_cst", 8, typ=I64)
+    waited = b.sub(p.cycles(b), since)
+    pending = b.and_(b.icmp_signed("<", arrived, n),
+                     b.icmp_unsigned("<", waited, ir.Constant(I64, WAKE_CYCLES)))
+    b.cbranch(pending, blocks["spin"], blocks["done"])
+    b.position_at_end(blocks["spin"])
+    p.pause(b)
+    b.branch(blocks["poll"])
+    b.position_at_end(blocks["done"])
+    b.ret_void()
+    wake = ir.Function(p.module, ir.FunctionType(I64, []), "tilefuse_pool_wake")
+    b = ir.IRBuilder(wake.append_basic_block("entry"))
+    counter = b.alloca(I64)
+    b.store(ir.Constant(I64, 0), counter)
+    b.call(p.module.get_global(SYMBOL), [job, counter, ir.Constant(I32, 0)])
+    b.ret(b.load_atomic(counter, "seq_cst", 8, typ=I64))
+
+
 def pool_ir() -> str:
     """The pool module's LLVM IR (for dumps and tests)."""
     p = _Builder()
     _parallel(p)
     _controls(p, _worker(p))
+    _wake(p)
     return str(p.module)
 
 
@@ -318,6 +357,14 @@ class ThreadPool:
             started += 1
         set_workers(started)
         self.threads = started + 1
+
+    def wake(self) -> int:
+        """Wakes every worker and returns once they are all polling for the next loop (or
+        after :data:`WAKE_CYCLES`): the state a kernel finds right after another kernel ran,
+        which a tuner's timing after a cache flush must recreate. Returns how many threads
+        (the caller included) checked in."""
+        return ctypes.CFUNCTYPE(ctypes.c_int64)(
+            self.engine.get_function_address("tilefuse_pool_wake"))()
 
     def stop(self, wait_seconds: float = 2.0) -> bool:
         """Tells the workers to exit and waits for them (at interpreter exit: the machine code
@@ -358,4 +405,5 @@ def thread_pool() -> ThreadPool:
     return pool
 
 
-__all__ = ["SPIN_CYCLES", "SYMBOL", "ThreadPool", "pool_ir", "pool_threads", "thread_pool"]
+__all__ = ["SPIN_CYCLES", "SYMBOL", "WAKE_CYCLES", "ThreadPool", "pool_ir", "pool_threads",
+           "thread_pool"]

@@ -111,9 +111,9 @@ class KernelReport:
     median seconds, trials spent tuning it (0: kept its default, ``note`` says why), roofline
     bound and why its search stopped. For a tuned kernel ``default_seconds`` and
     ``best_seconds`` come from the measurements taken alternately after the search (the
-    default's median, and that over the verdict's paired gain:
-    :func:`~tilefuse.tune.tuner.tune_task`); for one that kept its default, the profile's
-    measurement."""
+    default's median, and that over the verdict's paired gain), and the bound from the peaks
+    measured between them (:func:`~tilefuse.tune.tuner.tune_task`); for one that kept its
+    default, the profile's measurement and the stored peaks."""
 
     name: str
     label: str
@@ -336,7 +336,8 @@ def _tune_plan(run: _Run, plan: BudgetPlan, trials: int, deadline: float
                                      count=k.count))
         else:
             rows.append(KernelReport(k.name, k.label, k.share, r.default_seconds, r.seconds,
-                                     len(r.history.seconds), bound, r.stopped, r, k.count))
+                                     len(r.history.seconds), r.bound_seconds, r.stopped, r,
+                                     k.count))
     return rows
 
 

@@ -12,12 +12,17 @@ margin of that time, and a user can see whether a kernel is slow by design.
   in the tuning database. A
   kernel measured faster than a peak allows proves the peak low (it was measured on a busy
   machine, or BLAS is slower than tilefuse's kernel): :meth:`Roofline.observe` raises the
-  stored peak to what was achieved, so a bound is never above 100% of reach.
+  stored peak to what was achieved, so a bound is never above 100% of reach. Its
+  :meth:`~MeasuredRoofline.measure_now` measures the peaks again in a fifth of a second: the
+  tuner's confirmation takes them between its passes, so that a kernel's share of its bound
+  compares timings a second apart, not a kernel now against a peak taken in another spell
+  of a shared host whose speed moves by 10-30 % (:func:`~tilefuse.tune.tuner.tune_task`).
 """
 
 from __future__ import annotations
 
 import abc
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +50,17 @@ class Roofline(abc.ABC):
         """A kernel doing ``flops`` over ``nbytes`` ran in ``seconds`` (raises peaks it
         beats; nothing by default)."""
 
+    def measure_now(self) -> Peaks | None:
+        """The peaks measured again now, in a fraction of a second, for a bound paired with
+        kernel timings taken beside it (:func:`bound_at`); None when this roofline measures
+        nothing."""
+        return None
+
+
+def bound_at(peaks: Peaks, flops: float, nbytes: float) -> float:
+    """The least seconds of a kernel doing ``flops`` over ``nbytes`` at ``peaks``."""
+    return max(flops / peaks.flops, nbytes / peaks.bytes)
+
 
 class NoRoofline(Roofline):
     """The trivial roofline: no bound."""
@@ -63,21 +79,50 @@ def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
     return best
 
 
+def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class PeakProbe:
+    """The two measurements behind the peaks, set up once: a ``size``³ f32 matmul (NumPy's
+    BLAS and tilefuse's kernel with its default schedule, the faster counts) and a copy of
+    ``copy_bytes`` into a buffer already touched (read + write: 2 × 256 MiB, more than the
+    300 MiB of L3 here)."""
+
+    def __init__(self, size: int = 1024, copy_bytes: int = 256 << 20):
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((size, size), dtype=np.float32)
+        b = rng.standard_normal((size, size), dtype=np.float32)
+        c = np.empty((size, size), np.float32)
+        self.flops = 2.0 * size ** 3
+        self.matmuls = (lambda: np.matmul(a, b, out=c), _tilefuse_matmul(a, b, c))
+        src = np.ones(copy_bytes // 4, np.float32)
+        dst = np.zeros_like(src)
+        self.copied = 2.0 * src.nbytes
+        self.copy = lambda: np.copyto(dst, src)
+
+    def peaks(self, repeats: int, statistic: Callable[[Callable[[], object], int], float]
+              ) -> Peaks:
+        """Peaks from ``statistic`` (the best or the median time) of ``repeats`` runs each."""
+        matmul = min(statistic(fn, repeats) for fn in self.matmuls)
+        return Peaks(self.flops / matmul, self.copied / statistic(self.copy, repeats))
+
+
 def measure_peaks(size: int = 1024, copy_bytes: int = 256 << 20, repeats: int = 10) -> Peaks:
-    """FLOP/s of a ``size``³ f32 matmul (the faster of NumPy's BLAS and tilefuse's kernel with
-    its default schedule), bytes/s (read + write) of copying ``copy_bytes`` into a buffer
-    already touched."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((size, size), dtype=np.float32)
-    b = rng.standard_normal((size, size), dtype=np.float32)
-    c = np.empty((size, size), np.float32)
-    blas = _best_seconds(lambda: np.matmul(a, b, out=c), repeats)
-    own = _best_seconds(_tilefuse_matmul(a, b, c), repeats)
-    flops = 2.0 * size ** 3 / min(blas, own)
-    src = np.ones(copy_bytes // 4, np.float32)
-    dst = np.zeros_like(src)
-    bandwidth = 2.0 * src.nbytes / _best_seconds(lambda: np.copyto(dst, src), repeats)
-    return Peaks(flops, bandwidth)
+    """The machine's peaks: the best of ``repeats`` runs of each :class:`PeakProbe`
+    measurement."""
+    return PeakProbe(size, copy_bytes).peaks(repeats, _best_seconds)
+
+
+PAIRED_REPEATS = 3
+"""Runs of each probe measurement behind :meth:`MeasuredRoofline.measure_now` (the median
+counts: ~0.2 s in all)."""
 
 
 def _tilefuse_matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:
@@ -105,8 +150,9 @@ class MeasuredRoofline(Roofline):
     """Peaks from ``db`` for ``target``, measured (and stored) when missing."""
 
     def __init__(self, db: TuningDatabase, target: str,
-                 measure: Callable[[], Peaks] = measure_peaks):
-        self.db, self.target = db, target
+                 measure: Callable[[], Peaks] = measure_peaks,
+                 probe: Callable[[], PeakProbe] = PeakProbe):
+        self.db, self.target, self.make_probe = db, target, probe
         flops, nbytes = db.peak(target, "flops"), db.peak(target, "bytes")
         if flops is None or nbytes is None:
             peaks = measure()
@@ -114,6 +160,14 @@ class MeasuredRoofline(Roofline):
             db.set_peak(target, "flops", flops)
             db.set_peak(target, "bytes", nbytes)
         self.peaks = Peaks(flops, nbytes)
+        self._probe: PeakProbe | None = None
+
+    def measure_now(self) -> Peaks:
+        """The median of :data:`PAIRED_REPEATS` runs of each probe measurement (the stored
+        peaks are the best of many, taken once, possibly in a faster spell of the host)."""
+        if self._probe is None:
+            self._probe = self.make_probe()
+        return self._probe.peaks(PAIRED_REPEATS, _median_seconds)
 
     def attainable_flops(self, flops: float, nbytes: float) -> float:
         """``min(peak_flops, bandwidth × arithmetic intensity)``."""
@@ -134,4 +188,5 @@ class MeasuredRoofline(Roofline):
         self.peaks = achieved
 
 
-__all__ = ["MeasuredRoofline", "NoRoofline", "Peaks", "Roofline", "measure_peaks"]
+__all__ = ["MeasuredRoofline", "NoRoofline", "PeakProbe", "Peaks", "Roofline", "bound_at",
+           "measure_peaks"]

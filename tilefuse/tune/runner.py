@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from tilefuse.codegen.pool import thread_pool
 from tilefuse.codegen.target import usable_cpus
 from tilefuse.errors import TilefuseError
 from tilefuse.graph.ir import Value
@@ -91,9 +92,10 @@ class MeasureOptions:
     startup_timeout: float = 300.0
     seed: int = 0
     flush_bytes: int = 16 << 20
-    """Bytes of a scratch buffer written before every timed call (0: none), so that each call
-    finds the caches as a kernel inside a model does (the kernels before it took them), not
-    as the last call of the same kernel left them."""
+    """Bytes of a scratch buffer written before every timed call (0: none, and nothing else
+    of :func:`before_each_call` either), so that each call finds the machine as a kernel
+    inside a model does (the kernels before it took the caches), not as the last call of the
+    same kernel left it."""
 
 
 @dataclass(frozen=True)
@@ -127,18 +129,18 @@ class PlantedFault:
 
 @dataclass
 class Session:
-    """What measuring one task needs once: the inputs, the reference outputs and the cache
-    flush of the timings (:func:`cache_flush`)."""
+    """What measuring one task needs once: the inputs, the reference outputs and the scratch
+    buffer the timings flush the caches with (:func:`flush_scratch`)."""
 
     task: TuneTask
     inputs: dict[Value, np.ndarray]
     reference: list[np.ndarray]
-    flush: Callable[[], None] | None = None
+    scratch: np.ndarray | None = None
 
     @staticmethod
     def start(task: TuneTask, options: MeasureOptions) -> Session:
         inputs = task.random_inputs(np.random.default_rng(options.seed))
-        return Session(task, inputs, task.reference(inputs), cache_flush(options))
+        return Session(task, inputs, task.reference(inputs), flush_scratch(options))
 
 
 def build_checked(session: Session, schedule: Schedule, options: MeasureOptions,
@@ -170,9 +172,9 @@ def build_checked(session: Session, schedule: Schedule, options: MeasureOptions,
 
 def timed(session: Session, schedule: Schedule, built: BuiltKernel,
           options: MeasureOptions) -> MeasureResult:
-    """The result of timing a checked build (:func:`time_runs` with the session's flush, the
-    median)."""
-    times = time_runs(built.run, options, session.flush)
+    """The result of timing a checked build (:func:`time_runs`, each call after
+    :func:`before_each_call`; the median)."""
+    times = time_runs(built.run, options, before_each_call(session, built))
     return MeasureResult(schedule, statistics.median(times), OK, times=tuple(times))
 
 
@@ -190,20 +192,46 @@ FLUSHED_CALLS = 20
 """The most calls a timing makes when each call is flushed and timed on its own."""
 
 
-def cache_flush(options: MeasureOptions) -> Callable[[], None] | None:
-    """What runs before every timed call: writes ``options.flush_bytes`` of scratch (None: no
+def flush_scratch(options: MeasureOptions) -> np.ndarray | None:
+    """The buffer of ``options.flush_bytes`` a session flushes the caches with (None: no
     flush)."""
     if options.flush_bytes <= 0:
         return None
-    scratch = np.empty(options.flush_bytes // 4, np.float32)
-    return lambda: scratch.fill(1.0)
+    return np.empty(options.flush_bytes // 4, np.float32)
+
+
+def before_each_call(session: Session, built: BuiltKernel) -> Callable[[], None] | None:
+    """What runs, untimed, before every timed call of ``built``, so that it finds the machine
+    as a kernel in a model's call does (None when the session has no scratch):
+
+    1. the scratch is written: the kernel's weights and last outputs leave L1 and L2 (the
+       kernels before it in a model used them; L3, 300 MiB here, keeps the weights);
+    2. its inputs are written again: in a model their producer just wrote them;
+    3. the thread pool's workers are woken (:meth:`ThreadPool.wake`): in a model the kernel
+       before left them polling, where after the flush they would sleep and be woken by the
+       timed call (~0.25 ms a wake here).
+
+    The flush alone timed ResNet-50's kernels 6-26 % slower than the same kernels in the model's
+    call; with 2 and 3, within 0-11 % (docs/PERFORMANCE.md)."""
+    scratch = session.scratch
+    if scratch is None:
+        return None
+    sources = [session.inputs[v] for v in session.task.graph.inputs]
+    pool = thread_pool()
+
+    def prepare() -> None:
+        scratch.fill(1.0)
+        for dst, src in zip(built.arrays, sources):
+            np.copyto(dst, src)
+        pool.wake()
+    return prepare
 
 
 def time_runs(run: Any, options: MeasureOptions,
               flush: Callable[[], None] | None = None) -> list[float]:
     """Seconds per call of ``run``: ``warmup`` calls, then ``repeats`` timings, each of enough
-    calls to last ``min_repeat_seconds``, each call after ``flush`` where one is given (a
-    session's :func:`cache_flush`; BERT tuned with 16 MiB of it gained 1.01-1.05x in the
+    calls to last ``min_repeat_seconds``, each call after ``flush`` where one is given
+    (:func:`before_each_call`; BERT tuned with 16 MiB of it gained 1.01-1.05x in the
     whole layer, without it 0.99-1.02x, with 8 MiB 0.99-1.01x, where the isolated runs
     promised 1.2x: a weak effect, see docs/PERFORMANCE.md)."""
     for _ in range(max(0, options.warmup)):
@@ -224,7 +252,7 @@ def time_runs(run: Any, options: MeasureOptions,
             total = time.perf_counter() - start
         else:
             for _ in range(inner):
-                flush()  # evicts the previous call's data; not timed
+                flush()  # as a model leaves the machine (before_each_call); not timed
                 start = time.perf_counter()
                 run()
                 total += time.perf_counter() - start
@@ -574,5 +602,6 @@ class LocalRunner(Runner):
 
 __all__ = ["BUILD_ERROR", "BUILT", "CRASH", "INVALID", "OK", "TIMEOUT", "WRONG",
            "InProcessRunner", "LocalRunner", "MeasureOptions", "MeasureResult", "PlantedFault",
-           "Runner", "Session", "Span", "build_checked", "cache_flush", "default_build_workers",
-           "measure_schedule", "time_runs", "timed", "worker_answer", "worker_loop"]
+           "Runner", "Session", "Span", "before_each_call", "build_checked",
+           "default_build_workers", "flush_scratch", "measure_schedule", "time_runs", "timed",
+           "worker_answer", "worker_loop"]

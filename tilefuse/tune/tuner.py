@@ -11,6 +11,8 @@ few are measured again, alternating (:func:`_confirm`), and the verdict stored f
 the contender that beat the default pass by pass, by at least :data:`MIN_GAIN` in the median,
 or else the default: the speed-up reported is that paired gain, not one lucky measurement on
 a noisy machine, and a tuned build is not slower than the default by what the noise hides.
+The roofline's peaks are measured again between those passes, and the share of its bound
+reported for the verdict is paired the same way.
 :func:`tune_group` is the same for a bare kernel group.
 
 ``python -m tilefuse.tune.tuner --demo`` tunes the W1 matmul (512×768×3072 + bias + gelu, the
@@ -20,6 +22,7 @@ weight and bias constant) for about a minute and prints the default and the best
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import statistics
@@ -46,7 +49,7 @@ from tilefuse.tune.cost_model import (
 from tilefuse.tune.database import Record, SQLiteDatabase, TuneKey, TuningDatabase
 from tilefuse.tune.features import candidate_features
 from tilefuse.tune.fingerprint import target_string
-from tilefuse.tune.roofline import MeasuredRoofline, NoRoofline, Roofline
+from tilefuse.tune.roofline import MeasuredRoofline, NoRoofline, Peaks, Roofline, bound_at
 from tilefuse.tune.runner import LocalRunner, MeasureOptions, Runner
 from tilefuse.tune.search import EvolutionarySearch, History, SearchStrategy
 from tilefuse.tune.space import SearchSpace, space_for
@@ -74,6 +77,9 @@ class TuneResult:
     key: TuneKey
     history: History
     features: list[np.ndarray] = field(default_factory=list)
+    bound_paired: bool = False
+    """``bound_seconds`` is the paired bound of :func:`_confirm` (scaled to ``seconds``: their
+    ratio is the verdict's median share of its bound, pass by pass), not the stored peaks'."""
 
 
 @dataclass(frozen=True)
@@ -181,11 +187,13 @@ def tune_task(task: TuneTask, budget: Budget, db: TuningDatabase, runner: Runner
             stopped = "space exhausted"
             break
         measure(proposals)
-    winner, seconds, default_seconds = _confirm(task, runner, db, key, history, space.default())
+    confirmed = _confirm(task, runner, db, key, history, space.default(), roofline)
     log.info("%s: default %.3g s, best %.3g s after %d trials (%s)", task.group.name,
-             default_seconds, seconds, len(history.seconds), stopped)
-    return TuneResult(winner, seconds, default_seconds, bound, stopped,
-                      key, history, [featurize.row(s) for s in history.schedules])
+             confirmed.default_seconds, confirmed.seconds, len(history.seconds), stopped)
+    paired = confirmed.paired_bound is not None
+    return TuneResult(confirmed.schedule, confirmed.seconds, confirmed.default_seconds,
+                      confirmed.paired_bound if paired else bound, stopped, key, history,
+                      [featurize.row(s) for s in history.schedules], paired)
 
 
 CONFIRM_TOP = 3
@@ -200,25 +208,32 @@ gains are not told from noise (W1 tuned with the least median alone: 0.96x of th
 in the model)."""
 
 
+@dataclass(frozen=True)
+class _Confirmed:
+    """What :func:`_confirm` found: the verdict, its seconds, the default's, and the verdict's
+    seconds at its bound with the peaks measured between the passes (None: no passes ran,
+    or the roofline measures nothing)."""
+
+    schedule: Schedule
+    seconds: float
+    default_seconds: float
+    paired_bound: float | None = None
+
+
 def _confirm(task: TuneTask, runner: Runner, db: TuningDatabase, key: TuneKey,
-             history: History, default: Schedule) -> tuple[Schedule, float, float]:
+             history: History, default: Schedule, roofline: Roofline) -> _Confirmed:
     """Measures the default and the search's :data:`CONFIRM_TOP` fastest schedules
     :data:`CONFIRM_PASSES` more times each, in alternating order, into the database, and
     stores the verdict (:meth:`TuningDatabase.decide`): the contender with the largest
     median over passes of default time / its time (both measured in the same pass, so a
     slow spell of the host divides out), if that is at least :data:`MIN_GAIN`, else the
-    default. Returns (verdict, its seconds, the default's seconds): the default's median
-    over the passes and that over the verdict's paired gain (medians over all rows when
-    nothing was measured again)."""
+    default. Its seconds: the default's median over the passes over the verdict's paired
+    gain (medians over all rows when nothing was measured again). The peaks are measured
+    before the first pass and after each (:meth:`Roofline.measure_now`), so the verdict's
+    bound is paired too: the median over passes of its bound there / its time there."""
     contenders = [default] + [s for s in history.best(CONFIRM_TOP + 1) if s != default]
     contenders = contenders[:CONFIRM_TOP + 1]
-    passes: list[dict[str, float]] = []
-    if len(contenders) > 1:
-        for p in range(CONFIRM_PASSES):
-            results = runner.measure(task, contenders if p % 2 == 0 else contenders[::-1])
-            for r in results:
-                db.record(key, r.schedule, r.seconds)
-            passes.append({r.schedule.to_json(): r.seconds for r in results})
+    passes, bounds = _measure_passes(task, runner, db, key, contenders, roofline)
     verdict, gain = default, 1.0
     for schedule in contenders[1:]:
         paired = _paired_gain(passes, default.to_json(), schedule.to_json())
@@ -229,14 +244,42 @@ def _confirm(task: TuneTask, runner: Runner, db: TuningDatabase, key: TuneKey,
     if not math.isfinite(default_seconds) and verdict is default:
         found = db.best(key)   # the default does not work here: the fastest that does
         if found is None:
-            return default, default_seconds, default_seconds
+            return _Confirmed(default, default_seconds, default_seconds)
         db.decide(key, found[0], math.inf)
-        return found[0], found[1], default_seconds
+        return _Confirmed(found[0], found[1], default_seconds)
     db.decide(key, verdict, gain)
-    if passes:
-        default_seconds = statistics.median(p[default.to_json()] for p in passes)
-        return verdict, default_seconds / gain, default_seconds
-    return verdict, _median_of(rows, verdict), default_seconds
+    if not passes:
+        return _Confirmed(verdict, _median_of(rows, verdict), default_seconds)
+    default_seconds = statistics.median(p[default.to_json()] for p in passes)
+    seconds = default_seconds / gain
+    fractions = [bound / p[verdict.to_json()] for p, bound in zip(passes, bounds)
+                 if math.isfinite(p.get(verdict.to_json(), math.inf))]
+    paired = seconds * statistics.median(fractions) if fractions else None
+    return _Confirmed(verdict, seconds, default_seconds, paired)
+
+
+def _measure_passes(task: TuneTask, runner: Runner, db: TuningDatabase, key: TuneKey,
+                    contenders: list[Schedule], roofline: Roofline
+                    ) -> tuple[list[dict[str, float]], list[float]]:
+    """The confirmation's passes (per pass: schedule JSON → seconds) and each pass's bound at
+    the mean of the peaks measured just before and just after it (empty when the roofline
+    measures nothing). No passes when the default has no contender."""
+    if len(contenders) < 2:
+        return [], []
+    passes: list[dict[str, float]] = []
+    peaks = [roofline.measure_now()]
+    for p in range(CONFIRM_PASSES):
+        results = runner.measure(task, contenders if p % 2 == 0 else contenders[::-1])
+        for r in results:
+            db.record(key, r.schedule, r.seconds)
+        passes.append({r.schedule.to_json(): r.seconds for r in results})
+        peaks.append(roofline.measure_now())
+    if any(p is None for p in peaks):
+        return passes, []
+    work = task.work()
+    bounds = [bound_at(Peaks((a.flops + b.flops) / 2, (a.bytes + b.bytes) / 2), *work)
+              for a, b in itertools.pairwise(peaks)]
+    return passes, bounds
 
 
 def _paired_gain(passes: list[dict[str, float]], default: str, schedule: str) -> float:
@@ -304,8 +347,11 @@ def demo(seconds: float, db_path: Path | None) -> None:
                            roofline=roofline)
     failed = sum(not math.isfinite(t) for t in result.history.seconds)
     print(f"W1 512x768x3072 + bias + gelu (database {path})")
-    print(f"  peaks: {roofline.peaks.flops / 1e9:.0f} GFLOP/s, "
-          f"{roofline.peaks.bytes / 1e9:.1f} GB/s; bound {result.bound_seconds * 1e3:.3f} ms")
+    print(f"  stored peaks: {roofline.peaks.flops / 1e9:.0f} GFLOP/s, "
+          f"{roofline.peaks.bytes / 1e9:.1f} GB/s; the best's bound "
+          f"{result.bound_seconds * 1e3:.3f} ms "
+          f"({'paired' if result.bound_paired else 'stored peaks'}, "
+          f"{percent_of_bound(result.bound_seconds, result.seconds):.0f} %)")
     print(f"  default: {result.default_seconds * 1e3:.3f} ms  {result.history.schedules[0]}")
     print(f"  best:    {result.seconds * 1e3:.3f} ms  {result.schedule}")
     print(f"  {len(result.history.seconds)} candidates measured ({failed} failed), "
