@@ -6,10 +6,9 @@ least ``max(flops / peak_flops, bytes / bandwidth)`` seconds. The tuner stops a 
 margin of that time, and a user can see whether a kernel is slow by design.
 
 - :class:`NoRoofline` (trivial): a bound of 0 s, so the tuner never stops early.
-- :class:`MeasuredRoofline`: peaks measured once per target (FLOP/s: the faster of NumPy's
-  sgemm and tilefuse's own matmul kernel on a 1024³ product, which beats OpenBLAS on this
-  machine's AVX-512 cores; bytes/s: a large copy into a reused buffer; best of a few) and kept
-  in the tuning database. A
+- :class:`MeasuredRoofline`: peaks measured once per target (FLOP/s: the fastest of NumPy's
+  sgemm and tilefuse's own matmul kernel on the :data:`PROBE_SHAPES` products; bytes/s: a
+  large copy into a reused buffer; best of a few runs) and kept in the tuning database. A
   kernel measured faster than a peak allows proves the peak low (it was measured on a busy
   machine, or BLAS is slower than tilefuse's kernel): :meth:`Roofline.observe` raises the
   stored peak to what was achieved, so a bound is never above 100% of reach. Its
@@ -22,7 +21,6 @@ margin of that time, and a user can see whether a kernel is slow by design.
 from __future__ import annotations
 
 import abc
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,29 +77,27 @@ def _best_seconds(fn: Callable[[], object], repeats: int) -> float:
     return best
 
 
-def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+PROBE_SHAPES = ((1024, 1024, 1024), (512, 768, 3072))
+"""The (M, K, N) f32 products the compute peak is the fastest of: square, and wide with a
+short M (a transformer's FFN), whose kernels reach different rates here."""
 
 
 class PeakProbe:
-    """The two measurements behind the peaks, set up once: a ``size``³ f32 matmul (NumPy's
-    BLAS and tilefuse's kernel with its default schedule, the faster counts) and a copy of
-    ``copy_bytes`` into a buffer already touched (read + write: 2 × 256 MiB, more than the
-    300 MiB of L3 here)."""
+    """The measurements behind the peaks, set up once: f32 matmuls of ``shapes`` (each by
+    NumPy's BLAS and by tilefuse's kernel with its default schedule; the fastest FLOP rate
+    counts) and a copy of ``copy_bytes`` into a buffer already touched (read + write:
+    2 × 256 MiB, more than the 300 MiB of L3 here)."""
 
-    def __init__(self, size: int = 1024, copy_bytes: int = 256 << 20):
+    def __init__(self, shapes: tuple[tuple[int, int, int], ...] = PROBE_SHAPES,
+                 copy_bytes: int = 256 << 20):
         rng = np.random.default_rng(0)
-        a = rng.standard_normal((size, size), dtype=np.float32)
-        b = rng.standard_normal((size, size), dtype=np.float32)
-        c = np.empty((size, size), np.float32)
-        self.flops = 2.0 * size ** 3
-        self.matmuls = (lambda: np.matmul(a, b, out=c), _tilefuse_matmul(a, b, c))
+        self.matmuls: list[tuple[float, Callable[[], object]]] = []
+        for m, k, n in shapes:
+            a = rng.standard_normal((m, k), dtype=np.float32)
+            b = rng.standard_normal((k, n), dtype=np.float32)
+            c = np.empty((m, n), np.float32)
+            self.matmuls.append((2.0 * m * k * n, lambda a=a, b=b, c=c: np.matmul(a, b, out=c)))
+            self.matmuls.append((2.0 * m * k * n, _tilefuse_matmul(a, b, c)))
         src = np.ones(copy_bytes // 4, np.float32)
         dst = np.zeros_like(src)
         self.copied = 2.0 * src.nbytes
@@ -109,20 +105,20 @@ class PeakProbe:
 
     def peaks(self, repeats: int, statistic: Callable[[Callable[[], object], int], float]
               ) -> Peaks:
-        """Peaks from ``statistic`` (the best or the median time) of ``repeats`` runs each."""
-        matmul = min(statistic(fn, repeats) for fn in self.matmuls)
-        return Peaks(self.flops / matmul, self.copied / statistic(self.copy, repeats))
+        """Peaks from ``statistic`` (e.g. the best time) of ``repeats`` runs each."""
+        flops = max(work / statistic(fn, repeats) for work, fn in self.matmuls)
+        return Peaks(flops, self.copied / statistic(self.copy, repeats))
 
 
-def measure_peaks(size: int = 1024, copy_bytes: int = 256 << 20, repeats: int = 10) -> Peaks:
+def measure_peaks(repeats: int = 10) -> Peaks:
     """The machine's peaks: the best of ``repeats`` runs of each :class:`PeakProbe`
     measurement."""
-    return PeakProbe(size, copy_bytes).peaks(repeats, _best_seconds)
+    return PeakProbe().peaks(repeats, _best_seconds)
 
 
-PAIRED_REPEATS = 3
-"""Runs of each probe measurement behind :meth:`MeasuredRoofline.measure_now` (the median
-counts: ~0.2 s in all)."""
+PAIRED_REPEATS = 5
+"""Runs of each probe measurement behind :meth:`MeasuredRoofline.measure_now` (the best
+counts: ~0.25 s in all)."""
 
 
 def _tilefuse_matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:
@@ -163,11 +159,11 @@ class MeasuredRoofline(Roofline):
         self._probe: PeakProbe | None = None
 
     def measure_now(self) -> Peaks:
-        """The median of :data:`PAIRED_REPEATS` runs of each probe measurement (the stored
-        peaks are the best of many, taken once, possibly in a faster spell of the host)."""
+        """The best of :data:`PAIRED_REPEATS` runs of each probe measurement, now (the stored
+        peaks are the best of more, taken once, perhaps in another spell of the host)."""
         if self._probe is None:
             self._probe = self.make_probe()
-        return self._probe.peaks(PAIRED_REPEATS, _median_seconds)
+        return self._probe.peaks(PAIRED_REPEATS, _best_seconds)
 
     def attainable_flops(self, flops: float, nbytes: float) -> float:
         """``min(peak_flops, bandwidth × arithmetic intensity)``."""
@@ -188,5 +184,5 @@ class MeasuredRoofline(Roofline):
         self.peaks = achieved
 
 
-__all__ = ["MeasuredRoofline", "NoRoofline", "PeakProbe", "Peaks", "Roofline", "bound_at",
-           "measure_peaks"]
+__all__ = ["PROBE_SHAPES", "MeasuredRoofline", "NoRoofline", "PeakProbe", "Peaks", "Roofline",
+           "bound_at", "measure_peaks"]

@@ -230,10 +230,10 @@ def _confirm(task: TuneTask, runner: Runner, db: TuningDatabase, key: TuneKey,
     default. Its seconds: the default's median over the passes over the verdict's paired
     gain (medians over all rows when nothing was measured again). The peaks are measured
     before the first pass and after each (:meth:`Roofline.measure_now`), so the verdict's
-    bound is paired too: the median over passes of its bound there / its time there."""
+    bound is paired too: the median over passes of its bound there / its best time there."""
     contenders = [default] + [s for s in history.best(CONFIRM_TOP + 1) if s != default]
     contenders = contenders[:CONFIRM_TOP + 1]
-    passes, bounds = _measure_passes(task, runner, db, key, contenders, roofline)
+    passes, bests, bounds = _measure_passes(task, runner, db, key, contenders, roofline)
     verdict, gain = default, 1.0
     for schedule in contenders[1:]:
         paired = _paired_gain(passes, default.to_json(), schedule.to_json())
@@ -252,34 +252,43 @@ def _confirm(task: TuneTask, runner: Runner, db: TuningDatabase, key: TuneKey,
         return _Confirmed(verdict, _median_of(rows, verdict), default_seconds)
     default_seconds = statistics.median(p[default.to_json()] for p in passes)
     seconds = default_seconds / gain
-    fractions = [bound / p[verdict.to_json()] for p, bound in zip(passes, bounds)
-                 if math.isfinite(p.get(verdict.to_json(), math.inf))]
+    fractions = [bound / best[verdict.to_json()] for best, bound in zip(bests, bounds)
+                 if math.isfinite(best.get(verdict.to_json(), math.inf))]
     paired = seconds * statistics.median(fractions) if fractions else None
     return _Confirmed(verdict, seconds, default_seconds, paired)
 
 
+Passes = list[dict[str, float]]
+"""Per confirmation pass: schedule JSON → seconds."""
+
+
 def _measure_passes(task: TuneTask, runner: Runner, db: TuningDatabase, key: TuneKey,
                     contenders: list[Schedule], roofline: Roofline
-                    ) -> tuple[list[dict[str, float]], list[float]]:
-    """The confirmation's passes (per pass: schedule JSON → seconds) and each pass's bound at
-    the mean of the peaks measured just before and just after it (empty when the roofline
-    measures nothing). No passes when the default has no contender."""
+                    ) -> tuple[Passes, Passes, list[float]]:
+    """The confirmation's passes: each schedule's median and best time per pass, and each
+    pass's bound at the mean of the peaks measured just before and just after it (empty when
+    the roofline measures nothing). Best against best: the probe's peaks are its best runs,
+    so the share of the bound compares the kernel's best in the pass with them (medians would
+    set a kernel's typical time against a probe's typical one, and the probe's shape is not
+    the fastest matmul of all). No passes when the default has no contender."""
     if len(contenders) < 2:
-        return [], []
-    passes: list[dict[str, float]] = []
+        return [], [], []
+    passes: Passes = []
+    bests: Passes = []
     peaks = [roofline.measure_now()]
     for p in range(CONFIRM_PASSES):
         results = runner.measure(task, contenders if p % 2 == 0 else contenders[::-1])
         for r in results:
             db.record(key, r.schedule, r.seconds)
         passes.append({r.schedule.to_json(): r.seconds for r in results})
+        bests.append({r.schedule.to_json(): min(r.times, default=r.seconds) for r in results})
         peaks.append(roofline.measure_now())
     if any(p is None for p in peaks):
-        return passes, []
+        return passes, bests, []
     work = task.work()
     bounds = [bound_at(Peaks((a.flops + b.flops) / 2, (a.bytes + b.bytes) / 2), *work)
               for a, b in itertools.pairwise(peaks)]
-    return passes, bounds
+    return passes, bests, bounds
 
 
 def _paired_gain(passes: list[dict[str, float]], default: str, schedule: str) -> float:
