@@ -99,19 +99,25 @@ class ScheduleSource:
             self._db = None
 
 
-class ForcedSchedule(ScheduleSource):
-    """One kernel (by name) gets ``schedule``, every other the default rule; no database.
-    The tuner builds each candidate through the runtime's own builder with this."""
+class ForcedSchedules(ScheduleSource):
+    """The kernels named in ``schedules`` get theirs, every other the default rule; no
+    database. The tuner builds candidates, and a model with its verdicts, with this."""
 
-    def __init__(self, target: CpuTarget, kernel: str, schedule: Schedule):
+    def __init__(self, target: CpuTarget, schedules: Mapping[str, Schedule]):
         super().__init__(target, env={})
         self.path = None
-        self.kernel, self.forced = kernel, schedule
+        self.forced = dict(schedules)
 
     def schedule(self, group: KernelGroup, constants: Mapping[Value, np.ndarray]) -> Schedule:
-        if group.name == self.kernel:
-            return self.forced
-        return default_schedule(group, self.target)
+        forced = self.forced.get(group.name)
+        return forced if forced is not None else default_schedule(group, self.target)
 
 
-__all__ = ["TUNED_KINDS", "ForcedSchedule", "ScheduleSource", "tune_db_path"]
+class ForcedSchedule(ForcedSchedules):
+    """One kernel (by name) gets ``schedule``, every other the default rule."""
+
+    def __init__(self, target: CpuTarget, kernel: str, schedule: Schedule):
+        super().__init__(target, {kernel: schedule})
+
+
+__all__ = ["TUNED_KINDS", "ForcedSchedule", "ForcedSchedules", "ScheduleSource", "tune_db_path"]

@@ -39,7 +39,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +57,12 @@ from tilefuse.runtime.schedules import tune_db_path
 from tilefuse.tune.budget import MIN_SHARE, Allocation, BudgetPlan, profile_kernels
 from tilefuse.tune.cost_model import CostModel, best_model
 from tilefuse.tune.database import SQLiteDatabase
+from tilefuse.tune.in_model import ModelCheck, TunedKernel, check_in_model
 from tilefuse.tune.progress import Progress
 from tilefuse.tune.roofline import MeasuredRoofline, Roofline
 from tilefuse.tune.runner import LocalRunner, Runner
 from tilefuse.tune.search import EvolutionarySearch, SearchStrategy
-from tilefuse.tune.task import TuneError, named_tasks
+from tilefuse.tune.task import TuneError, TuneTask, named_tasks
 from tilefuse.tune.tuner import Budget, TuneResult, percent_of_bound, target_string, tune_task
 
 DB_ENV_VAR = "TILEFUSE_TUNE_DB"
@@ -126,6 +127,9 @@ class KernelReport:
     result: TuneResult | None = None
     count: int = 1
     """Kernels of the graph with this one's fingerprint (tuned once, the database serves all)."""
+    model_gain: float | None = None
+    """The verdict's gain in the model's own call (:mod:`tilefuse.tune.in_model`); None when
+    not checked (the default kept, or no check)."""
 
     @property
     def tuned(self) -> bool:
@@ -172,11 +176,12 @@ class TuneReport:
 
     def __str__(self) -> str:
         head = (f"{'kernel':<40} {'share':>6} {'default ms':>10} {'best ms':>10} {'speedup':>7} "
-                f"{'trials':>6} {'% bound':>7}  stopped")
+                f"{'model':>6} {'trials':>6} {'% bound':>7}  stopped")
         lines = [head, "-" * len(head)]
         for k in self.kernels:
+            model = f"{k.model_gain:5.2f}x" if k.model_gain is not None else f"{'':>6}"
             lines.append(f"{k.label[:40]:<40} {100 * k.share:5.1f}% {_ms(k.default_seconds)} "
-                         f"{_ms(k.best_seconds)} {k.speedup:6.2f}x {k.trials:>6} "
+                         f"{_ms(k.best_seconds)} {k.speedup:6.2f}x {model} {k.trials:>6} "
                          f"{k.percent_of_bound:6.1f}%  {k.note}")
         overall = self.default_seconds / self.best_seconds if self.best_seconds > 0 else 0.0
         lines.append(f"{'all kernels':<40} {'':>6} {_ms(self.default_seconds)} "
@@ -283,13 +288,16 @@ def tune_graph(graph: Graph, example_inputs: Sequence[Any] | None = None, *, tri
                runner: Runner | None = None, min_share: float = MIN_SHARE, per_round: int = 8,
                roofline: Roofline | None = None, model: Callable[[int], CostModel] = best_model,
                strategy: SearchStrategy | None = None, progress: bool | None = None,
-               margin: float | None = 0.1, seed: int = 0) -> TuneReport:
+               margin: float | None = 0.1, seed: int = 0, check_model: bool = True
+               ) -> TuneReport:
     """Tunes the kernels of the optimised ``graph`` into the database ``db`` (module
     docstring). ``trials`` and ``time_budget`` (seconds of wall clock, measuring included)
     are split by :mod:`tilefuse.tune.budget`; ``runner`` defaults to an isolated
     :class:`LocalRunner`; ``model(seed)`` makes each kernel's cost model; ``progress`` is
     :class:`~tilefuse.tune.progress.Progress`'s ``show``. A kernel stops within ``margin``
-    (0.1: 10%) of its roofline bound; ``None`` never stops early."""
+    (0.1: 10%) of its roofline bound; ``None`` never stops early. ``check_model``: time the
+    verdicts in the model's own call afterwards and take back those not faster there
+    (:mod:`tilefuse.tune.in_model`; a few seconds past ``time_budget``)."""
     start = time.perf_counter()
     if example_inputs is not None:
         check_inputs(graph, example_inputs)
@@ -308,12 +316,45 @@ def tune_graph(graph: Graph, example_inputs: Sequence[Any] | None = None, *, tri
             run.progress.note(f"{a.kernel.label}: {100 * a.kernel.share:.1f}% of the default "
                               f"time, {a.trials} trials planned{why}")
         rows = _tune_plan(run, plan, trials, start + time_budget)
+        notes = []
+        if check_model:
+            rows, check = _checked_in_model(graph, named, rows, database, example_inputs)
+            notes = [check.summary()] if check is not None else []
     finally:
         run.progress.finish()
         if own_runner:
             run.runner.close()
     spent = sum(r.trials for r in rows)
-    return TuneReport(rows, Path(database.path), time.perf_counter() - start, spent)
+    return TuneReport(rows, Path(database.path), time.perf_counter() - start, spent, notes)
+
+
+def _checked_in_model(graph: Graph, named: Sequence[tuple[str, TuneTask]],
+                      rows: list[KernelReport], db: SQLiteDatabase,
+                      example_inputs: Sequence[Any] | None
+                      ) -> tuple[list[KernelReport], ModelCheck | None]:
+    """``rows`` after :func:`~tilefuse.tune.in_model.check_in_model`: each checked verdict
+    with its gain in the model, one taken back at its default's time."""
+    names: dict[str, list[str]] = {}
+    for name, task in named:
+        names.setdefault(task.fingerprint(), []).append(name)
+    tuned = [TunedKernel(r.result.key, tuple(names[r.result.key.fingerprint]),
+                         r.result.schedule, r.result.history.schedules[0])
+             for r in rows if r.result is not None and r.result.history.schedules]
+    arrays = None if example_inputs is None else [np.asarray(a) for a in example_inputs]
+    check = check_in_model(graph, tuned, db, arrays)
+    if check is None:
+        return rows, None
+    out = []
+    for r in rows:
+        gain = check.gains.get(r.name)
+        if gain is None:
+            out.append(r)
+        elif r.name in check.reverted:
+            out.append(replace(r, best_seconds=r.default_seconds, model_gain=gain,
+                               note=f"{r.note}; default kept: not faster in the model"))
+        else:
+            out.append(replace(r, model_gain=gain))
+    return out, check
 
 
 def _tune_plan(run: _Run, plan: BudgetPlan, trials: int, deadline: float
