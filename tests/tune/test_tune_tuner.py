@@ -139,6 +139,12 @@ def test_the_share_of_the_bound_is_paired_with_the_peaks_measured_beside_it():
     assert roofline.probes == 5 and result.schedule == steady and result.bound_paired
     assert result.seconds == pytest.approx(statistics.median(2.0 / m for m in pace) * 0.75)
     assert result.bound_seconds / result.seconds == pytest.approx(0.4)
+    # a default without contenders is measured again too, for its share of the bound
+    alone = _MovingHost(peak, speeds)
+    plan = {default.to_json(): [2.0] + [1.5 / m for m in pace]}
+    result, _ = _scripted_tuning(task, [default], plan, per_round=1, roofline=alone)
+    assert alone.probes == 5 and result.schedule == default and result.bound_paired
+    assert result.bound_seconds / result.seconds == pytest.approx(0.4)
     # without probes (a roofline that measures nothing) the stored bound is reported
     plan = {default.to_json(): [2.0] * 5, steady.to_json(): [1.5] * 5}
     result, _ = _scripted_tuning(task, [default, steady], plan, per_round=1,

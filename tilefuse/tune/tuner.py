@@ -270,12 +270,13 @@ def _measure_passes(task: TuneTask, runner: Runner, db: TuningDatabase, key: Tun
     the roofline measures nothing). Best against best: the probe's peaks are its best runs,
     so the share of the bound compares the kernel's best in the pass with them (medians would
     set a kernel's typical time against a probe's typical one, and the probe's shape is not
-    the fastest matmul of all). No passes when the default has no contender."""
-    if len(contenders) < 2:
+    the fastest matmul of all). A default without contenders is measured too when the
+    roofline measures peaks (for its share of the bound), else there are no passes."""
+    peaks = [roofline.measure_now()]
+    if len(contenders) < 2 and peaks[0] is None:
         return [], [], []
     passes: Passes = []
     bests: Passes = []
-    peaks = [roofline.measure_now()]
     for p in range(CONFIRM_PASSES):
         results = runner.measure(task, contenders if p % 2 == 0 else contenders[::-1])
         for r in results:
