@@ -68,3 +68,16 @@ def test_example_arrays_follow_the_graph_inputs():
     arrays = in_model.example_arrays(graph)
     assert [a.shape for a in arrays] == [(7, 5), (5, 3)]
     assert all(a.any() for a in arrays)
+
+
+def test_a_symbolic_input_needs_example_inputs():
+    from tilefuse.dtypes import DType
+    from tilefuse.graph.builder import GraphBuilder
+    from tilefuse.graph.types import Sym
+    from tilefuse.tune.task import TuneError
+
+    b = GraphBuilder("sym")
+    x = b.input(((Sym("n"), 5), DType.f32), "x")
+    graph = b.build([b.add1("relu", [x])])
+    with pytest.raises(TuneError, match="symbolic dims"):
+        in_model.example_arrays(graph)

@@ -30,6 +30,7 @@ from tilefuse.runtime.native import NativeExecutable, NativeStep
 from tilefuse.runtime.schedules import ForcedSchedules
 from tilefuse.testing import random_array
 from tilefuse.tune.database import TuneKey, TuningDatabase
+from tilefuse.tune.task import TuneError
 
 IN_MODEL_ROUNDS = 31
 """Rounds of the check; each runs both builds' whole launch sequences once."""
@@ -95,9 +96,16 @@ def _timed_round(steps: list[tuple[str, Callable[[], object]]]) -> dict[str, flo
 
 
 def example_arrays(graph: Graph, seed: int = 0) -> list[np.ndarray]:
-    """Random inputs of ``graph``'s (static) input types."""
+    """Random inputs of ``graph``'s input types; TuneError when a dim is symbolic (the check
+    then needs the caller's example inputs)."""
     rng = np.random.default_rng(seed)
-    return [random_array(rng, tuple(int(d) for d in v.shape), v.dtype) for v in graph.inputs]
+    arrays = []
+    for v in graph.inputs:
+        if not all(isinstance(d, int) for d in v.shape):
+            raise TuneError(f"input {v.name or '?'} of @{graph.name} has symbolic dims "
+                            f"{list(v.shape)}: the model check needs example inputs")
+        arrays.append(random_array(rng, tuple(v.shape), v.dtype))
+    return arrays
 
 
 def check_in_model(graph: Graph, tuned: Sequence[TunedKernel], db: TuningDatabase,
