@@ -8,11 +8,12 @@ margin of that time, and a user can see whether a kernel is slow by design.
 - :class:`NoRoofline` (trivial): a bound of 0 s, so the tuner never stops early.
 - :class:`MeasuredRoofline`: peaks measured once per target (FLOP/s: the fastest of NumPy's
   sgemm and tilefuse's own matmul kernel on the :data:`PROBE_SHAPES` products; bytes/s: a
-  large copy into a reused buffer; best of a few runs) and kept in the tuning database. A
+  large copy into a reused buffer; the best of :data:`STORED_REPEATS` runs) and kept in the tuning
+  database. A
   kernel measured faster than a peak allows proves the peak low (it was measured on a busy
   machine, or BLAS is slower than tilefuse's kernel): :meth:`Roofline.observe` raises the
   stored peak to what was achieved, so a bound is never above 100% of reach. Its
-  :meth:`~MeasuredRoofline.measure_now` measures the peaks again in a fifth of a second: the
+  :meth:`~MeasuredRoofline.measure_now` measures the peaks again in about half a second: the
   tuner's confirmation takes them between its passes, so that a kernel's share of its bound
   compares timings a second apart, not a kernel now against a peak taken in another spell
   of a shared host whose speed moves by 10-30 % (:func:`~tilefuse.tune.tuner.tune_task`).
@@ -111,15 +112,19 @@ class PeakProbe:
         return Peaks(flops, self.copied / statistic(self.copy, repeats))
 
 
-def measure_peaks(repeats: int = 10) -> Peaks:
+STORED_REPEATS = 8
+"""Runs of each probe measurement behind the stored peaks (the best counts)."""
+
+
+def measure_peaks(repeats: int = STORED_REPEATS) -> Peaks:
     """The machine's peaks: the best of ``repeats`` runs of each :class:`PeakProbe`
     measurement."""
     return PeakProbe().peaks(repeats, _best_seconds)
 
 
-PAIRED_REPEATS = 5
+PAIRED_REPEATS = 3
 """Runs of each probe measurement behind :meth:`MeasuredRoofline.measure_now` (the best
-counts: ~0.25 s in all)."""
+counts; ~0.6 s in all here)."""
 
 
 def _tilefuse_matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:
@@ -147,24 +152,29 @@ class MeasuredRoofline(Roofline):
     """Peaks from ``db`` for ``target``, measured (and stored) when missing."""
 
     def __init__(self, db: TuningDatabase, target: str,
-                 measure: Callable[[], Peaks] = measure_peaks,
+                 measure: Callable[[], Peaks] | None = None,
                  probe: Callable[[], PeakProbe] = PeakProbe):
         self.db, self.target, self.make_probe = db, target, probe
+        self._probe: PeakProbe | None = None
         flops, nbytes = db.peak(target, "flops"), db.peak(target, "bytes")
         if flops is None or nbytes is None:
-            peaks = measure()
+            # the stored peaks: ``measure``, else the probe measure_now uses, set up once
+            peaks = measure() if measure is not None else self._get_probe().peaks(
+                STORED_REPEATS, _best_seconds)
             flops, nbytes = peaks.flops, peaks.bytes
             db.set_peak(target, "flops", flops)
             db.set_peak(target, "bytes", nbytes)
         self.peaks = Peaks(flops, nbytes)
-        self._probe: PeakProbe | None = None
+
+    def _get_probe(self) -> PeakProbe:
+        if self._probe is None:
+            self._probe = self.make_probe()
+        return self._probe
 
     def measure_now(self) -> Peaks:
         """The best of :data:`PAIRED_REPEATS` runs of each probe measurement, now (the stored
         peaks are the best of more, taken once, perhaps in another spell of the host)."""
-        if self._probe is None:
-            self._probe = self.make_probe()
-        return self._probe.peaks(PAIRED_REPEATS, _best_seconds)
+        return self._get_probe().peaks(PAIRED_REPEATS, _best_seconds)
 
     def attainable_flops(self, flops: float, nbytes: float) -> float:
         """``min(peak_flops, bandwidth × arithmetic intensity)``."""
