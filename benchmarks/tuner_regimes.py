@@ -17,34 +17,21 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from tuned_ab import _model
 
-from tilefuse.codegen.jit import aligned_empty
 from tilefuse.codegen.pool import thread_pool
 from tilefuse.codegen.target import host_target
 from tilefuse.kernel.schedule import default_schedule
 from tilefuse.runtime.kernel_cache import KernelCache
-from tilefuse.runtime.native import NativeExecutable, NativeStep
+from tilefuse.runtime.native import NativeExecutable
+from tilefuse.runtime.profile import step_calls
 from tilefuse.runtime.schedules import ScheduleSource
 from tilefuse.tune.task import BuiltKernel, named_tasks
 
 REGIMES = ("flush", "flush+wake", "flush+inputs+wake", "warm")
-
-
-def _model_steps(exe: NativeExecutable, arrays: list[np.ndarray]
-                 ) -> list[tuple[str, Callable[[], object]]]:
-    inputs = [np.ascontiguousarray(a) for a in arrays]
-    outputs = [aligned_empty(tuple(int(d) for d in v.shape), v.dtype.np)
-               for v in exe.graph.outputs]
-    table = [*inputs, *outputs]
-    addresses = [a.ctypes.data for a in table]
-    # every closure holds ``table``: the native steps see only its addresses
-    return [(s.name, (lambda s=s, t=table: s.run_addresses(addresses)) if isinstance(s, NativeStep)
-             else (lambda s=s: s.run(table))) for s in exe.steps]
 
 
 def _timed_alone(built: BuiltKernel, saved: list[np.ndarray], scratch: np.ndarray,
@@ -72,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     exe = NativeExecutable(graph, schedules=ScheduleSource(target, env={}),
                            cache=KernelCache(None, target))
     exe(*arrays)
-    steps = _model_steps(exe, arrays)
+    steps = step_calls(exe, arrays)
     tasks = dict(named_tasks(exe.graph))
     names = args.kernels.split(",")
     built, saved = {}, {}

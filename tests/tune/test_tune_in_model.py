@@ -45,7 +45,7 @@ def test_a_verdict_slower_in_the_model_is_taken_back(monkeypatch, tuned_seconds,
     ``tuned_seconds``; a slower one goes back to the default in the database."""
     graph, tuned, db = _tuned(1)
     builds = iter(["default", "tuned"])
-    monkeypatch.setattr(in_model, "_step_runner", lambda exe, arrays: [next(builds)])
+    monkeypatch.setattr(in_model, "step_calls", lambda exe, arrays: [next(builds)])
     seconds = {"default": 1.0, "tuned": tuned_seconds}
     monkeypatch.setattr(in_model, "_timed_round",
                         lambda steps: {tuned.names[0]: seconds[steps[0]], "other": 0.25})

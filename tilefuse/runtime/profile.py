@@ -77,6 +77,23 @@ def _batched(fn: Callable[[], Any], min_sample: float) -> Callable[[], float]:
     return sample
 
 
+def step_calls(executable: NativeExecutable, arrays: Sequence[np.ndarray]
+               ) -> list[tuple[str, Callable[[], Any]]]:
+    """Each step of ``executable`` as a call of its own, by name, on the executable's arena
+    and constants, with aligned copies of ``arrays`` as the inputs and fresh outputs (the
+    inputs are not checked: give what the executable was built for). Calling them in order
+    is one call of the executable without its launcher."""
+    inputs = [_aligned(np.asarray(a)) for a in arrays]
+    outputs = [aligned_empty(tuple(int(d) for d in v.shape), v.dtype.np)
+               for v in executable.graph.outputs]
+    table = [*inputs, *outputs]
+    addresses = [a.ctypes.data for a in table]
+    # every call holds ``table``: a native step sees only its addresses
+    return [(step.name, (lambda s=step, t=table: s.run_addresses(addresses))
+             if isinstance(step, NativeStep) else (lambda s=step, t=table: s.run(t)))
+            for step in executable.steps]
+
+
 def profile_steps(executable: NativeExecutable, arrays: Sequence[np.ndarray], *,
                   rounds: int = 5, min_sample: float = 1e-3,
                   on_round: Callable[[], None] | None = None) -> Profile:
@@ -84,16 +101,7 @@ def profile_steps(executable: NativeExecutable, arrays: Sequence[np.ndarray], *,
     (checked as a call checks them)."""
     executable(*arrays)  # checks the inputs, warms every kernel
     inputs = [_aligned(np.asarray(a)) for a in arrays]
-    outputs = [aligned_empty(tuple(int(d) for d in v.shape), v.dtype.np)
-               for v in executable.graph.outputs]
-    table = [*inputs, *outputs]
-    addresses = [a.ctypes.data for a in table]
-    runs: list[Callable[[], Any]] = []
-    for step in executable.steps:
-        if isinstance(step, NativeStep):
-            runs.append(lambda s=step: s.run_addresses(addresses))
-        else:
-            runs.append(lambda s=step: s.run(table))
+    runs = [run for _, run in step_calls(executable, inputs)]
     samplers = [_batched(run, min_sample) for run in runs]
     call = _batched(lambda: executable(*inputs), min_sample)
     samples: list[list[float]] = [[] for _ in runs]
@@ -130,4 +138,4 @@ def group_work(group: KernelGroup) -> tuple[float, float]:
     return flops, float(moved)
 
 
-__all__ = ["Profile", "StepTime", "group_work", "profile_steps"]
+__all__ = ["Profile", "StepTime", "group_work", "profile_steps", "step_calls"]

@@ -15,6 +15,8 @@ One module per concept, each an abstract base with a trivial and a real implemen
 - :mod:`~tilefuse.tune.roofline` ``NoRoofline`` / ``MeasuredRoofline``;
 - :mod:`~tilefuse.tune.tuner` ``tune_group`` / ``tune_task``;
 - :mod:`~tilefuse.tune.budget` the budget split by each kernel's share of the time;
+- :mod:`~tilefuse.tune.in_model` the model check: verdicts timed in the model's own call,
+  taken back where not faster there;
 - :mod:`~tilefuse.tune.api` ``tune(model, *example_inputs, trials=..., time_budget=...)`` and
   ``tune_graph(graph, example_inputs, ...)``, the user-facing entries (``python -m
   tilefuse.tune --demo``).
@@ -40,6 +42,7 @@ _WHERE = {
     "EvolutionarySearch": "search", "RandomSearch": "search", "SearchStrategy": "search",
     "FixedSpace": "space", "SearchSpace": "space", "space_for": "space",
     "TuneError": "task", "TuneTask": "task", "tasks_from_graph": "task",
+    "ModelCheck": "in_model", "check_in_model": "in_model",
     "Budget": "tuner", "TuneResult": "tuner", "tune_group": "tuner", "tune_task": "tuner",
     "KernelReport": "api", "TuneReport": "api", "default_db_path": "api",
     "open_database": "api", "tune": "api", "tune_graph": "api", "graph_of": "api",

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilefuse.codegen.jit import aligned_empty
 from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.graph.ir import Graph
 from tilefuse.kernel.schedule import Schedule
 from tilefuse.runtime.kernel_cache import KernelCache
-from tilefuse.runtime.native import NativeExecutable, NativeStep
+from tilefuse.runtime.native import NativeExecutable
+from tilefuse.runtime.profile import step_calls
 from tilefuse.runtime.schedules import ForcedSchedules
 from tilefuse.testing import random_array
 from tilefuse.tune.database import TuneKey, TuningDatabase
@@ -70,22 +70,6 @@ class ModelCheck:
         return text
 
 
-def _step_runner(executable: NativeExecutable, arrays: Sequence[np.ndarray]
-                 ) -> list[tuple[str, Callable[[], object]]]:
-    """The executable's steps as calls on its own arena and constants, inputs ``arrays``."""
-    inputs = [aligned_empty(a.shape, a.dtype) for a in arrays]
-    for dst, src in zip(inputs, arrays):
-        dst[...] = src
-    outputs = [aligned_empty(tuple(int(d) for d in v.shape), v.dtype.np)
-               for v in executable.graph.outputs]
-    table = [*inputs, *outputs]
-    addresses = [a.ctypes.data for a in table]
-    # each closure holds ``table``: a native step sees only its addresses
-    return [(step.name, (lambda s=step, t=table: s.run_addresses(addresses))
-             if isinstance(step, NativeStep) else (lambda s=step, t=table: s.run(t)))
-            for step in executable.steps]
-
-
 def _timed_round(steps: list[tuple[str, Callable[[], object]]]) -> dict[str, float]:
     times: dict[str, float] = {}
     for name, run in steps:
@@ -126,7 +110,7 @@ def check_in_model(graph: Graph, tuned: Sequence[TunedKernel], db: TuningDatabas
     verdicts = {name: t.verdict for t in changed for name in t.names}
     tuned_exe = NativeExecutable(graph, target=target, cache=cache,
                                  schedules=ForcedSchedules(target, verdicts))
-    builds = {"default": _step_runner(default, arrays), "tuned": _step_runner(tuned_exe, arrays)}
+    builds = {"default": step_calls(default, arrays), "tuned": step_calls(tuned_exe, arrays)}
     for steps in builds.values():
         _timed_round(steps)   # warm-up
     samples: dict[str, list[dict[str, float]]] = {k: [] for k in builds}
