@@ -146,7 +146,7 @@ def test_native_matches_reference_for_other_schedules(block_q, key_vectors, rows
     same attention, on odd sizes, a causal -inf mask and random values."""
     from tilefuse.codegen.target import host_target
     from tilefuse.kernel.schedule import validate
-    from tilefuse.runtime.schedules import ForcedSchedule
+    from tilefuse.runtime.schedules import ForcedSchedules
 
     g = attention_graph((2,), 45, 83, 24, 40, (45, 83), dtype=dtype)
     [group] = form_kernels(g).groups
@@ -154,7 +154,7 @@ def test_native_matches_reference_for_other_schedules(block_q, key_vectors, rows
     forced = dataclasses.replace(s, tiles=(("q", block_q), ("k", key_vectors * s.vector_width)),
                                  unroll=(("q", rows), ("v", pv)))
     validate(forced, iteration_axes(group))
-    exe = NativeExecutable(g, schedules=ForcedSchedule(host_target(), group.name, forced))
+    exe = NativeExecutable(g, schedules=ForcedSchedules(host_target(), {group.name: forced}))
     assert exe.fallbacks == []
     arrays = inputs_of(g, 11)
     arrays[3] = causal(45, 83).astype(dtype.np)

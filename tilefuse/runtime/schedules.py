@@ -113,11 +113,4 @@ class ForcedSchedules(ScheduleSource):
         return forced if forced is not None else default_schedule(group, self.target)
 
 
-class ForcedSchedule(ForcedSchedules):
-    """One kernel (by name) gets ``schedule``, every other the default rule."""
-
-    def __init__(self, target: CpuTarget, kernel: str, schedule: Schedule):
-        super().__init__(target, {kernel: schedule})
-
-
-__all__ = ["TUNED_KINDS", "ForcedSchedule", "ForcedSchedules", "ScheduleSource", "tune_db_path"]
+__all__ = ["TUNED_KINDS", "ForcedSchedules", "ScheduleSource", "tune_db_path"]

@@ -337,6 +337,7 @@ def _checked_in_model(graph: Graph, named: Sequence[tuple[str, TuneTask]],
     names: dict[str, list[str]] = {}
     for name, task in named:
         names.setdefault(task.fingerprint(), []).append(name)
+    # a tuning run measures its default first: history.schedules[0]
     tuned = [TunedKernel(r.result.key, tuple(names[r.result.key.fingerprint]),
                          r.result.schedule, r.result.history.schedules[0])
              for r in rows if r.result is not None and r.result.history.schedules]

@@ -31,6 +31,7 @@ from tilefuse.runtime.schedules import ForcedSchedules
 from tilefuse.testing import random_array
 from tilefuse.tune.database import TuneKey, TuningDatabase
 from tilefuse.tune.task import TuneError
+from tilefuse.tune.tuner import paired_gain
 
 IN_MODEL_ROUNDS = 31
 """Rounds of the check; each runs both builds' whole launch sequences once."""
@@ -128,13 +129,14 @@ def check_in_model(graph: Graph, tuned: Sequence[TunedKernel], db: TuningDatabas
 
 
 def _paired_gain(samples: Mapping[str, list[dict[str, float]]], names: Sequence[str]) -> float:
-    """Median over rounds of the default's seconds in ``names``' steps over the tuned's."""
-    ratios = []
-    for d, t in zip(samples["default"], samples["tuned"]):
-        mine = sum(t.get(n, 0.0) for n in names)
-        if mine > 0:
-            ratios.append(sum(d.get(n, 0.0) for n in names) / mine)
-    return statistics.median(ratios) if ratios else 0.0
+    """:func:`~tilefuse.tune.tuner.paired_gain` of the two builds' seconds in ``names``' steps,
+    round by round."""
+    def seconds(times: dict[str, float]) -> float:
+        return sum(times.get(n, 0.0) for n in names)
+
+    rounds = [{"default": seconds(d), "tuned": seconds(t)}
+              for d, t in zip(samples["default"], samples["tuned"])]
+    return paired_gain(rounds, "default", "tuned")
 
 
 __all__ = ["IN_MODEL_MIN_GAIN", "IN_MODEL_ROUNDS", "ModelCheck", "TunedKernel",

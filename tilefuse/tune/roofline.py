@@ -116,12 +116,6 @@ STORED_REPEATS = 8
 """Runs of each probe measurement behind the stored peaks (the best counts)."""
 
 
-def measure_peaks(repeats: int = STORED_REPEATS) -> Peaks:
-    """The machine's peaks: the best of ``repeats`` runs of each :class:`PeakProbe`
-    measurement."""
-    return PeakProbe().peaks(repeats, _best_seconds)
-
-
 PAIRED_REPEATS = 3
 """Runs of each probe measurement behind :meth:`MeasuredRoofline.measure_now` (the best
 counts; ~0.6 s in all here)."""
@@ -181,7 +175,7 @@ class MeasuredRoofline(Roofline):
         return min(self.peaks.flops, self.peaks.bytes * flops / max(nbytes, 1.0))
 
     def bound_seconds(self, flops: float, nbytes: float) -> float:
-        return max(flops / self.peaks.flops, nbytes / self.peaks.bytes)
+        return bound_at(self.peaks, flops, nbytes)
 
     def observe(self, flops: float, nbytes: float, seconds: float) -> None:
         if not (seconds > 0 and seconds < float("inf")):
@@ -195,5 +189,5 @@ class MeasuredRoofline(Roofline):
         self.peaks = achieved
 
 
-__all__ = ["PROBE_SHAPES", "MeasuredRoofline", "NoRoofline", "PeakProbe", "Peaks", "Roofline",
-           "bound_at", "measure_peaks"]
+__all__ = ["PROBE_SHAPES", "STORED_REPEATS", "MeasuredRoofline", "NoRoofline", "PeakProbe",
+           "Peaks", "Roofline", "bound_at"]

@@ -9,7 +9,7 @@ printing and re-parsing a 9 MB weight as text takes seconds) and the worker form
 
 A candidate is built by the runtime's own builder: :meth:`TuneTask.build` makes a
 :class:`~tilefuse.runtime.native.NativeExecutable` of the task's graph with a
-:class:`~tilefuse.runtime.schedules.ForcedSchedule` giving the candidate to the kernel (no disk
+:class:`~tilefuse.runtime.schedules.ForcedSchedules` giving the candidate to the kernel (no disk
 cache), so what is timed is exactly what a build with that schedule runs: the same lowering,
 B packing, arena and launcher, called through ``run_trusted`` as ``tilefuse.jit`` calls it.
 :meth:`TuneTask.loop_functions` only lowers (for the cost model's features, no compiling).
@@ -44,7 +44,7 @@ from tilefuse.passes.decompose import decompose_composites
 from tilefuse.runtime.kernel_cache import KernelCache
 from tilefuse.runtime.native import NativeExecutable
 from tilefuse.runtime.profile import group_work
-from tilefuse.runtime.schedules import ForcedSchedule
+from tilefuse.runtime.schedules import ForcedSchedules
 from tilefuse.testing import random_array
 from tilefuse.tune.fingerprint import group_fingerprint
 
@@ -203,7 +203,7 @@ class TuneTask:
         validate(schedule, self.extents())
         target = target or host_target()
         exe = NativeExecutable(self.graph, target=target, cache=KernelCache(None, target),
-                               schedules=ForcedSchedule(target, self.group.name, schedule))
+                               schedules=ForcedSchedules(target, {self.group.name: schedule}))
         if exe.fallbacks:
             reasons = "; ".join(f"{name}: {why}" for name, why in exe.fallbacks)
             raise TuneError(f"schedule {schedule} does not build natively: {reasons}")

@@ -236,7 +236,7 @@ def _confirm(task: TuneTask, runner: Runner, db: TuningDatabase, key: TuneKey,
     passes, bests, bounds = _measure_passes(task, runner, db, key, contenders, roofline)
     verdict, gain = default, 1.0
     for schedule in contenders[1:]:
-        paired = _paired_gain(passes, default.to_json(), schedule.to_json())
+        paired = paired_gain(passes, default.to_json(), schedule.to_json())
         if paired >= MIN_GAIN and paired > gain:
             verdict, gain = schedule, paired
     rows = db.records(key)
@@ -292,9 +292,9 @@ def _measure_passes(task: TuneTask, runner: Runner, db: TuningDatabase, key: Tun
     return passes, bests, bounds
 
 
-def _paired_gain(passes: list[dict[str, float]], default: str, schedule: str) -> float:
-    """Median over passes of default seconds / ``schedule``'s seconds (0 when no pass has
-    both finite)."""
+def paired_gain(passes: list[dict[str, float]], default: str, schedule: str) -> float:
+    """Median over passes of ``default``'s seconds / ``schedule``'s seconds (0 when no pass
+    has both finite); the keys name what was timed in each pass."""
     ratios = [p[default] / p[schedule] for p in passes
               if math.isfinite(p.get(default, math.inf)) and
               math.isfinite(p.get(schedule, math.inf)) and p[schedule] > 0]
