@@ -141,6 +141,22 @@ def test_every_timed_call_follows_a_cache_flush():
     assert events == ["run"] * 5
 
 
+def test_a_warm_build_is_timed_without_warm_up_or_sizing_calls():
+    """Given the calls per timing an earlier timing found, every call is a flushed, timed one;
+    the sizing rule caps flushed timings at FLUSHED_CALLS and keeps an unflushed one long
+    enough to time."""
+    from tilefuse.tune.runner import FLUSHED_CALLS, calls_per_timing, time_runs
+
+    events: list[str] = []
+    options = MeasureOptions(warmup=2, repeats=3, min_repeat_seconds=1e-3)
+    times = time_runs(lambda: events.append("run"), options, lambda: events.append("flush"),
+                      inner=2)
+    assert len(times) == 3 and events == ["flush", "run"] * 6
+    assert calls_per_timing(1e-6, options, flushed=True) == FLUSHED_CALLS
+    assert calls_per_timing(5e-6, options, flushed=False) == 200
+    assert calls_per_timing(5e-3, options, flushed=False) == 1
+
+
 def test_before_each_call_writes_the_inputs_again_after_the_flush():
     """Before a timed call the scratch is written and then the kernel's inputs, with the
     session's values (a model's producer just wrote them), whatever the buffers held."""

@@ -4,17 +4,18 @@ One vector (:data:`FEATURE_NAMES`) serves every kernel kind. It has three parts:
 
 - **loops** (:func:`loop_features`): per loop kind (serial, parallel, vectorized, unrolled) the
   count and log2 trip counts; for the *hot loop* (the innermost non-unrolled loop executed most
-  often, unrolled bodies expanded) its loads, stores, FMAs, other ops, widest vector, log2
-  executions, depth and arithmetic intensity (flops per byte loaded or stored); then per loop
-  level from the hot loop outwards (:data:`LEVELS` levels) its log2 trips, kind, log2 bytes one
-  iteration streams, and the share of the hot body's loaded bytes whose address does not
+  often, unrolled bodies expanded) its loads, stores, FMAs, other ops, prefetches, widest
+  vector, log2 executions, depth and arithmetic intensity (flops per byte loaded or stored); then
+  per loop level from the hot loop outwards (:data:`LEVELS` levels) its log2 trips, kind, log2
+  bytes one iteration streams, and the share of the hot body's loaded bytes whose address does not
   depend on that level's variable (a reuse proxy: those bytes stay in cache or registers across
   its iterations); register accumulators (locals) and the number of functions;
 - **work**: log2 flops, log2 compulsory bytes and their ratio (the kernel's intensity), the
   number of threads the parallel loop can use;
 - **schedule** (:func:`schedule_features`): vector width, register tile (MR, NR, accumulators),
   per axis log2 tile and the share of the padded tile range wasted on the tail, packing, unroll,
-  parallel chunks and their balance over the cores.
+  parallel chunks and their balance over the cores, B's prefetch distance (log2 k steps) and
+  whether B's next panel is prefetched.
 
 Lowering that fails gives NaNs (LightGBM treats them as missing).
 """
@@ -35,6 +36,7 @@ from tilefuse.loop.ir import (
     Local,
     LoopFunction,
     LoopKind,
+    Prefetch,
     Stmt,
     Store,
     XOp,
@@ -48,8 +50,8 @@ LEVELS = 6
 AXES = ("m", "n", "k", "b", "i", "r")
 LOOP_NAMES = (
     *(f"{k.value}_{what}" for k in KINDS for what in ("count", "log_trips", "log_max")),
-    "hot_loads", "hot_stores", "hot_fmas", "hot_ops", "hot_lanes", "hot_log_exec", "hot_depth",
-    "hot_intensity",
+    "hot_loads", "hot_stores", "hot_fmas", "hot_ops", "hot_prefetches", "hot_lanes",
+    "hot_log_exec", "hot_depth", "hot_intensity",
     *(f"level{i}_{what}" for i in range(LEVELS)
       for what in ("log_trips", "kind", "log_bytes", "reused")),
     "locals", "functions", "log_flops", "log_bytes", "intensity", "threads",
@@ -57,7 +59,7 @@ LOOP_NAMES = (
 SCHEDULE_NAMES = (
     "width", "mr", "nr", "accumulators",
     *(f"{a}_{what}" for a in AXES for what in ("log_tile", "waste")),
-    "packed", "log_unroll", "log_chunks", "balance",
+    "packed", "log_unroll", "log_chunks", "balance", "log_prefetch_b", "prefetch_next",
 )
 FEATURE_NAMES = LOOP_NAMES + SCHEDULE_NAMES
 _ARITH = frozenset(XOp) - {XOp.CONST, XOp.VAR, XOp.LOAD, XOp.LOCAL_LOAD, XOp.FMA}
@@ -101,6 +103,7 @@ class _Body:
     stores: float = 0.0
     fmas: float = 0.0
     ops: float = 0.0
+    prefetches: float = 0.0
     lanes: int = 1
     bytes: float = 0.0
     loaded: dict[frozenset[str], float] = field(default_factory=dict)
@@ -110,6 +113,7 @@ class _Body:
         self.stores += other.stores * times
         self.fmas += other.fmas * times
         self.ops += other.ops * times
+        self.prefetches += other.prefetches * times
         self.bytes += other.bytes * times
         self.lanes = max(self.lanes, other.lanes)
         for key, nbytes in other.loaded.items():
@@ -150,6 +154,8 @@ class _Walker:
             return self.loop(s, env, deps, outer, chain)
         for e in expr_children(s):
             body.add(_expr_counts(e, deps))
+        if isinstance(s, Prefetch):
+            body.prefetches += 1
         if isinstance(s, Store):
             body.stores += 1
             body.bytes += s.value.type.lanes * s.value.type.dtype.itemsize
@@ -229,8 +235,8 @@ def loop_features(functions: Sequence[LoopFunction], work: tuple[float, float],
     hot = walker.hot
     b = hot.body
     flops = 2.0 * b.fmas * b.lanes + b.ops * b.lanes
-    row += [b.loads, b.stores, b.fmas, b.ops, b.lanes, _log2(hot.executions), len(hot.chain),
-            flops / max(b.bytes, 1.0)]
+    row += [b.loads, b.stores, b.fmas, b.ops, b.prefetches, b.lanes, _log2(hot.executions),
+            len(hot.chain), flops / max(b.bytes, 1.0)]
     row += _levels(hot)
     total_flops, moved = work
     parallel = walker.loops[LoopKind.PARALLEL]
@@ -260,7 +266,9 @@ def schedule_features(schedule: Schedule, extents: Mapping[str, int | None],
         extent = extents.get(axis) or 1
         chunks *= math.ceil(extent / (schedule.tile(axis) or extent))
     balance = chunks / (math.ceil(chunks / cores) * cores)
-    row += [len(schedule.pack), _log2(unroll), _log2(chunks), balance]
+    prefetch = dict(schedule.prefetch)
+    row += [len(schedule.pack), _log2(unroll), _log2(chunks), balance,
+            _log2(prefetch.get("B", 0)), float(prefetch.get("B_next", 0))]
     return np.asarray(row, dtype=np.float64)
 
 

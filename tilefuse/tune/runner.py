@@ -18,17 +18,17 @@ status saying which.
   candidates are timed by the workers holding them, one timing at a time while every other
   worker waits (a kernel is never timed while anything else compiles: it uses all the cores),
   interleaved: ``repeats`` rounds, each timing every candidate once (``("repeat", json)``;
-  ``("time", json)`` in the last round, which drops the build), the order reversed every other
-  round, so that a slow spell of this shared machine falls on all of a batch's candidates
-  alike rather than on the one being timed. A worker that dies (a
-  segfault, an abort) or does not answer within ``timeout`` seconds is killed and replaced
-  for the next candidate, and the candidate scores inf; the other checked builds it held are
-  built again, and measured, on its replacement. A plain schedule JSON still asks for a whole
-  measurement.
+  ``("time", json)`` in the last round, which drops the build; only the first round warms up
+  and sizes the timing), the order reversed every other round, so that a slow spell of this
+  shared machine falls on all of a batch's candidates alike rather than on the one being
+  timed. A worker that dies (a segfault, an abort) or does not answer within ``timeout``
+  seconds is killed and replaced for the next candidate, and the candidate scores inf; the
+  other checked builds it held are built again, and measured, on its replacement. A plain
+  schedule JSON still asks for a whole measurement.
 
-A Ray runner (measurements spread over a cluster) would be another :class:`Runner`: it ships
-``task.wire()`` and schedule JSON to remote workers running :func:`worker_loop`'s logic and maps
-their replies to :class:`MeasureResult`; it is not part of this slice.
+:class:`~tilefuse.tune.runner_ray.RayRunner` spreads the measurements over a Ray cluster: it
+ships ``task.wire()`` and schedule JSON to remote workers running :func:`measure_schedule` and
+maps their replies to :class:`MeasureResult`.
 
 :class:`PlantedFault` makes a worker misbehave on chosen schedules (abort, hang, corrupt the
 output, raise), so tests can check that the tuner goes on.
@@ -171,10 +171,10 @@ def build_checked(session: Session, schedule: Schedule, options: MeasureOptions,
 
 
 def timed(session: Session, schedule: Schedule, built: BuiltKernel,
-          options: MeasureOptions) -> MeasureResult:
+          options: MeasureOptions, inner: int | None = None) -> MeasureResult:
     """The result of timing a checked build (:func:`time_runs`, each call after
-    :func:`before_each_call`; the median)."""
-    times = time_runs(built.run, options, before_each_call(session, built))
+    :func:`before_each_call`; the median); ``inner`` as there."""
+    times = time_runs(built.run, options, before_each_call(session, built), inner)
     return MeasureResult(schedule, statistics.median(times), OK, times=tuple(times))
 
 
@@ -190,6 +190,13 @@ def measure_schedule(session: Session, schedule: Schedule, options: MeasureOptio
 
 FLUSHED_CALLS = 20
 """The most calls a timing makes when each call is flushed and timed on its own."""
+
+
+def calls_per_timing(seconds: float, options: MeasureOptions, flushed: bool) -> int:
+    """How many calls of ``seconds`` one timing makes to last ``min_repeat_seconds`` (at most
+    :data:`FLUSHED_CALLS` when each call is flushed and timed alone)."""
+    inner = max(1, min(10_000, math.ceil(options.min_repeat_seconds / max(seconds, 1e-9))))
+    return min(inner, FLUSHED_CALLS) if flushed else inner
 
 
 def flush_scratch(options: MeasureOptions) -> np.ndarray | None:
@@ -228,20 +235,20 @@ def before_each_call(session: Session, built: BuiltKernel) -> Callable[[], None]
 
 
 def time_runs(run: Any, options: MeasureOptions,
-              flush: Callable[[], None] | None = None) -> list[float]:
+              flush: Callable[[], None] | None = None, inner: int | None = None) -> list[float]:
     """Seconds per call of ``run``: ``warmup`` calls, then ``repeats`` timings, each of enough
     calls to last ``min_repeat_seconds``, each call after ``flush`` where one is given
     (:func:`before_each_call`; BERT tuned with 16 MiB of it gained 1.01-1.05x in the
     whole layer, without it 0.99-1.02x, with 8 MiB 0.99-1.01x, where the isolated runs
-    promised 1.2x: a weak effect, see docs/PERFORMANCE.md)."""
-    for _ in range(max(0, options.warmup)):
+    promised 1.2x: a weak effect, see docs/PERFORMANCE.md). ``inner``, the calls per timing
+    that an earlier timing of the same warm build found (:func:`calls_per_timing`), skips the
+    warm-up and the call that sizes a timing."""
+    if inner is None:
+        for _ in range(max(0, options.warmup)):
+            run()
+        start = time.perf_counter()
         run()
-    start = time.perf_counter()
-    run()
-    once = max(time.perf_counter() - start, 1e-9)
-    inner = max(1, min(10_000, math.ceil(options.min_repeat_seconds / once)))
-    if flush is not None:
-        inner = min(inner, FLUSHED_CALLS)  # each call is timed alone: no need for many
+        inner = calls_per_timing(time.perf_counter() - start, options, flush is not None)
     times = []
     for _ in range(max(1, options.repeats)):
         total = 0.0
@@ -301,7 +308,7 @@ def worker_loop(conn: Connection, wire: dict[str, Any], options: MeasureOptions,
     None or the pipe closes (:func:`worker_answer`)."""
     session = Session.start(TuneTask.from_wire(wire), options)
     conn.send(("ready", os.getpid()))
-    kept: dict[str, BuiltKernel] = {}
+    kept: dict[str, KeptBuild] = {}
     while True:
         try:
             message = conn.recv()
@@ -312,13 +319,25 @@ def worker_loop(conn: Connection, wire: dict[str, Any], options: MeasureOptions,
         conn.send(worker_answer(session, kept, message, options, fault))
 
 
-def worker_answer(session: Session, kept: dict[str, BuiltKernel], message: str | tuple[str, str],
+@dataclass
+class KeptBuild:
+    """A checked build a worker holds between the rounds of its timing, with the calls per
+    timing its first timing found (None before it: that one warms up and sizes)."""
+
+    built: BuiltKernel
+    inner: int | None = None
+
+
+def worker_answer(session: Session, kept: dict[str, KeptBuild], message: str | tuple[str, str],
                   options: MeasureOptions, fault: PlantedFault | None) -> tuple[Any, ...]:
     """A schedule JSON: measure it, answer ``(seconds, status, message, times)``.
     ``("build", json)``: build and check it and keep the build in ``kept``, answer
     ``(BUILT,)``, or the failed candidate's 4-tuple. ``("repeat", json)``: one timing of the
     kept build, the 4-tuple; ``("time", json)``: the same, the last one (the build is
-    dropped)."""
+    dropped). Only a build's first timing warms up and sizes itself: the later rounds call a
+    build that is warm (its check and first timing ran it), each call after
+    :func:`before_each_call` as before, so a round costs its timed calls only (on W1 the
+    warm-up and sizing calls were two thirds of the calls a candidate's timing made)."""
     if isinstance(message, str):
         r = measure_schedule(session, Schedule.from_json(message), options, fault)
     else:
@@ -327,12 +346,14 @@ def worker_answer(session: Session, kept: dict[str, BuiltKernel], message: str |
         if verb == "build":
             built = build_checked(session, schedule, options, fault)
             if not isinstance(built, MeasureResult):
-                kept[text] = built
+                kept[text] = KeptBuild(built)
                 return (BUILT,)
             r = built
         else:
-            built = kept[text] if verb == "repeat" else kept.pop(text)
-            r = timed(session, schedule, built, replace(options, repeats=1))
+            held = kept[text] if verb == "repeat" else kept.pop(text)
+            r = timed(session, schedule, held.built, replace(options, repeats=1), held.inner)
+            if r.ok and held.inner is None:
+                held.inner = calls_per_timing(r.seconds, options, session.scratch is not None)
     return r.seconds, r.status, r.message, r.times
 
 
@@ -601,7 +622,7 @@ class LocalRunner(Runner):
 
 
 __all__ = ["BUILD_ERROR", "BUILT", "CRASH", "INVALID", "OK", "TIMEOUT", "WRONG",
-           "InProcessRunner", "LocalRunner", "MeasureOptions", "MeasureResult", "PlantedFault",
-           "Runner", "Session", "Span", "before_each_call", "build_checked",
-           "default_build_workers", "flush_scratch", "measure_schedule", "time_runs", "timed",
-           "worker_answer", "worker_loop"]
+           "InProcessRunner", "KeptBuild", "LocalRunner", "MeasureOptions", "MeasureResult",
+           "PlantedFault", "Runner", "Session", "Span", "before_each_call", "build_checked",
+           "calls_per_timing", "default_build_workers", "flush_scratch", "measure_schedule",
+           "time_runs", "timed", "worker_answer", "worker_loop"]
