@@ -53,7 +53,7 @@ def test_cli_recall_reports_held_out_recall_from_the_database(tmp_path, capsys, 
     assert main(["--recall", "--trials", "30", "--db", str(db), "--in-process"]) == 0
     out = capsys.readouterr().out
     assert "top-5 recall on held-out candidates" in out and "30 measured" in out
-    assert "LightGBM (rank_xendcg)" in out and "random ranking" in out
+    assert "LightGBM (lambdarank)" in out and "random ranking" in out
 
 
 def test_cli_rejects_an_unknown_demo(capsys):

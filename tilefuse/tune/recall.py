@@ -49,7 +49,7 @@ class RecallReport:
 
     def __str__(self) -> str:
         return (f"top-{self.k} recall on held-out candidates (5-fold, {self.measured} "
-                f"measured, {self.failed} failed): LightGBM (rank_xendcg) {self.lightgbm:.2f}, "
+                f"measured, {self.failed} failed): LightGBM (lambdarank) {self.lightgbm:.2f}, "
                 f"random ranking {self.random:.2f}")
 
 
