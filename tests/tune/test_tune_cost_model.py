@@ -15,7 +15,7 @@ from tilefuse.tune.cost_model import (
     RandomModel,
     cross_validated_recall,
     lightgbm_available,
-    rank_grades,
+    log_time_grades,
     top_k_recall,
 )
 from tilefuse.tune.features import candidate_features
@@ -66,8 +66,8 @@ def test_lowering_failure_gives_nan_loop_features():
     assert np.isnan(row[0]) and np.isfinite(row[-1])
 
 
-def test_rank_grades():
-    grades = rank_grades([3.0, 1.0, math.inf, 2.0, 5.0])
+def test_log_time_grades():
+    grades = log_time_grades([3.0, 1.0, math.inf, 2.0, 5.0])
     assert grades[1] == GRADES and grades[2] == 0 and grades[4] == 0
     assert grades[1] > grades[3] > grades[0] > grades[4]
 

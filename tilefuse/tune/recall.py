@@ -23,6 +23,7 @@ from tilefuse.codegen.target import host_target
 from tilefuse.errors import TilefuseError
 from tilefuse.kernel.schedule import Schedule
 from tilefuse.tune.cost_model import (
+    DEFAULT_OBJECTIVE,
     LightGBMModel,
     RandomModel,
     cross_validated_recall,
@@ -49,8 +50,8 @@ class RecallReport:
 
     def __str__(self) -> str:
         return (f"top-{self.k} recall on held-out candidates (5-fold, {self.measured} "
-                f"measured, {self.failed} failed): LightGBM (lambdarank) {self.lightgbm:.2f}, "
-                f"random ranking {self.random:.2f}")
+                f"measured, {self.failed} failed): LightGBM ({DEFAULT_OBJECTIVE}) "
+                f"{self.lightgbm:.2f}, random ranking {self.random:.2f}")
 
 
 def measured_schedules(task: TuneTask, db: TuningDatabase) -> dict[str, float]:
