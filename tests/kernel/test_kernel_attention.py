@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import tilefuse
+from tilefuse.codegen.target import host_target
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError, ShapeError
 from tilefuse.graph.builder import GraphBuilder
@@ -234,9 +235,10 @@ def test_arena_is_the_linear_scratch_formula(seq):
     exe = NativeExecutable(g)
     group = form_kernels(g).groups[0]
     assert group.kind is KernelKind.ATTENTION
-    schedule = default_schedule(group, None)
+    target = host_target()   # the build's target: its vector width sets the tiles
+    schedule = default_schedule(group, target)
     sizes = attention_sizes(AttentionShape.of(group.nodes[0]), schedule,
-                            as_cpu_target(None).cores)
+                            as_cpu_target(target).cores)
     scratch = attention_scratch_bytes(AttentionShape.of(group.nodes[0]), sizes, 4)
     assert exe.arena.nbytes == sum(_aligned(n) for n in scratch.values())
     assert exe.arena.nbytes < seq * seq * 4   # less than one head's score matrix

@@ -255,8 +255,9 @@ def _heads_graph(transposed: bool) -> Graph:
 
 def test_a_reshaped_input_is_read_in_place_and_merged_heads_pack_in_vectors():
     """A reshape of an input moves nothing, so the matmul reads the input itself (no copy of
-    A); merged attention heads are copied, 16 lanes at a time along each head's D (the
+    A); merged attention heads are copied a vector at a time along each head's D (the
     transpose keeps only D contiguous, the reshape's exact [H, D] block is narrowed to it)."""
+    lanes = host_target().vector_bits // 32
     for transposed in (False, True):
         graph = _heads_graph(transposed)
         [group] = form_kernels(graph).groups
@@ -264,7 +265,7 @@ def test_a_reshaped_input_is_read_in_place_and_merged_heads_pack_in_vectors():
         packs = [f for f in lowered.functions if "a_rows" in f.name]
         if transposed:
             [pack] = packs
-            assert "load<16>(x" in format_function(pack)
+            assert f"load<{lanes}>(x" in format_function(pack)
         else:
             assert packs == [] and lowered.functions[-1].buffer("x") is not None
         check_group(graph, seed=int(transposed))

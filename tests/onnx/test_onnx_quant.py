@@ -10,6 +10,12 @@ from onnxcheck import arr, single
 
 rng = np.random.default_rng(13)
 
+EXACT = "spec"
+"""The integer products are checked against the ONNX spec's reference evaluator: onnxruntime's
+u8 kernels on AVX2 hosts without VNNI (AMD EPYC znver3 here) are not exact (MatMulInteger of a
+1x7 u8 row and a 7x1 s8 column: -9976 where the exact sum, NumPy's and the spec's, is -17600;
+likely its pairwise 16-bit multiply-adds saturating)."""
+
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16])
 def test_quantize_dequantize_per_tensor(dtype) -> None:
@@ -46,9 +52,9 @@ def test_dynamic_quantize_linear(shape: tuple[int, ...]) -> None:
 def test_integer_products(m: int, k: int, n: int) -> None:
     a = rng.integers(0, 255, size=(m, k)).astype(np.uint8)
     b = rng.integers(-128, 127, size=(k, n)).astype(np.int8)
-    single("MatMulInteger", {"a": a, "b": b},
+    single("MatMulInteger", {"a": a, "b": b}, oracle=EXACT,
            consts={"az": np.array(11, np.uint8), "bz": np.array(-3, np.int8)}, opset=10)
-    single("QLinearMatMul", {"a": a}, opset=10, consts={
+    single("QLinearMatMul", {"a": a}, opset=10, oracle=EXACT, consts={
         "as": np.array(0.02, np.float32), "az": np.array(128, np.uint8),
         "b": rng.integers(0, 255, size=(k, n)).astype(np.uint8),
         "bs": np.array(0.01, np.float32), "bz": np.array(120, np.uint8),
@@ -59,10 +65,10 @@ def test_integer_products(m: int, k: int, n: int) -> None:
 def test_integer_convolutions(pads: list[int]) -> None:
     x = rng.integers(0, 255, size=(1, 3, 7, 6)).astype(np.uint8)
     w = rng.integers(0, 255, size=(4, 3, 3, 2)).astype(np.uint8)
-    single("ConvInteger", {"x": x}, consts={"w": w, "xz": np.array(100, np.uint8),
+    single("ConvInteger", {"x": x}, oracle=EXACT, consts={"w": w, "xz": np.array(100, np.uint8),
                                             "wz": np.array(110, np.uint8)}, opset=10,
            pads=pads, strides=[1, 2])
-    single("QLinearConv", {"x": x}, opset=10, pads=pads, consts={
+    single("QLinearConv", {"x": x}, opset=10, pads=pads, oracle=EXACT, consts={
         "xs": np.array(0.02, np.float32), "xz": np.array(100, np.uint8),
         "w": rng.integers(-128, 127, size=(4, 3, 3, 2)).astype(np.int8),
         "ws": arr([4], low=0.005, high=0.02), "wz": np.zeros(4, np.int8),

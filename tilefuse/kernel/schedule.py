@@ -460,7 +460,9 @@ def _compute_dtype(group: KernelGroup) -> DType:
 
 
 def as_cpu_target(target: Any = None) -> CpuTarget:
-    """``target`` as a :class:`CpuTarget`: itself, this machine for None, or built from any
+    """``target`` as a :class:`CpuTarget`: itself, the default ``CpuTarget()`` for None (512-bit
+    vectors, this machine's cores: pass the code generator's host target for this machine's
+    vector width), or built from any
     object with ``vector_bits`` (and optionally ``cores``), such as the code generator's target.
     """
     if isinstance(target, CpuTarget):
