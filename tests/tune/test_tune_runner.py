@@ -180,3 +180,39 @@ def test_before_each_call_writes_the_inputs_again_after_the_flush():
     for got, want in zip(built.outputs, session.reference):
         assert_close(got, want, reduction=True)
     assert before_each_call(Session.start(task, MeasureOptions(flush_bytes=0)), built) is None
+
+
+def _default_task(m: int, k: int, n: int):
+    from tilefuse.tune.space import space_for
+    from tilefuse.tune.task import tasks_from_graph
+
+    [task] = tasks_from_graph(matmul_graph(m, k, n))
+    return task, space_for(task.group).default()
+
+
+def test_workers_switch_tasks_instead_of_restarting():
+    """A new task goes to the running workers (a start costs seconds): each kernel is still
+    checked against its own reference, so a corrupt output on the second task is WRONG."""
+    first, first_default = _default_task(24, 16, 40)
+    second, second_default = _default_task(7, 9, 13)
+    _, (_, other) = matmul_candidates(2)
+    fault = PlantedFault("corrupt", frozenset({second_default.to_json()}))
+    with LocalRunner(FAST, fault, build_workers=2) as runner:
+        a = runner.measure(first, [first_default, other])
+        b = runner.measure(second, [second_default])
+        c = runner.measure(first, [other, first_default])
+        assert runner.workers_started == 2
+    assert [r.status for r in a + c] == [OK] * 4
+    assert [r.status for r in b] == [WRONG]
+
+
+def test_a_dead_worker_is_replaced_when_the_task_changes():
+    first, first_default = _default_task(24, 16, 40)
+    second, second_default = _default_task(7, 9, 13)
+    fault = PlantedFault("abort", frozenset({first_default.to_json()}))
+    options = MeasureOptions(warmup=0, repeats=2, min_repeat_seconds=0.0, timeout=10.0)
+    with LocalRunner(options, fault, build_workers=1) as runner:
+        [dead] = runner.measure(first, [first_default])
+        [ok] = runner.measure(second, [second_default])
+        assert runner.workers_started == 2
+    assert dead.status == CRASH and ok.status == OK and math.isfinite(ok.seconds)

@@ -300,12 +300,17 @@ class InProcessRunner(Runner):
 
 BUILT = "built"
 """A worker's answer to ``("build", json)`` when the candidate built and checked."""
+SWITCH = "task"
+"""The verb of ``(SWITCH, wire)``: the worker takes another task (:func:`worker_loop`)."""
 
 
 def worker_loop(conn: Connection, wire: dict[str, Any], options: MeasureOptions,
                 fault: PlantedFault | None) -> None:
     """A worker process: make the task's session, say ready, then answer each message until
-    None or the pipe closes (:func:`worker_answer`)."""
+    None or the pipe closes (:func:`worker_answer`). ``("task", wire)`` makes the session of
+    another task (its kept builds dropped) and says ready again: one process serves every
+    task of a tuning run, since starting one (spawn, imports) costs ~3.5 s here, more than
+    measuring a kernel's default."""
     session = Session.start(TuneTask.from_wire(wire), options)
     conn.send(("ready", os.getpid()))
     kept: dict[str, KeptBuild] = {}
@@ -316,6 +321,11 @@ def worker_loop(conn: Connection, wire: dict[str, Any], options: MeasureOptions,
             return
         if message is None:
             return
+        if isinstance(message, tuple) and message[0] == SWITCH:
+            kept.clear()
+            session = Session.start(TuneTask.from_wire(message[1]), options)
+            conn.send(("ready", os.getpid()))
+            continue
         conn.send(worker_answer(session, kept, message, options, fault))
 
 
@@ -368,6 +378,12 @@ class _Worker:
         self.process.start()
         child.close()
         self.startup_timeout = options.startup_timeout
+        self.ready = False
+
+    def switch(self, task: TuneTask) -> None:
+        """Asks the (ready) worker to take ``task`` instead; :meth:`wait_ready` then waits for
+        its new session."""
+        self.conn.send((SWITCH, task.wire()))
         self.ready = False
 
     def wait_ready(self) -> None:
@@ -445,10 +461,21 @@ class LocalRunner(Runner):
         self._key: str | None = None
 
     def _start(self, task: TuneTask, slots: Sequence[int]) -> None:
-        """Starts (without waiting) workers for those of ``slots`` that have none."""
+        """Starts (without waiting) workers for those of ``slots`` that have none; on a new
+        task, the running workers switch to it (:data:`SWITCH`; one still starting is waited
+        for first, so its ready answer is not taken for the switch's) and dead ones go."""
         if self._key != task.fingerprint():
-            self.close()
             self._key = task.fingerprint()
+            for k, worker in enumerate(self._workers):
+                if worker is None:
+                    continue
+                try:
+                    worker.wait_ready()
+                    if not worker.alive():
+                        raise OSError("the worker died")
+                    worker.switch(task)
+                except (TilefuseError, OSError):
+                    self._drop(k)
         for k in slots:
             worker = self._workers[k]
             if worker is not None and not worker.alive():
@@ -621,7 +648,7 @@ class LocalRunner(Runner):
             self._workers[k] = None
 
 
-__all__ = ["BUILD_ERROR", "BUILT", "CRASH", "INVALID", "OK", "TIMEOUT", "WRONG",
+__all__ = ["BUILD_ERROR", "BUILT", "CRASH", "INVALID", "OK", "SWITCH", "TIMEOUT", "WRONG",
            "InProcessRunner", "KeptBuild", "LocalRunner", "MeasureOptions", "MeasureResult",
            "PlantedFault", "Runner", "Session", "Span", "before_each_call", "build_checked",
            "calls_per_timing", "default_build_workers", "flush_scratch", "measure_schedule",
