@@ -216,3 +216,31 @@ def test_a_dead_worker_is_replaced_when_the_task_changes():
         [ok] = runner.measure(second, [second_default])
         assert runner.workers_started == 2
     assert dead.status == CRASH and ok.status == OK and math.isfinite(ok.seconds)
+
+
+def test_a_schedule_measured_again_reuses_its_checked_build():
+    """The confirmation measures the same schedules again: each goes back to the worker that
+    built it, which times its checked build again; a new task starts afresh."""
+    task, found = matmul_candidates(3)
+    other, other_default = _default_task(7, 9, 13)
+    with LocalRunner(FAST, build_workers=2) as runner:
+        first = runner.measure(task, found)
+        assert runner.builds_reused == 0
+        again = runner.measure(task, found[::-1])
+        assert runner.builds_reused == 3
+        runner.measure(other, [other_default])
+        runner.measure(task, found[:1])
+        assert runner.builds_reused == 3   # the switch dropped the builds
+    assert all(r.status == OK and len(r.times) == 2 for r in first + again)
+
+
+def test_worker_builds_keep_only_the_recent_ones():
+    from tilefuse.tune.runner import RECENT_BUILDS, KeptBuild, WorkerBuilds
+
+    builds = WorkerBuilds()
+    for j in range(RECENT_BUILDS + 2):
+        builds.kept[str(j)] = KeptBuild(object(), inner=5)  # type: ignore[arg-type]
+        builds.done(str(j))
+    assert list(builds.recent) == [str(j) for j in range(2, RECENT_BUILDS + 2)]
+    assert not builds.reuse("0") and builds.reuse("2")
+    assert builds.kept["2"].inner is None and "2" not in builds.recent  # it warms up again

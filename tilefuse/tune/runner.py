@@ -18,8 +18,9 @@ status saying which.
   candidates are timed by the workers holding them, one timing at a time while every other
   worker waits (a kernel is never timed while anything else compiles: it uses all the cores),
   interleaved: ``repeats`` rounds, each timing every candidate once (``("repeat", json)``;
-  ``("time", json)`` in the last round, which drops the build; only the first round warms up
-  and sizes the timing), the order reversed every other round, so that a slow spell of this
+  ``("time", json)`` in the last round, after which the worker keeps the build among its
+  recent ones, for the same schedule asked again; only the first round warms up and sizes
+  the timing), the order reversed every other round, so that a slow spell of this
   shared machine falls on all of a batch's candidates alike rather than on the one being
   timed. A worker that dies (a segfault, an abort) or does not answer within ``timeout``
   seconds is killed and replaced for the next candidate, and the candidate scores inf; the
@@ -299,7 +300,8 @@ class InProcessRunner(Runner):
 
 
 BUILT = "built"
-"""A worker's answer to ``("build", json)`` when the candidate built and checked."""
+"""A worker's answer to ``("build", json)`` when the candidate built and checked:
+``(BUILT, reused)``, ``reused`` when it was a recent build of the same schedule."""
 SWITCH = "task"
 """The verb of ``(SWITCH, wire)``: the worker takes another task (:func:`worker_loop`)."""
 
@@ -308,12 +310,12 @@ def worker_loop(conn: Connection, wire: dict[str, Any], options: MeasureOptions,
                 fault: PlantedFault | None) -> None:
     """A worker process: make the task's session, say ready, then answer each message until
     None or the pipe closes (:func:`worker_answer`). ``("task", wire)`` makes the session of
-    another task (its kept builds dropped) and says ready again: one process serves every
-    task of a tuning run, since starting one (spawn, imports) costs ~3.5 s here, more than
-    measuring a kernel's default."""
+    another task (its builds dropped) and says ready again: one process serves every task of
+    a tuning run, since starting one (spawn, imports) costs ~3.5 s here, more than measuring
+    a kernel's default."""
     session = Session.start(TuneTask.from_wire(wire), options)
     conn.send(("ready", os.getpid()))
-    kept: dict[str, KeptBuild] = {}
+    builds = WorkerBuilds()
     while True:
         try:
             message = conn.recv()
@@ -322,11 +324,11 @@ def worker_loop(conn: Connection, wire: dict[str, Any], options: MeasureOptions,
         if message is None:
             return
         if isinstance(message, tuple) and message[0] == SWITCH:
-            kept.clear()
+            builds = WorkerBuilds()
             session = Session.start(TuneTask.from_wire(message[1]), options)
             conn.send(("ready", os.getpid()))
             continue
-        conn.send(worker_answer(session, kept, message, options, fault))
+        conn.send(worker_answer(session, builds, message, options, fault))
 
 
 @dataclass
@@ -338,15 +340,46 @@ class KeptBuild:
     inner: int | None = None
 
 
-def worker_answer(session: Session, kept: dict[str, KeptBuild], message: str | tuple[str, str],
+RECENT_BUILDS = 8
+"""Checked builds a worker keeps after their timing, for the same schedule asked again on the
+same task (the tuner's confirmation measures its contenders and the default 4 more times:
+each pass rebuilt them, ~0.4 s of LLVM per ResNet-50 kernel, a fifth of a kernel's tuning)."""
+
+
+@dataclass
+class WorkerBuilds:
+    """A worker's checked builds of its current task, by schedule JSON: ``kept`` are in a
+    batch's timing; ``recent`` were timed, the last :data:`RECENT_BUILDS` of them."""
+
+    kept: dict[str, KeptBuild] = field(default_factory=dict)
+    recent: dict[str, BuiltKernel] = field(default_factory=dict)
+
+    def reuse(self, text: str) -> bool:
+        """Holds a recent build of ``text`` for a new timing (which warms up and sizes again,
+        as a fresh build's would), if there is one."""
+        built = self.recent.pop(text, None)
+        if built is not None:
+            self.kept[text] = KeptBuild(built)
+        return built is not None
+
+    def done(self, text: str) -> KeptBuild:
+        """``text``'s timing ended: its build moves to ``recent``, the oldest dropped."""
+        held = self.kept.pop(text)
+        self.recent[text] = held.built
+        while len(self.recent) > RECENT_BUILDS:
+            del self.recent[next(iter(self.recent))]
+        return held
+
+
+def worker_answer(session: Session, builds: WorkerBuilds, message: str | tuple[str, str],
                   options: MeasureOptions, fault: PlantedFault | None) -> tuple[Any, ...]:
     """A schedule JSON: measure it, answer ``(seconds, status, message, times)``.
-    ``("build", json)``: build and check it and keep the build in ``kept``, answer
-    ``(BUILT,)``, or the failed candidate's 4-tuple. ``("repeat", json)``: one timing of the
-    kept build, the 4-tuple; ``("time", json)``: the same, the last one (the build is
-    dropped). Only a build's first timing warms up and sizes itself: the later rounds call a
-    build that is warm (its check and first timing ran it), each call after
-    :func:`before_each_call` as before, so a round costs its timed calls only (on W1 the
+    ``("build", json)``: build and check it (or take its recent checked build) and keep the
+    build, answer ``(BUILT, reused)``, or the failed candidate's 4-tuple. ``("repeat", json)``: one
+    timing of the kept build, the 4-tuple; ``("time", json)``: the same, the last one (the
+    build moves to the recent ones). Only a build's first timing warms up and sizes itself:
+    the later rounds call a build that is warm (its check and first timing ran it), each call
+    after :func:`before_each_call` as before, so a round costs its timed calls only (on W1 the
     warm-up and sizing calls were two thirds of the calls a candidate's timing made)."""
     if isinstance(message, str):
         r = measure_schedule(session, Schedule.from_json(message), options, fault)
@@ -354,13 +387,15 @@ def worker_answer(session: Session, kept: dict[str, KeptBuild], message: str | t
         verb, text = message
         schedule = Schedule.from_json(text)
         if verb == "build":
+            if builds.reuse(text):
+                return (BUILT, True)
             built = build_checked(session, schedule, options, fault)
             if not isinstance(built, MeasureResult):
-                kept[text] = KeptBuild(built)
-                return (BUILT,)
+                builds.kept[text] = KeptBuild(built)
+                return (BUILT, False)
             r = built
         else:
-            held = kept[text] if verb == "repeat" else kept.pop(text)
+            held = builds.kept[text] if verb == "repeat" else builds.done(text)
             r = timed(session, schedule, held.built, replace(options, repeats=1), held.inner)
             if r.ok and held.inner is None:
                 held.inner = calls_per_timing(r.seconds, options, session.scratch is not None)
@@ -446,7 +481,8 @@ class LocalRunner(Runner):
     built and checked on up to ``build_workers`` workers at once (default: one per core),
     then timed one candidate at a time in the order given while every other worker waits,
     so no compile shares the machine with a timing. ``workers_started`` counts the processes
-    started (a replaced worker adds one); ``spans`` records the last batch's phases."""
+    started (a replaced worker adds one), ``builds_reused`` the candidates a worker did not
+    build again (:class:`WorkerBuilds`); ``spans`` records the last batch's phases."""
 
     def __init__(self, options: MeasureOptions | None = None,
                  fault: PlantedFault | None = None, build_workers: int | None = None,
@@ -456,9 +492,11 @@ class LocalRunner(Runner):
         self.build_workers = max(1, build_workers or default_build_workers())
         self.settle_seconds = settle_seconds
         self.workers_started = 0
+        self.builds_reused = 0
         self.spans: list[Span] = []
         self._workers: list[_Worker | None] = [None] * self.build_workers
         self._key: str | None = None
+        self._homes: dict[str, int] = {}   # schedule JSON -> the slot that built it last
 
     def _start(self, task: TuneTask, slots: Sequence[int]) -> None:
         """Starts (without waiting) workers for those of ``slots`` that have none; on a new
@@ -466,6 +504,7 @@ class LocalRunner(Runner):
         for first, so its ready answer is not taken for the switch's) and dead ones go."""
         if self._key != task.fingerprint():
             self._key = task.fingerprint()
+            self._homes.clear()
             for k, worker in enumerate(self._workers):
                 if worker is None:
                     continue
@@ -498,6 +537,7 @@ class LocalRunner(Runner):
         return worker
 
     def _drop(self, k: int) -> None:
+        self._homes = {text: slot for text, slot in self._homes.items() if slot != k}
         worker = self._workers[k]
         if worker is not None:
             worker.kill()
@@ -563,7 +603,10 @@ class LocalRunner(Runner):
             for k in range(slots):
                 if k in busy or not queue:
                     continue
-                i, schedule = queue.popleft()
+                pick = self._pick(queue, k, slots)
+                if pick is None:
+                    continue
+                i, schedule = pick
                 try:
                     worker = self._ready(task, k)
                     worker.conn.send(("build", schedule.to_json()))
@@ -575,6 +618,21 @@ class LocalRunner(Runner):
             if busy:
                 self._collect(busy, held, results)
         return held
+
+    def _pick(self, queue: deque[tuple[int, Schedule]], k: int, slots: int
+              ) -> tuple[int, Schedule] | None:
+        """The next candidate for slot ``k``: the first it built before (its worker holds the
+        checked build: :class:`WorkerBuilds`), else the first no other slot of this batch
+        built, else None (they wait for their own slot, which answers them at once)."""
+        homes = [self._homes.get(s.to_json()) for _, s in queue]
+        for wanted in (k, None):
+            for j, home in enumerate(homes):
+                homeless = home is None or home >= slots
+                if (home == k) if wanted == k else homeless:
+                    item = queue[j]
+                    del queue[j]
+                    return item
+        return None
 
     def _collect(self, busy: dict[int, tuple[_Worker, int, Schedule, float]],
                  held: dict[int, tuple[int, _Worker]],
@@ -593,6 +651,7 @@ class LocalRunner(Runner):
                     results[i] = reply
                 else:
                     held[i] = (k, worker)
+                    self._homes[schedule.to_json()] = k
             elif now - start >= self.options.timeout:
                 del busy[k]
                 self._drop(k)
@@ -609,7 +668,8 @@ class LocalRunner(Runner):
             self._drop(k)
             return MeasureResult(schedule, math.inf, CRASH,
                                  f"worker died (exit code {worker.process.exitcode})")
-        if reply == (BUILT,):
+        if reply[0] == BUILT:
+            self.builds_reused += bool(reply[1])
             return BUILT
         seconds, status, message, times = reply
         return MeasureResult(schedule, seconds, status, message, tuple(times))
@@ -648,8 +708,9 @@ class LocalRunner(Runner):
             self._workers[k] = None
 
 
-__all__ = ["BUILD_ERROR", "BUILT", "CRASH", "INVALID", "OK", "SWITCH", "TIMEOUT", "WRONG",
-           "InProcessRunner", "KeptBuild", "LocalRunner", "MeasureOptions", "MeasureResult",
-           "PlantedFault", "Runner", "Session", "Span", "before_each_call", "build_checked",
-           "calls_per_timing", "default_build_workers", "flush_scratch", "measure_schedule",
-           "time_runs", "timed", "worker_answer", "worker_loop"]
+__all__ = ["BUILD_ERROR", "BUILT", "CRASH", "INVALID", "OK", "RECENT_BUILDS", "SWITCH", "TIMEOUT",
+           "WRONG", "InProcessRunner", "KeptBuild", "LocalRunner", "MeasureOptions",
+           "MeasureResult", "PlantedFault", "Runner", "Session", "Span", "WorkerBuilds",
+           "before_each_call", "build_checked", "calls_per_timing", "default_build_workers",
+           "flush_scratch", "measure_schedule", "time_runs", "timed", "worker_answer",
+           "worker_loop"]
