@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+import functools
+import sys
 
-import ml_dtypes
 import numpy as np
 
 from tilefuse.errors import DTypeError
@@ -33,7 +34,7 @@ class DType(enum.Enum):
     @property
     def np(self) -> np.dtype:
         """The NumPy dtype that stores this type (bf16 through ml_dtypes)."""
-        return _TO_NUMPY[self]
+        return bfloat16() if self is DType.bf16 else _TO_NUMPY[self]
 
     @property
     def itemsize(self) -> int:
@@ -62,7 +63,6 @@ _TO_NUMPY: dict[DType, np.dtype] = {
     DType.f64: np.dtype(np.float64),
     DType.f32: np.dtype(np.float32),
     DType.f16: np.dtype(np.float16),
-    DType.bf16: np.dtype(ml_dtypes.bfloat16),
     DType.i64: np.dtype(np.int64),
     DType.i32: np.dtype(np.int32),
     DType.i16: np.dtype(np.int16),
@@ -71,6 +71,21 @@ _TO_NUMPY: dict[DType, np.dtype] = {
     DType.bool: np.dtype(np.bool_),
 }
 _FROM_NUMPY: dict[np.dtype, DType] = {v: k for k, v in _TO_NUMPY.items()}
+
+
+@functools.cache
+def bfloat16() -> np.dtype:
+    """ml_dtypes' bfloat16, imported on first use: initialising ml_dtypes takes ~1.2 s here,
+    most of ``import tilefuse``, and only bf16 programs need it."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_bfloat16(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is ml_dtypes' bfloat16 (without importing ml_dtypes: an array of it
+    exists only once its maker imported it)."""
+    return "ml_dtypes" in sys.modules and dtype == bfloat16()
 
 
 def from_numpy(dtype: object) -> DType:
@@ -82,6 +97,8 @@ def from_numpy(dtype: object) -> DType:
     except TypeError as exc:
         raise DTypeError(f"not a dtype: {dtype!r}") from exc
     found = _FROM_NUMPY.get(key)
+    if found is None and is_bfloat16(key):
+        found = DType.bf16
     if found is None:
         raise DTypeError(f"unsupported dtype {key}; tilefuse supports "
                          + ", ".join(t.value for t in DType))

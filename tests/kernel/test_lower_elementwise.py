@@ -607,3 +607,25 @@ def test_constant_pad_is_an_index_remap(shape, pads, vector):
     group = one_kernel(graph)
     (fn,) = check_groups(graph, [group], random_inputs(graph, seed=len(shape)))
     assert bool(kind_loops(fn, LoopKind.VECTORIZED)) is vector
+
+
+def test_f64_to_f16_rounds_once():
+    """f64 -> f16 is one rounding (NumPy's), not two through f32: 1 + 2^-11 + 2^-40 lies just
+    above a tie of f16, which f32 would erase. Also ties, signs, subnormals, overflow, inf,
+    NaN and random values, in vectors and the remainder (this cast was a call of
+    ``__truncdfhf2`` the JIT could not resolve on hosts without AVX512-FP16)."""
+    special = [1 + 2.0**-11 + 2.0**-40, -(1 + 2.0**-11 + 2.0**-40), 1 + 2.0**-11,
+               1 + 3 * 2.0**-11, 2.0**-25 + 2.0**-60, 2.0**-24, -(2.0**-26), 65519.99,
+               65520.0, 1e300, -1e300, 0.0, -0.0, np.inf, -np.inf, np.nan, 1e-320]
+    rng = np.random.default_rng(7)
+    values = np.concatenate([special, rng.standard_normal(496) * 1e3]).astype(np.float64)
+    b = GraphBuilder("to_f16")
+    x = b.input(((values.size,), F64), "x")
+    graph = b.build([b.add1("cast", [x], {"dtype": DType.f16})])
+    [fn] = [lower_group(one_kernel(graph), default(one_kernel(graph)))]
+    out = np.empty(values.size, np.float16)
+    compile_kernel(fn)(values, out)
+    want = values.astype(np.float16)
+    assert np.array_equal(out.view(np.uint16)[~np.isnan(want)],
+                          want.view(np.uint16)[~np.isnan(want)])
+    assert np.isnan(out[np.isnan(want)]).all()

@@ -76,6 +76,8 @@ class LLVMOps:
                 return b.fcmp_unordered("!=", x, constant(t, 0.0))
             return b.icmp_unsigned("!=", x, constant(t, 0))
         target = llvm_type(to)
+        if src is DType.f64 and dst is DType.f16:
+            return b.fptrunc(self.f64_to_f32_odd(x, t.lanes), target)
         if src.is_float and dst.is_float:
             return (b.fpext if _width(dst) > _width(src) else b.fptrunc)(x, target)
         if src.is_float:
@@ -89,6 +91,24 @@ class LLVMOps:
         if _width(dst) < _width(src):
             return b.trunc(x, target)
         return (b.sext if _is_signed(src) else b.zext)(x, target)
+
+    def f64_to_f32_odd(self, x: Value, lanes: int) -> Value:
+        """``x`` rounded to f32 to odd (toward zero, the last bit set when inexact), so that
+        rounding that to f16 is f64 to f16 rounded once: 24 bits >= 2 * 11 + 2. Without
+        AVX512-FP16, LLVM lowers an f64 to f16 ``fptrunc`` to a call of ``__truncdfhf2``,
+        which the JIT cannot resolve (the kernel jumped to address 0)."""
+        b = self.b
+        i32 = LType(DType.i32, lanes)
+        near = b.fptrunc(x, vector_of(F32, lanes))                  # to nearest even
+        back = b.fpext(near, x.type)
+        positive = b.fcmp_ordered(">", x, constant(LType(DType.f64, lanes), 0.0))
+        above, below = b.fcmp_ordered(">", back, x), b.fcmp_ordered("<", back, x)
+        away = b.select(positive, above, below)                    # rounded away from zero
+        bits = b.bitcast(near, vector_of(I32, lanes))
+        bits = b.select(away, b.sub(bits, constant(i32, 1)), bits)  # one step toward zero
+        inexact = b.fcmp_unordered("!=", back, x)                  # NaN too: it stays NaN
+        bits = b.select(inexact, b.or_(bits, constant(i32, 1)), bits)
+        return b.bitcast(bits, vector_of(F32, lanes))
 
     def bf16_to_f32(self, x: Value, lanes: int) -> Value:
         wide = self.b.zext(x, vector_of(I32, lanes))

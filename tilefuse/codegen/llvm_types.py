@@ -7,7 +7,6 @@ In memory a ``bool`` is one byte.
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 from llvmlite import ir
 
@@ -51,7 +50,7 @@ def constant(t: LType, value: int | float | bool) -> ir.Constant:
     """A (splat) constant of type ``t``."""
     elem = scalar_type(t.dtype)
     if t.dtype is DType.bf16:
-        value = int(np.array(value, ml_dtypes.bfloat16).view(np.uint16))
+        value = int(np.array(value, DType.bf16.np).view(np.uint16))
     elif t.dtype.is_float:
         value = float(np.array(value, t.dtype.np))  # rounded as the type stores it
     elif t.dtype.is_bool:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from tilefuse.dtypes import DType, from_numpy, promote_all
+from tilefuse.dtypes import DType, from_numpy, is_bfloat16, promote_all
 from tilefuse.errors import AttrError, ShapeError
 from tilefuse.graph.ir import Attrs
 from tilefuse.graph.types import Shape, Sym, broadcast_shapes, normalize_axes
@@ -55,7 +55,8 @@ def fixed(dtype: DType) -> Callable[[tuple[DType, ...], Attrs], tuple[DType, ...
 
 # ---- references ------------------------------------------------------------------------------
 
-_LOW_PRECISION = (np.dtype(np.float16), DType.bf16.np)
+def _low_precision(dtype: np.dtype) -> bool:
+    return dtype == np.float16 or is_bfloat16(dtype)
 
 
 def in_f32(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
@@ -63,10 +64,10 @@ def in_f32(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
     once: the result a careful kernel produces, and what the numerics contract compares with."""
 
     def ref(*arrays: np.ndarray, **attrs: object) -> np.ndarray:
-        low = next((a.dtype for a in arrays if a.dtype in _LOW_PRECISION), None)
+        low = next((a.dtype for a in arrays if _low_precision(a.dtype)), None)
         if low is None:
             return fn(*arrays, **attrs)
-        wide = [a.astype(np.float32) if a.dtype in _LOW_PRECISION else a for a in arrays]
+        wide = [a.astype(np.float32) if _low_precision(a.dtype) else a for a in arrays]
         return np.asarray(fn(*wide, **attrs)).astype(low)
 
     ref.__name__ = getattr(fn, "__name__", "ref")
