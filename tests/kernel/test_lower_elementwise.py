@@ -609,23 +609,26 @@ def test_constant_pad_is_an_index_remap(shape, pads, vector):
     assert bool(kind_loops(fn, LoopKind.VECTORIZED)) is vector
 
 
-def test_f64_to_f16_rounds_once():
-    """f64 -> f16 is one rounding (NumPy's), not two through f32: 1 + 2^-11 + 2^-40 lies just
-    above a tie of f16, which f32 would erase. Also ties, signs, subnormals, overflow, inf,
-    NaN and random values, in vectors and the remainder (this cast was a call of
-    ``__truncdfhf2`` the JIT could not resolve on hosts without AVX512-FP16)."""
-    special = [1 + 2.0**-11 + 2.0**-40, -(1 + 2.0**-11 + 2.0**-40), 1 + 2.0**-11,
-               1 + 3 * 2.0**-11, 2.0**-25 + 2.0**-60, 2.0**-24, -(2.0**-26), 65519.99,
-               65520.0, 1e300, -1e300, 0.0, -0.0, np.inf, -np.inf, np.nan, 1e-320]
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_f64_to_half_types_rounds_once(dtype):
+    """f64 -> f16 / bf16 is one rounding (NumPy's and ml_dtypes'), not two through f32:
+    1 + 2^-11 + 2^-40 (f16) and 1 + 2^-8 + 2^-40 (bf16) lie just above a tie, which f32
+    would erase. Also ties, signs, subnormals, overflow, inf, NaN and random values, in
+    vectors and the remainder (the f16 cast was a call of ``__truncdfhf2`` the JIT could not
+    resolve on hosts without AVX512-FP16)."""
+    tie = 2.0 ** -(11 if dtype is F16 else 8)
+    special = [1 + tie + 2.0**-40, -(1 + tie + 2.0**-40), 1 + tie, 1 + 3 * tie,
+               2.0**-25 + 2.0**-60, 2.0**-24, -(2.0**-26), 65519.99, 65520.0, 3.4e38, 1e300,
+               -1e300, 0.0, -0.0, np.inf, -np.inf, np.nan, 1e-320, 1e-40]
     rng = np.random.default_rng(7)
     values = np.concatenate([special, rng.standard_normal(496) * 1e3]).astype(np.float64)
-    b = GraphBuilder("to_f16")
+    b = GraphBuilder("to_half")
     x = b.input(((values.size,), F64), "x")
-    graph = b.build([b.add1("cast", [x], {"dtype": DType.f16})])
-    [fn] = [lower_group(one_kernel(graph), default(one_kernel(graph)))]
-    out = np.empty(values.size, np.float16)
-    compile_kernel(fn)(values, out)
-    want = values.astype(np.float16)
-    assert np.array_equal(out.view(np.uint16)[~np.isnan(want)],
-                          want.view(np.uint16)[~np.isnan(want)])
-    assert np.isnan(out[np.isnan(want)]).all()
+    graph = b.build([b.add1("cast", [x], {"dtype": dtype})])
+    group = one_kernel(graph)
+    out = np.empty(values.size, dtype.np)
+    compile_kernel(lower_group(group, default(group)))(values, out)
+    want = values.astype(dtype.np)
+    nan = np.isnan(want.astype(np.float32))
+    assert np.array_equal(out.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+    assert np.isnan(out[nan].astype(np.float32)).all()

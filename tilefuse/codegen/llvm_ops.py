@@ -66,6 +66,8 @@ class LLVMOps:
         src, dst, b = t.dtype, to.dtype, self.b
         if src is dst:
             return x
+        if src is DType.f64 and dst in HALF_TYPES:   # through f32, still rounded once
+            x, t, src = self.f64_to_f32_odd(x, t.lanes), LType(DType.f32, t.lanes), DType.f32
         if src is DType.bf16:
             return self.cast(LType(DType.f32, t.lanes), self.bf16_to_f32(x, t.lanes), to)
         if dst is DType.bf16:
@@ -76,8 +78,6 @@ class LLVMOps:
                 return b.fcmp_unordered("!=", x, constant(t, 0.0))
             return b.icmp_unsigned("!=", x, constant(t, 0))
         target = llvm_type(to)
-        if src is DType.f64 and dst is DType.f16:
-            return b.fptrunc(self.f64_to_f32_odd(x, t.lanes), target)
         if src.is_float and dst.is_float:
             return (b.fpext if _width(dst) > _width(src) else b.fptrunc)(x, target)
         if src.is_float:
@@ -94,9 +94,10 @@ class LLVMOps:
 
     def f64_to_f32_odd(self, x: Value, lanes: int) -> Value:
         """``x`` rounded to f32 to odd (toward zero, the last bit set when inexact), so that
-        rounding that to f16 is f64 to f16 rounded once: 24 bits >= 2 * 11 + 2. Without
-        AVX512-FP16, LLVM lowers an f64 to f16 ``fptrunc`` to a call of ``__truncdfhf2``,
-        which the JIT cannot resolve (the kernel jumped to address 0)."""
+        rounding that to f16 or bf16 is f64 to that type rounded once, as NumPy and ml_dtypes
+        round (24 bits >= 2 * 11 + 2). Through f32 rounded to nearest, a value just above a
+        tie of the narrow type lands on the tie; and without AVX512-FP16, LLVM lowers an f64
+        to f16 ``fptrunc`` to a call of ``__truncdfhf2``, which the JIT cannot resolve."""
         b = self.b
         i32 = LType(DType.i32, lanes)
         near = b.fptrunc(x, vector_of(F32, lanes))                  # to nearest even
