@@ -505,16 +505,8 @@ class LocalRunner(Runner):
         if self._key != task.fingerprint():
             self._key = task.fingerprint()
             self._homes.clear()
-            for k, worker in enumerate(self._workers):
-                if worker is None:
-                    continue
-                try:
-                    worker.wait_ready()
-                    if not worker.alive():
-                        raise OSError("the worker died")
-                    worker.switch(task)
-                except (TilefuseError, OSError):
-                    self._drop(k)
+            for k in range(len(self._workers)):
+                self._switch(k, task)
         for k in slots:
             worker = self._workers[k]
             if worker is not None and not worker.alive():
@@ -523,6 +515,20 @@ class LocalRunner(Runner):
             if worker is None:
                 self.workers_started += 1
                 self._workers[k] = _Worker(task, self.options, self.fault)
+
+    def _switch(self, k: int, task: TuneTask) -> None:
+        """Slot ``k``'s worker, if any, takes ``task``; one that died or cannot start goes."""
+        worker = self._workers[k]
+        if worker is None:
+            return
+        try:
+            worker.wait_ready()
+            if worker.alive():
+                worker.switch(task)
+                return
+        except (TilefuseError, OSError):
+            pass
+        self._drop(k)
 
     def _ready(self, task: TuneTask, k: int) -> _Worker:
         """Slot ``k``'s worker, started: TilefuseError when it cannot start."""
@@ -624,15 +630,15 @@ class LocalRunner(Runner):
         """The next candidate for slot ``k``: the first it built before (its worker holds the
         checked build: :class:`WorkerBuilds`), else the first no other slot of this batch
         built, else None (they wait for their own slot, which answers them at once)."""
-        homes = [self._homes.get(s.to_json()) for _, s in queue]
-        for wanted in (k, None):
-            for j, home in enumerate(homes):
-                homeless = home is None or home >= slots
-                if (home == k) if wanted == k else homeless:
-                    item = queue[j]
-                    del queue[j]
-                    return item
-        return None
+        homes = [self._homes.get(s.to_json(), -1) for _, s in queue]
+        own = [j for j, home in enumerate(homes) if home == k]
+        free = [j for j, home in enumerate(homes) if not 0 <= home < slots]
+        j = (own or free or [None])[0]
+        if j is None:
+            return None
+        item = queue[j]
+        del queue[j]
+        return item
 
     def _collect(self, busy: dict[int, tuple[_Worker, int, Schedule, float]],
                  held: dict[int, tuple[int, _Worker]],
