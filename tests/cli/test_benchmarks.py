@@ -108,3 +108,13 @@ def test_model_workloads_list_light_models_and_bert():
     assert "bert" in names
     if pytest.importorskip("onnx"):
         assert "light_squeezenet" in names and "light_resnet50" in names
+
+
+def test_contraction_peers_runs_on_small_onnx(small_onnx, capsys):
+    import contraction_peers
+
+    assert contraction_peers.main([str(small_onnx), "--rounds", "1", "--calls", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "peaks measured beside the kernels" in out
+    [row] = [line for line in out.splitlines() if line.startswith("k")][1:]
+    assert " 7x" in row and "x13 " in row and "contraction tile(" in row
