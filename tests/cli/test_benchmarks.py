@@ -118,3 +118,23 @@ def test_contraction_peers_runs_on_small_onnx(small_onnx, capsys):
     assert "peaks measured beside the kernels" in out
     [row] = [line for line in out.splitlines() if line.startswith("k")][1:]
     assert " 7x" in row and "x13 " in row and "contraction tile(" in row
+
+
+def test_kernel_ab_runs_on_small_onnx(small_onnx, capsys):
+    import kernel_ab
+
+    assert kernel_ab.main([str(small_onnx), "--prefetch", "B=8", "--rounds", "1",
+                           "--calls", "1"]) == 0
+    out = capsys.readouterr().out
+    [row] = [line for line in out.splitlines() if line.startswith("k")][1:]
+    assert "x13 " in row and "prefetch(B+8)" in row
+    assert "median ratio" in out
+
+
+def test_kernel_ab_skips_a_variant_that_does_not_fit(small_onnx, capsys):
+    import kernel_ab
+
+    assert kernel_ab.main([str(small_onnx), "--prefetch", "B=999", "--rounds", "1",
+                           "--calls", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "does not fit" in captured.err and "median ratio" not in captured.out

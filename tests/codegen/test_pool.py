@@ -196,3 +196,30 @@ def test_workers_stop_and_loops_still_run_after():
     """What runs at interpreter exit: the workers are told to stop and all of them exit (their
     machine code is freed after); a loop called later still runs, on the caller."""
     assert _run_child(_STOP, threads=3) == ["True", "2", "2"]
+
+
+_PIN = """
+import os, threading
+from tilefuse.codegen.pool import thread_pool
+pool = thread_pool()
+tids = pool.worker_tids
+print(len(tids), all(os.path.isdir(f"/proc/self/task/{{t}}") for t in tids))
+cpus = sorted(os.sched_getaffinity(0))
+pinned = pool.pin(1)
+me = threading.get_native_id()
+print(pinned, os.sched_getaffinity(me) == {{cpus[1 % len(cpus)]}},
+      [sorted(os.sched_getaffinity(t)) == [cpus[(1 + i) % len(cpus)]]
+       for i, t in enumerate(tids, start=1)] == [True] * len(tids))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("threads", [1, 3])
+def test_pin_puts_the_caller_and_each_worker_on_its_own_cpu(threads):
+    """The pool knows its workers' thread ids; pin(1) puts the calling thread on the second
+    CPU of the mask and worker i on the CPU i after it, wrapping (a fresh process: pinning
+    the test's own would outlast the test). One CPU or one thread: nothing to pin apart."""
+    words = _run_child(_PIN, threads=threads)
+    assert words[:2] == [str(threads - 1), "True"]
+    can = len(os.sched_getaffinity(0)) >= 2
+    assert words[2:] == [str(can), "True", "True"]   # one CPU: already where pin would put it

@@ -244,3 +244,22 @@ def test_worker_builds_keep_only_the_recent_ones():
     assert list(builds.recent) == [str(j) for j in range(2, RECENT_BUILDS + 2)]
     assert not builds.reuse("0") and builds.reuse("2")
     assert builds.kept["2"].inner is None and "2" not in builds.recent  # it warms up again
+
+
+def test_each_worker_times_on_its_own_cores():
+    """A worker's thread is pinned to the CPU of its slot and its pool's workers to the next
+    ones (ThreadPool.pin): unpinned, a kernel timed between pipe messages shared a core with
+    the pool's worker in one timing of three, at up to twice its time."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    task, found = matmul_candidates(2)
+    with LocalRunner(FAST, build_workers=2) as runner:
+        runner.measure(task, found)
+        pids = [w.process.pid for w in runner._workers if w is not None]
+        assert len(pids) == 2
+        allowed = [os.sched_getaffinity(pid) for pid in pids]   # a pid: its main thread
+    if len(cpus) >= 2:
+        assert allowed == [{cpus[0]}, {cpus[1]}]
+    else:
+        assert allowed == [set(cpus), set(cpus)]

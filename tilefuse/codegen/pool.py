@@ -43,6 +43,7 @@ import atexit
 import ctypes
 import functools
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -342,6 +343,8 @@ class ThreadPool:
     engine: llvm.ExecutionEngine
     threads: int
     address: int
+    worker_tids: tuple[int, ...] = ()
+    """The workers' kernel thread ids, in pool order (empty where they could not be told)."""
 
     def restart(self, threads: int) -> None:
         """Starts ``threads - 1`` workers (ids 1..threads-1); fewer if the OS refuses some."""
@@ -350,13 +353,39 @@ class ThreadPool:
         set_workers = ctypes.CFUNCTYPE(None, ctypes.c_int64)(
             self.engine.get_function_address("tilefuse_pool_set_workers"))
         set_workers(0)
-        started = 0
+        started, tids = 0, []
         for tid in range(1, threads):
+            before = _thread_ids()
             if spawn(tid) != 0:
                 break
             started += 1
+            new = _thread_ids() - before
+            tids.append(new.pop() if len(new) == 1 else -1)
         set_workers(started)
         self.threads = started + 1
+        self.worker_tids = tuple(tids) if -1 not in tids else ()
+
+    def pin(self, first: int = 0) -> bool:
+        """Pins the calling thread to CPU ``first`` of the process's affinity mask (modulo its
+        size) and each worker to one of the CPUs after it, wrapping around; False, pinning
+        nothing, where there is one CPU or the workers' thread ids are unknown.
+
+        For a process that times kernels between pipe messages (a tuning worker): woken by
+        the pipe, its thread was seen placed on the core of the pool's worker while the other
+        core idled, and a 0.3 ms kernel took 0.65 ms (the scheduler's balancing is slower than
+        such a kernel); one timing in three was so hit on a 2-core host (docs/PERFORMANCE.md).
+        A process whose thread runs all along (a model's calls) is not hit, so the pool does
+        not pin by itself."""
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2 or len(self.worker_tids) != self.threads - 1:
+            return False
+        try:
+            os.sched_setaffinity(threading.get_native_id(), {cpus[first % len(cpus)]})
+            for i, tid in enumerate(self.worker_tids, start=1):
+                os.sched_setaffinity(tid, {cpus[(first + i) % len(cpus)]})
+        except OSError:
+            return False
+        return True
 
     def wake(self) -> int:
         """Wakes every worker and returns once they are all polling for the next loop (or
@@ -379,6 +408,14 @@ class ThreadPool:
                 return False
             time.sleep(0.001)
         return True
+
+
+def _thread_ids() -> set[int]:
+    """This process's kernel thread ids (empty where ``/proc`` does not list them)."""
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
 
 
 @functools.cache

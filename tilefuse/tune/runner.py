@@ -307,13 +307,17 @@ SWITCH = "task"
 
 
 def worker_loop(conn: Connection, wire: dict[str, Any], options: MeasureOptions,
-                fault: PlantedFault | None) -> None:
+                fault: PlantedFault | None, slot: int = 0) -> None:
     """A worker process: make the task's session, say ready, then answer each message until
     None or the pipe closes (:func:`worker_answer`). ``("task", wire)`` makes the session of
     another task (its builds dropped) and says ready again: one process serves every task of
     a tuning run, since starting one (spawn, imports) costs ~3.5 s here, more than measuring
-    a kernel's default."""
+    a kernel's default. Its thread is pinned to CPU ``slot`` and its pool's workers to the
+    next ones (:meth:`ThreadPool.pin`: a kernel timed between pipe messages otherwise shared
+    a core with the pool's worker in one timing of three, at up to twice its time), so the
+    workers of slots 0 and 1 build on different cores."""
     session = Session.start(TuneTask.from_wire(wire), options)
+    thread_pool().pin(slot)
     conn.send(("ready", os.getpid()))
     builds = WorkerBuilds()
     while True:
@@ -405,11 +409,12 @@ def worker_answer(session: Session, builds: WorkerBuilds, message: str | tuple[s
 class _Worker:
     """One worker process and its end of the pipe; :meth:`wait_ready` waits for its start."""
 
-    def __init__(self, task: TuneTask, options: MeasureOptions, fault: PlantedFault | None):
+    def __init__(self, task: TuneTask, options: MeasureOptions, fault: PlantedFault | None,
+                 slot: int = 0):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=worker_loop, args=(child, task.wire(), options, fault),
-                                   daemon=True)
+        self.process = ctx.Process(target=worker_loop,
+                                   args=(child, task.wire(), options, fault, slot), daemon=True)
         self.process.start()
         child.close()
         self.startup_timeout = options.startup_timeout
@@ -514,7 +519,7 @@ class LocalRunner(Runner):
                 worker = None
             if worker is None:
                 self.workers_started += 1
-                self._workers[k] = _Worker(task, self.options, self.fault)
+                self._workers[k] = _Worker(task, self.options, self.fault, k)
 
     def _switch(self, k: int, task: TuneTask) -> None:
         """Slot ``k``'s worker, if any, takes ``task``; one that died or cannot start goes."""
