@@ -117,6 +117,11 @@ def _forked_child(queue) -> None:
     ids = np.full(1 << 20, -1, np.int64)
     seen: set[int] = set()
     deadline = time.monotonic() + 20.0
+    pool = thread_pool()
+    # first until the child's own worker checks in (it polls afterwards, ready for a grain):
+    # under a full test run a new thread was once not scheduled into a loop for 20 s
+    while pool.wake() < 2 and time.monotonic() < deadline:
+        pass
     while len(seen) < 2 and time.monotonic() < deadline:
         kernel(ids, ids.size)
         seen |= set(ids[::1024].tolist())
