@@ -367,8 +367,9 @@ class ThreadPool:
 
     def pin(self, first: int = 0) -> bool:
         """Pins the calling thread to CPU ``first`` of the process's affinity mask (modulo its
-        size) and each worker to one of the CPUs after it, wrapping around; False, pinning
-        nothing, where there is one CPU or the workers' thread ids are unknown.
+        size) and each worker to one of the CPUs after it, wrapping around. False where there
+        is one CPU or the workers' thread ids are unknown (nothing pinned), or where the OS
+        refused a thread (those before it stay pinned).
 
         For a process that times kernels between pipe messages (a tuning worker): woken by
         the pipe, its thread was seen placed on the core of the pool's worker while the other
@@ -376,8 +377,10 @@ class ThreadPool:
         such a kernel); one timing in three was so hit on a 2-core host (docs/PERFORMANCE.md).
         A process whose thread runs all along (a model's calls) is not hit, so the pool does
         not pin by itself."""
+        if len(self.worker_tids) != self.threads - 1 or not hasattr(os, "sched_setaffinity"):
+            return False   # not Linux: no thread ids, no affinity calls
         cpus = sorted(os.sched_getaffinity(0))
-        if len(cpus) < 2 or len(self.worker_tids) != self.threads - 1:
+        if len(cpus) < 2:
             return False
         try:
             os.sched_setaffinity(threading.get_native_id(), {cpus[first % len(cpus)]})
