@@ -1,6 +1,7 @@
 """One schedule change against the default, kernel by kernel: every contraction kernel of a model
-built twice (its default schedule, and the default with ``--prefetch`` pairs added), both
-checked against the reference, then timed alternately in the tuner's conditions.
+built twice (its default schedule, and the default with ``--prefetch`` pairs added or with its
+threads over ``--parallel`` N or M), both checked against the reference, then timed alternately
+in the tuner's conditions.
 
 A default-rule change is worth making when it wins on the kernels it would touch. This builds
 each kernel alone as the tuner does (``TuneTask.build``), runs every call after the runner's
@@ -9,7 +10,8 @@ kernel as it finds the machine inside a model), and alternates the two builds ca
 ``--rounds`` rounds of ``--calls`` calls, so a slow spell of this shared host falls on both.
 
     .venv/bin/python benchmarks/kernel_ab.py resnet50 --prefetch C_next=1
-    .venv/bin/python benchmarks/kernel_ab.py bert --prefetch C_next=1 --only k3,k9
+    .venv/bin/python benchmarks/kernel_ab.py bert --prefetch B=8 --only k3,k9
+    .venv/bin/python benchmarks/kernel_ab.py resnet50 --parallel n
 
 Columns: each build's median time, their ratio (default / variant: above 1 the variant is
 faster), and the variant's GFLOP/s.
@@ -37,26 +39,45 @@ from tuned_ab import _model
 from tilefuse.codegen.pool import thread_pool
 from tilefuse.codegen.target import host_target
 from tilefuse.kernel.fusion import KernelKind
-from tilefuse.kernel.schedule import Schedule, ScheduleError, default_schedule, validate
+from tilefuse.kernel.schedule import (
+    Schedule,
+    ScheduleError,
+    as_cpu_target,
+    default_schedule,
+    validate,
+)
 from tilefuse.testing import assert_close
 from tilefuse.tune.task import named_tasks
 
 FLUSH_FLOATS = 4 << 20   # 16 MiB, as the tuner's MeasureOptions.flush_bytes
 
 
-def _variant(schedule: Schedule, pairs: dict[str, int]) -> Schedule:
+def _variant(schedule: Schedule, pairs: dict[str, int], parallel: str | None,
+             extents: dict[str, int | None], threads: int) -> Schedule:
+    """The default with ``pairs`` merged into its prefetch (a distance of 0 removes one) and,
+    given ``parallel``, its threads over that axis, the axis's cache block cut to one share of
+    register tiles per thread (or left where it is already smaller)."""
     prefetch = dict(schedule.prefetch) | pairs
-    return dataclasses.replace(schedule, prefetch=tuple(p for p in prefetch.items() if p[1]))
+    variant = dataclasses.replace(schedule,
+                                  prefetch=tuple(p for p in prefetch.items() if p[1]))
+    if parallel is None or schedule.parallel_axes == (parallel,):
+        return variant
+    unit = schedule.micro_tile[0 if parallel == "m" else 1]
+    share = -(-(extents[parallel] or 1) // threads // unit) * unit
+    tiles = tuple((a, min(t, max(share, unit)) if a == parallel else t)
+                  for a, t in schedule.tiles)
+    return dataclasses.replace(variant, parallel_axes=(parallel,), tiles=tiles)
 
 
-def _builds(model: str, pairs: dict[str, int], only: set[str] | None) -> list[dict]:
+def _builds(model: str, pairs: dict[str, int], parallel: str | None,
+            only: set[str] | None) -> list[dict]:
     graph, _, _ = _model(model, Path(tempfile.mkdtemp()))
     target, rng, rows = host_target(), np.random.default_rng(0), []
     for name, task in named_tasks(graph):
         if task.kind is not KernelKind.CONTRACTION or (only and name not in only):
             continue
         default = default_schedule(task.group, target)
-        variant = _variant(default, pairs)
+        variant = _variant(default, pairs, parallel, task.extents(), as_cpu_target(target).cores)
         if variant == default:
             continue
         try:
@@ -84,15 +105,18 @@ def _builds(model: str, pairs: dict[str, int], only: set[str] | None) -> list[di
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="bert, resnet50, or an .onnx file")
-    parser.add_argument("--prefetch", required=True,
-                        help="pairs added to each default schedule's prefetch: C_next=1,B=8 "
+    parser.add_argument("--prefetch", default="",
+                        help="pairs added to each default schedule's prefetch: B=8,B_next=1 "
                              "(0 removes one)")
+    parser.add_argument("--parallel", choices=("n", "m"),
+                        help="threads over this axis (where the default splits the other)")
     parser.add_argument("--only", help="comma-separated kernel names (kernels.plan's k3, ...)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=15)
     args = parser.parse_args(argv)
-    pairs = {k: int(v) for k, v in (p.split("=") for p in args.prefetch.split(","))}
-    rows = _builds(args.model, pairs, set(args.only.split(",")) if args.only else None)
+    pairs = {k: int(v) for k, v in (p.split("=") for p in args.prefetch.split(",") if p)}
+    rows = _builds(args.model, pairs, args.parallel,
+                   set(args.only.split(",")) if args.only else None)
     scratch, pool = np.empty(FLUSH_FLOATS, np.float32), thread_pool()
     times = {r["name"]: {"default": [], "variant": []} for r in rows}
     for round_ in range(args.rounds):

@@ -138,3 +138,13 @@ def test_kernel_ab_skips_a_variant_that_does_not_fit(small_onnx, capsys):
                            "--calls", "1"]) == 0
     captured = capsys.readouterr()
     assert "does not fit" in captured.err and "median ratio" not in captured.out
+
+
+def test_kernel_ab_moves_the_threads_to_another_axis(small_onnx, capsys):
+    import kernel_ab
+
+    assert kernel_ab.main([str(small_onnx), "--parallel", "n", "--rounds", "1",
+                           "--calls", "1"]) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("k")][1:]
+    assert "par(n)" in row
