@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -54,6 +56,10 @@ def test_cli_recall_reports_held_out_recall_from_the_database(tmp_path, capsys, 
     out = capsys.readouterr().out
     assert "top-5 recall on held-out candidates" in out and "30 measured" in out
     assert "LightGBM (lambdarank)" in out and "random ranking" in out
+    assert "5-fold x 10 shuffles" in out
+    low, high = (float(x) for x in re.search(r"shuffles (\d\.\d+)-(\d\.\d+)\)", out).groups())
+    mean = float(re.search(r"\(lambdarank\) (\d\.\d+)", out).group(1))
+    assert 0.0 <= low <= mean <= high <= 1.0
 
 
 def test_cli_rejects_an_unknown_demo(capsys):

@@ -5,9 +5,11 @@ task's key (the fastest measurement of each; a tuning run records every candidat
 up with random candidates of the space, measured by the runner and recorded, until there are
 ``count``; then each model ranks held-out folds after training on the rest
 (:func:`~tilefuse.tune.cost_model.cross_validated_recall`, 5 folds), next to a random ranking
-for scale. Random candidates spread widely in time; a tuning run's candidates crowd near the
-best, where measurement noise decides much of the order, so the figure on a tuning run's
-history is the harder one. Both are printed by ``python -m tilefuse.tune --recall``.
+for scale, over :data:`SPLITS` shuffles of the folds (repeated cross-validation: with one
+shuffle, which candidates shared a fold moved the figure by ±0.1). Random candidates spread
+widely in time; a tuning run's candidates crowd near the best, where measurement noise decides
+much of the order, so the figure on a tuning run's history is the harder one. Both are printed
+by ``python -m tilefuse.tune --recall``.
 """
 
 from __future__ import annotations
@@ -36,22 +38,30 @@ from tilefuse.tune.runner import Runner
 from tilefuse.tune.space import space_for
 from tilefuse.tune.task import TuneError, TuneTask
 
+SPLITS = 10
+"""Shuffles of the candidates into folds that the recall is averaged over."""
+
 
 @dataclass(frozen=True)
 class RecallReport:
-    """Mean top-``k`` recall per model over the folds, on ``measured`` candidates
-    (``failed`` of them failed and only train)."""
+    """Mean top-``k`` recall per model over the folds of ``splits`` shuffles, on ``measured``
+    candidates (``failed`` of them failed and only train); ``spread``: the least and the most
+    of LightGBM's per-shuffle means."""
 
     k: int
     measured: int
     failed: int
     lightgbm: float
     random: float
+    splits: int = 1
+    spread: tuple[float, float] = (math.nan, math.nan)
 
     def __str__(self) -> str:
-        return (f"top-{self.k} recall on held-out candidates (5-fold, {self.measured} "
-                f"measured, {self.failed} failed): LightGBM ({DEFAULT_OBJECTIVE}) "
-                f"{self.lightgbm:.2f}, random ranking {self.random:.2f}")
+        low, high = self.spread
+        return (f"top-{self.k} recall on held-out candidates (5-fold x {self.splits} "
+                f"shuffles, {self.measured} measured, {self.failed} failed): LightGBM "
+                f"({DEFAULT_OBJECTIVE}) {self.lightgbm:.2f} (shuffles {low:.2f}-{high:.2f}), "
+                f"random ranking {self.random:.2f}")
 
 
 def measured_schedules(task: TuneTask, db: TuningDatabase) -> dict[str, float]:
@@ -90,8 +100,9 @@ def top_up(task: TuneTask, db: TuningDatabase, runner: Runner, count: int, seed:
 
 
 def recall_report(task: TuneTask, measured: dict[str, float], k: int = 5,
-                  seed: int = 0) -> RecallReport:
-    """Cross-validated top-``k`` recall of LightGBM and of a random ranking."""
+                  seed: int = 0, splits: int = SPLITS) -> RecallReport:
+    """Cross-validated top-``k`` recall of LightGBM and of a random ranking, averaged over
+    ``splits`` shuffles into folds (seeds ``seed``, ``seed + 1``, ...)."""
     if not lightgbm_available():
         raise TuneError("the recall report needs lightgbm: pip install lightgbm")
     schedules = [Schedule.from_json(text) for text in measured]
@@ -109,10 +120,14 @@ def recall_report(task: TuneTask, measured: dict[str, float], k: int = 5,
     if finite < 5 * k:
         raise TuneError(f"{finite} successful measurements: too few for a {k}-fold held-out "
                         f"recall (need {5 * k})")
-    learned = cross_validated_recall(features, times, k, seed=seed, make=LightGBMModel)
-    chance = cross_validated_recall(features, times, k, seed=seed, make=RandomModel)
+    learned = [float(np.mean(cross_validated_recall(features, times, k, seed=s,
+                                                    make=LightGBMModel)))
+               for s in range(seed, seed + splits)]
+    chance = [float(np.mean(cross_validated_recall(features, times, k, seed=s,
+                                                   make=RandomModel)))
+              for s in range(seed, seed + splits)]
     return RecallReport(k, len(times), len(times) - finite, float(np.mean(learned)),
-                        float(np.mean(chance)))
+                        float(np.mean(chance)), splits, (min(learned), max(learned)))
 
 
-__all__ = ["RecallReport", "measured_schedules", "recall_report", "top_up"]
+__all__ = ["SPLITS", "RecallReport", "measured_schedules", "recall_report", "top_up"]
