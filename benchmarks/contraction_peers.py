@@ -42,11 +42,11 @@ os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))  # before torch's OpenM
 import numpy as np
 from tuned_ab import _model
 
-from tilefuse.codegen.pool import thread_pool
 from tilefuse.codegen.target import host_target
 from tilefuse.kernel.fusion import KernelKind
 from tilefuse.runtime.schedules import ForcedSchedules, ScheduleSource
 from tilefuse.tune.roofline import PAIRED_REPEATS, PeakProbe, Peaks, bound_at
+from tilefuse.tune.runner import as_in_a_model
 from tilefuse.tune.task import named_tasks
 
 FLUSH_FLOATS = 4 << 20   # 16 MiB, as the tuner's MeasureOptions.flush_bytes
@@ -139,17 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print("no 2-D contraction kernels to compare", file=sys.stderr)
         return 1
-    probe, scratch, pool = PeakProbe(), np.empty(FLUSH_FLOATS, np.float32), thread_pool()
+    probe, scratch = PeakProbe(), np.empty(FLUSH_FLOATS, np.float32)
 
-    def preparation(peer: str, written: list[tuple[np.ndarray, np.ndarray]]
-                    ) -> Callable[[], None]:
-        def prepare() -> None:
-            scratch.fill(1.0)
-            for dst, src in written:
-                np.copyto(dst, src)
-            if peer == "tilefuse":
-                pool.wake()
-        return prepare
     peers = ("tilefuse", "numpy", "torch")
     times: dict[str, dict[str, list[float]]] = {r["name"]: {p: [] for p in peers} for r in rows}
     # bound / time per round: tilefuse's kernel, and the faster peer's bare product
@@ -163,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             for peer in peers:
                 if row[peer] is not None:
-                    prepare = preparation(peer, row["written"][peer])
+                    prepare = as_in_a_model(scratch, row["written"][peer],
+                                            wake=peer == "tilefuse")
                     times[row["name"]][peer].append(_timed(row[peer], prepare, args.calls))
             took = times[row["name"]]
             bound = bound_at(round_peaks, row["flops"], row["bytes"])

@@ -9,8 +9,8 @@ each kernel alone as the tuner does (``TuneTask.build``), runs every call after 
 kernel as it finds the machine inside a model), and alternates the two builds call by call for
 ``--rounds`` rounds of ``--calls`` calls, so a slow spell of this shared host falls on both.
 
-    .venv/bin/python benchmarks/kernel_ab.py resnet50 --prefetch C_next=1
-    .venv/bin/python benchmarks/kernel_ab.py bert --prefetch B=8 --only k3,k9
+    .venv/bin/python benchmarks/kernel_ab.py resnet50 --prefetch B=8
+    .venv/bin/python benchmarks/kernel_ab.py bert --prefetch B_next=0 --only k3,k9
     .venv/bin/python benchmarks/kernel_ab.py resnet50 --parallel n
 
 Columns: each build's median time, their ratio (default / variant: above 1 the variant is
@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 from tuned_ab import _model
 
-from tilefuse.codegen.pool import thread_pool
 from tilefuse.codegen.target import host_target
 from tilefuse.kernel.fusion import KernelKind
 from tilefuse.kernel.schedule import (
@@ -47,6 +46,7 @@ from tilefuse.kernel.schedule import (
     validate,
 )
 from tilefuse.testing import assert_close
+from tilefuse.tune.runner import as_in_a_model
 from tilefuse.tune.task import named_tasks
 
 FLUSH_FLOATS = 4 << 20   # 16 MiB, as the tuner's MeasureOptions.flush_bytes
@@ -94,11 +94,10 @@ def _builds(model: str, pairs: dict[str, int], parallel: str | None,
             for got, want in zip(build.outputs, expected):
                 assert_close(got, want, reduction=True, msg=f"{name} {label}")
             built[label] = build
-        written = list(zip(built["default"].arrays, [inputs[v] for v in task.graph.inputs]))
-        written += list(zip(built["variant"].arrays, [inputs[v] for v in task.graph.inputs]))
+        sources = [inputs[v] for v in task.graph.inputs]
+        written = [pair for b in built.values() for pair in zip(b.arrays, sources)]
         rows.append({"name": name, "extents": task.extents(), "flops": task.work()[0],
-                     "default": built["default"], "variant": built["variant"],
-                     "written": written, "schedule": variant})
+                     **built, "written": written, "schedule": variant})
     return rows
 
 
@@ -117,17 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     pairs = {k: int(v) for k, v in (p.split("=") for p in args.prefetch.split(",") if p)}
     rows = _builds(args.model, pairs, args.parallel,
                    set(args.only.split(",")) if args.only else None)
-    scratch, pool = np.empty(FLUSH_FLOATS, np.float32), thread_pool()
+    scratch = np.empty(FLUSH_FLOATS, np.float32)
     times = {r["name"]: {"default": [], "variant": []} for r in rows}
     for round_ in range(args.rounds):
         for row in rows:
             order = ("default", "variant") if round_ % 2 == 0 else ("variant", "default")
+            prepare = as_in_a_model(scratch, row["written"])
             for _ in range(args.calls):
                 for label in order:
-                    scratch.fill(1.0)
-                    for dst, src in row["written"]:
-                        np.copyto(dst, src)
-                    pool.wake()
+                    prepare()
                     start = time.perf_counter()
                     row[label].run()
                     times[row["name"]][label].append(time.perf_counter() - start)

@@ -26,6 +26,7 @@ from tilefuse.errors import TilefuseError
 from tilefuse.kernel.schedule import Schedule
 from tilefuse.tune.cost_model import (
     DEFAULT_OBJECTIVE,
+    CostModel,
     LightGBMModel,
     RandomModel,
     cross_validated_recall,
@@ -120,12 +121,10 @@ def recall_report(task: TuneTask, measured: dict[str, float], k: int = 5,
     if finite < 5 * k:
         raise TuneError(f"{finite} successful measurements: too few for a {k}-fold held-out "
                         f"recall (need {5 * k})")
-    learned = [float(np.mean(cross_validated_recall(features, times, k, seed=s,
-                                                    make=LightGBMModel)))
-               for s in range(seed, seed + splits)]
-    chance = [float(np.mean(cross_validated_recall(features, times, k, seed=s,
-                                                   make=RandomModel)))
-              for s in range(seed, seed + splits)]
+    def per_split(make: type[CostModel]) -> list[float]:
+        return [float(np.mean(cross_validated_recall(features, times, k, seed=s, make=make)))
+                for s in range(seed, seed + splits)]
+    learned, chance = per_split(LightGBMModel), per_split(RandomModel)
     return RecallReport(k, len(times), len(times) - finite, float(np.mean(learned)),
                         float(np.mean(chance)), splits, (min(learned), max(learned)))
 

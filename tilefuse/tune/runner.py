@@ -221,17 +221,25 @@ def before_each_call(session: Session, built: BuiltKernel) -> Callable[[], None]
 
     The flush alone timed ResNet-50's kernels 6-26 % slower than the same kernels in the model's
     call; with 2 and 3, within 0-11 % (docs/PERFORMANCE.md)."""
-    scratch = session.scratch
-    if scratch is None:
+    if session.scratch is None:
         return None
     sources = [session.inputs[v] for v in session.task.graph.inputs]
-    pool = thread_pool()
+    return as_in_a_model(session.scratch, list(zip(built.arrays, sources)))
+
+
+def as_in_a_model(scratch: np.ndarray, written: Sequence[tuple[np.ndarray, np.ndarray]],
+                  wake: bool = True) -> Callable[[], None]:
+    """The preparation :func:`before_each_call` describes, for any callable (the benchmarks
+    time BLAS peers under it too): write ``scratch``, copy each ``(destination, source)`` of
+    ``written``, then, with ``wake``, wake tilefuse's thread pool."""
+    pool = thread_pool() if wake else None
 
     def prepare() -> None:
         scratch.fill(1.0)
-        for dst, src in zip(built.arrays, sources):
+        for dst, src in written:
             np.copyto(dst, src)
-        pool.wake()
+        if pool is not None:
+            pool.wake()
     return prepare
 
 
@@ -722,6 +730,6 @@ class LocalRunner(Runner):
 __all__ = ["BUILD_ERROR", "BUILT", "CRASH", "INVALID", "OK", "RECENT_BUILDS", "SWITCH", "TIMEOUT",
            "WRONG", "InProcessRunner", "KeptBuild", "LocalRunner", "MeasureOptions",
            "MeasureResult", "PlantedFault", "Runner", "Session", "Span", "WorkerBuilds",
-           "before_each_call", "build_checked", "calls_per_timing", "default_build_workers",
-           "flush_scratch", "measure_schedule", "time_runs", "timed", "worker_answer",
-           "worker_loop"]
+           "as_in_a_model", "before_each_call", "build_checked", "calls_per_timing",
+           "default_build_workers", "flush_scratch", "measure_schedule", "time_runs", "timed",
+           "worker_answer", "worker_loop"]
