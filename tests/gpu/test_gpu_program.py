@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections import ChainMap
 
 import numpy as np
 import pytest
@@ -17,9 +16,8 @@ from tilefuse.codegen.llvm_nvptx import check_gpu_kernel, compile_ptx
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
 from tilefuse.graph.builder import GraphBuilder
-from tilefuse.graph.interpreter import interpret, run_node
+from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph, Value
-from tilefuse.loop import interp as loop_interp
 from tilefuse.loop.ir import (
     For,
     LoopFunction,
@@ -33,7 +31,8 @@ from tilefuse.loop.ir import (
     walk_stmts,
 )
 from tilefuse.runtime.cuda_driver import cuda_available
-from tilefuse.runtime.gpu import GemmStep, GpuKernel, GpuProgram, build_gpu_program
+from tilefuse.runtime.gpu import GemmStep, GpuKernel, build_gpu_program
+from tilefuse.runtime.gpu_simulate import simulate
 from tilefuse.testing import assert_close, random_array
 
 F32 = DType.f32
@@ -127,23 +126,6 @@ GRAPHS = {
     "ffn_bias_vectors": (lambda: ffn_graph(7, 16, 12), True),
     "bmm": (lambda: batched_graph(3, 5, 16, 7), True),
 }
-
-
-def simulate(program: GpuProgram, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """Runs ``program`` on the host: kernels through the loop-IR interpreter."""
-    env: ChainMap = ChainMap({}, program.constants)
-    env.update(zip(program.graph.inputs, arrays))
-    for step in program.steps:
-        if isinstance(step, GpuKernel):
-            for v in step.group.outputs:
-                env[v] = np.empty(v.shape, v.dtype.np)
-            loop_interp.interpret(step.fn, *[env[v].reshape(-1) for v in step.bindings])
-        elif isinstance(step, GemmStep):
-            env[step.out] = np.matmul(env[step.a], env[step.b]).astype(step.out.dtype.np)
-        else:
-            for node in step.group.nodes:
-                env.update(zip(node.outputs, run_node(node, [env[v] for v in node.inputs])))
-    return [np.asarray(env[v]) for v in program.graph.outputs]
 
 
 def _inputs(graph: Graph, seed: int) -> list[np.ndarray]:
