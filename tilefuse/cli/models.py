@@ -84,6 +84,10 @@ class Model(abc.ABC):
     def tune_source(self, arrays: list[np.ndarray]) -> Any:
         """What :func:`tilefuse.tune.tune` takes for this model (called with ``arrays``)."""
 
+    def graph(self, arrays: list[np.ndarray]) -> Any:
+        """The captured graph for ``arrays`` (before the pipeline), for cross-compilation."""
+        return self.lower(arrays).captured
+
 
 # ---- ONNX ------------------------------------------------------------------------------------
 
@@ -162,6 +166,11 @@ class NumpyFunction(Model):
     def tune_source(self, arrays: list[np.ndarray]) -> Any:
         return self.fn
 
+    def graph(self, arrays: list[np.ndarray]) -> Any:
+        from tilefuse.frontend.jit import jit
+
+        return jit(self.fn).lower(*arrays).captured
+
 
 # ---- torch modules ---------------------------------------------------------------------------
 
@@ -212,6 +221,11 @@ class TorchModule(Model):
 
     def tune_source(self, arrays: list[np.ndarray]) -> Any:
         return self._graphs(arrays, None)[1]
+
+    def graph(self, arrays: list[np.ndarray]) -> Any:
+        from tilefuse.zoo import torch_graph
+
+        return torch_graph(self.module, arrays, name=_identifier(self.spec))
 
 
 def _identifier(text: str) -> str:

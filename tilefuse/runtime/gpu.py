@@ -171,7 +171,9 @@ class GpuProgram:
         return plan_from_liveness(values, liveness, _nbytes)
 
     def partition_text(self) -> str:
-        lines = [f"# {self.graph.name} on {self.target}"]
+        hosted = sum(isinstance(s, HostGroup) for s in self.steps)
+        lines = [f"# {self.graph.name} on {self.target}: {len(self.steps)} steps, "
+                 f"{hosted} on the host"]
         for step in self.steps:
             ops = ", ".join(dict.fromkeys(n.op.name for n in step.group.nodes))
             if isinstance(step, GpuKernel):
@@ -254,7 +256,9 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
             reason = str(err) if group.kind in GPU_KINDS | {KernelKind.CONTRACTION,
                                                             KernelKind.ATTENTION} else \
                 f"no GPU lowering for {group.kind.value} kernels yet"
-            log.debug("kernel %s runs on the host: %s", group.name, reason)
+            ops = ", ".join(dict.fromkeys(n.op.name for n in group.nodes))
+            log.warning("kernel %s (%s) runs on the host under the cuda target: %s",
+                        group.name, ops, reason)
             program.steps.append(HostGroup(group, reason))
     if dump_dir is not None:
         program.dump(dump_dir)

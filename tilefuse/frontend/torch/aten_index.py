@@ -13,7 +13,7 @@ code uses (Hugging Face GPT-2, BERT and Llama build their causal and padding mas
   (a ``where`` against a constant lower-triangular mask, then ``sum``), so it fuses into one
   row-reduction kernel on every target without an op of its own. The work is quadratic in the
   axis length, so axes over :data:`CUMSUM_MAX` elements raise :class:`Unsupported`.
-* ``topk`` (sorted) is the ``topk`` op.
+* ``topk`` (sorted) is the ``topk`` op; ``repeat`` a broadcast between two reshapes.
 """
 
 from __future__ import annotations
@@ -134,6 +134,18 @@ def _topk(lw: Lowering, node: fx.Node) -> Result:
     return values, indices
 
 
+def _repeat(lw: Lowering, node: fx.Node) -> Result:
+    """repeat(x, reps): x (leading 1s added to reps' rank) interleaved with the repeat counts,
+    broadcast and merged: ``[r0, s0, r1, s1, ...] -> [r0*s0, r1*s1, ...]``."""
+    x = lw.tensor(node.args[0])
+    reps = [int(r) for r in node.args[1]]
+    shape = [1] * (len(reps) - len(x.shape)) + [int(d) for d in x.shape]
+    spread = [d for s in shape for d in (1, s)]
+    tiled = [d for r, s in zip(reps, shape) for d in (r, s)]
+    wide = lw.add("broadcast_to", [lw.reshape(x, spread)], shape=tuple(tiled))
+    return lw.reshape(wide, [r * s for r, s in zip(reps, shape)])
+
+
 def index_converters() -> Mapping[Any, Converter]:
     """The converters of this module, for :data:`~tilefuse.frontend.torch.aten.ATEN_CONVERTERS`."""
     return {
@@ -147,6 +159,7 @@ def index_converters() -> Mapping[Any, Converter]:
         aten.gather.default: _gather,
         aten.cumsum.default: _cumsum,
         aten.topk.default: _topk,
+        aten.repeat.default: _repeat,
     }
 
 
