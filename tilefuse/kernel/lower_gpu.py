@@ -47,7 +47,8 @@ from tilefuse.loop.ir import (
 )
 from tilefuse.ops.registry import OpKind
 
-GPU_KINDS = frozenset({KernelKind.ELEMENTWISE, KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT})
+GPU_KINDS = frozenset({KernelKind.ELEMENTWISE, KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT,
+                       KernelKind.REDUCTION})
 
 
 WARP = 32
@@ -217,6 +218,10 @@ def lower_group_gpu(group: KernelGroup, row_unroll: int = 4, elementwise_unroll:
                                      elementwise_unroll, GatherContext)
     if group.kind is KernelKind.ELEMENTWISE:
         return lower_elementwise_gpu(group, elementwise_unroll)
+    if group.kind is KernelKind.REDUCTION:
+        from tilefuse.kernel.lower_gpu_reduce import lower_reduction_gpu
+
+        return GpuLowered(lower_reduction_gpu(group))
     schedule = gpu_schedule(group, row_unroll)
     if group.kind is KernelKind.ROW_REDUCTION:
         from tilefuse.kernel.lower_rows import lower_rows
