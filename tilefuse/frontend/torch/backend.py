@@ -33,7 +33,8 @@ Dynamo guards on grad mode, so the same model called under ``torch.no_grad()`` (
 
 **Options** (``torch.compile(m, backend="tilefuse", options={...})`` or keywords of
 :func:`compile_exported`): ``dump`` (directory; default ``$TILEFUSE_DUMP``), ``target``
-(``"cpu"`` or ``"reference"``), ``debug`` (verify after every pass).
+(``"cpu"``, ``"cuda"`` or ``"reference"``; by default the device the inputs live on:
+:mod:`tilefuse.frontend.torch.device`), ``debug`` (verify after every pass).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from torch.utils import _pytree as pytree
 from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import TilefuseError
 from tilefuse.frontend.torch.convert import tensors_on
+from tilefuse.frontend.torch.device import follow_data
 from tilefuse.frontend.torch.partition import (
     CompiledPartition,
     PartitionReport,
@@ -259,7 +261,8 @@ def tilefuse_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
 
     Returns a callable taking and returning torch tensors. See the module docstring for what is
     compiled, what runs in torch and which options exist."""
-    options = Options.parse(kwargs.get("options"))
+    options = follow_data(Options.parse(kwargs.get("options")), kwargs.get("options"),
+                          example_inputs)
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         get_logger("fallback").warning(
