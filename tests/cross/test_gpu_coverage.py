@@ -104,6 +104,13 @@ def conv_pool() -> Graph:
                                                 "padding": [1, 1, 1, 1]})])
 
 
+def topk(largest: bool, dtype: DType = F32) -> Graph:
+    b = GraphBuilder("topk")
+    x = b.input(((3, 9, 4), dtype), "x")
+    values, indices = b.add("topk", [x], {"k": 4, "axis": 1, "largest": largest})
+    return b.build([b.add1("add", [values, _const(b, np.array(1, dtype.np))]), indices])
+
+
 GRAPHS = {
     "prologue_transpose_b": prologue_transpose_b,
     "prologue_transpose_b_bf16": lambda: prologue_transpose_b(BF16),
@@ -115,6 +122,8 @@ GRAPHS = {
     "reductions": reductions,
     "reductions_f16": lambda: reductions(F16),
     "conv_pool": conv_pool,
+    "topk_largest": lambda: topk(True),
+    "topk_smallest_bf16": lambda: topk(False, BF16),
 }
 
 
@@ -156,6 +165,17 @@ def test_argmax_keeps_the_first_nan_and_the_first_maximum() -> None:
     assert got[3][3, 1] == 4 and got[3][0, 0] == 2
 
 
+def test_topk_orders_ties_by_index_and_nan_first() -> None:
+    graph = topk(True)
+    built = cross_compile(graph)
+    x = np.zeros((3, 9, 4), np.float32)
+    x[0, 3, 0] = np.nan
+    x[1, 5, 1] = 2.0
+    got, want = simulate(built.program, [x]), interpret(graph, x)
+    np.testing.assert_array_equal(got[1], want[1])
+    assert got[1][0, 0, 0] == 3 and list(got[1][2, :, 2]) == [0, 1, 2, 3]
+
+
 def test_prologues_become_kernels_and_views_are_read_in_place(tmp_path) -> None:
     built = cross_compile(prologue_broadcast_b(), tmp_path)
     steps = built.program.steps
@@ -168,15 +188,18 @@ def test_prologues_become_kernels_and_views_are_read_in_place(tmp_path) -> None:
 
 
 def test_a_host_step_is_a_warning_and_listed(caplog) -> None:
-    b = GraphBuilder("topk")
-    x = b.input(((4, 9), F32), "x")
-    graph = b.build(list(b.add("topk", [x], {"k": 2, "axis": -1})))
+    b = GraphBuilder("scatter")
+    data = b.input(((4, 9), F32), "data")
+    idx = b.input(((2, 9), I64), "idx")
+    upd = b.input(((2, 9), F32), "upd")
+    graph = b.build([b.add1("scatter_elements", [data, idx, upd], {"axis": 0})])
     with caplog.at_level("WARNING", logger="tilefuse.fallback"):
         built = cross_compile(graph)
     assert built.host_steps and isinstance(built.host_steps[0], HostGroup)
     assert any("runs on the host under the cuda target" in r.getMessage()
-               and "topk" in r.getMessage() for r in caplog.records)
+               and "scatter_elements" in r.getMessage() for r in caplog.records)
     assert "\nhost " in built.program.partition_text()
+    assert "1 on the host" in built.program.partition_text()
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")

@@ -222,6 +222,10 @@ def lower_group_gpu(group: KernelGroup, row_unroll: int = 4, elementwise_unroll:
         from tilefuse.kernel.lower_gpu_reduce import lower_reduction_gpu
 
         return GpuLowered(lower_reduction_gpu(group))
+    if group.kind is KernelKind.OPAQUE and [n.op.name for n in group.nodes] == ["topk"]:
+        from tilefuse.kernel.lower_gpu_reduce import lower_topk_gpu
+
+        return GpuLowered(lower_topk_gpu(group))
     schedule = gpu_schedule(group, row_unroll)
     if group.kind is KernelKind.ROW_REDUCTION:
         from tilefuse.kernel.lower_rows import lower_rows

@@ -21,13 +21,16 @@ import math
 
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
-from tilefuse.kernel.access import dims, unflatten
+from tilefuse.graph.types import normalize_axis
+from tilefuse.kernel.access import dims, flatten, unflatten
 from tilefuse.kernel.classify import reduced_axes
 from tilefuse.kernel.fusion import KernelGroup
 from tilefuse.kernel.lower_gpu_index import GatherContext
 from tilefuse.kernel.scalar_expr import work_dtype
 from tilefuse.loop.ir import (
+    Block,
     Expr,
+    If,
     Let,
     Local,
     LocalStore,
@@ -35,6 +38,7 @@ from tilefuse.loop.ir import (
     LoopKind,
     LType,
     Stmt,
+    Store,
     XOp,
     binary,
     cast,
@@ -129,4 +133,56 @@ def _as(e: Expr, dtype: DType) -> Expr:
     return e if e.dtype is dtype else cast(e, dtype)
 
 
-__all__ = ["lower_reduction_gpu"]
+
+
+def lower_topk_gpu(group: KernelGroup) -> LoopFunction:
+    """A ``topk`` group: a thread per input element counts the elements ranked before it along
+    the axis (better, or equal at a lower index: a stable order, NaN the largest as in NumPy's
+    sort) and, when that rank is under k, writes its value and index at that rank. Quadratic in
+    the axis length, and every output element written exactly once."""
+    (node,) = group.nodes
+    (x,) = node.inputs
+    if x not in group.inputs:
+        raise CompileError(f"kernel {group.name}: topk must read a buffer")
+    shape = dims(x.shape)
+    axis = normalize_axis(node.attrs["axis"], len(shape))
+    k, n, largest = int(node.attrs["k"]), shape[axis], bool(node.attrs["largest"])
+    ctx = GatherContext.of(group)
+    wide = work_dtype(x.dtype) if x.dtype.is_float else x.dtype
+    p, j = ctx.names.fresh("p"), ctx.names.fresh("j")
+    index = unflatten(var(p), shape)
+    v_name, u_name, rank = ctx.names.fresh("v"), ctx.names.fresh("u"), ctx.names.fresh("rank")
+    v = var(v_name, LType(wide))
+    u = var(u_name, LType(wide))
+    other = tuple(var(j) if a == axis else e for a, e in enumerate(index))
+    if largest:
+        better = binary(XOp.GT, u, v)
+    else:
+        better = binary(XOp.LT, u, v)
+    same = binary(XOp.EQ, u, v)
+    if wide.is_float:
+        u_nan, v_nan = binary(XOp.NE, u, u), binary(XOp.NE, v, v)
+        worse_nan = binary(XOp.AND, u_nan, binary(XOp.EQ, v, v)) if largest else \
+            binary(XOp.AND, v_nan, binary(XOp.EQ, u, u))
+        better = binary(XOp.OR, better, worse_nan)
+        same = binary(XOp.OR, same, binary(XOp.AND, u_nan, v_nan))
+    before = binary(XOp.OR, better, binary(XOp.AND, same, binary(XOp.LT, var(j), index[axis])))
+    counter = Local(rank, LType(DType.i64))
+    at = flatten(tuple(local_load(counter) if a == axis else e for a, e in enumerate(index)),
+                 (*shape[:axis], k, *shape[axis + 1:]))
+    stores: list[Stmt] = []
+    values, indices = node.outputs
+    for out, value in ((values, var(v_name, LType(wide))), (indices, index[axis])):
+        if out in ctx.buffers.outputs:
+            stores.append(Store(ctx.buffers.outputs[out].name, at, _as(value, out.dtype)))
+    body: list[Stmt] = [
+        Let(v_name, _as(ctx.load(x, index, 1), wide)), counter,
+        LocalStore(rank, const(0), const(0)),
+        loop(j, 0, n, [Let(u_name, _as(ctx.load(x, other, 1), wide)),
+                       LocalStore(rank, const(0), local_load(counter)
+                                  + cast(before, DType.i64))]),
+        If(binary(XOp.LT, local_load(counter), const(k)), Block(tuple(stores)))]
+    return ctx.function([loop(p, 0, max(1, math.prod(shape)), body, kind=LoopKind.PARALLEL)])
+
+
+__all__ = ["lower_reduction_gpu", "lower_topk_gpu"]
