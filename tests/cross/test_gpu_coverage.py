@@ -207,3 +207,34 @@ def test_a_host_step_is_a_warning_and_listed(caplog) -> None:
 def test_kind_ptx_assembles(name: str) -> None:
     for ptx in cross_compile(GRAPHS[name]()).ptx().values():
         assemble(ptx)
+
+
+def masked_softmax(dtype: DType) -> Graph:
+    """SDPA's decomposition: a softmax whose fully masked rows give 0 (a bool ``any`` per row,
+    a warp max of u8)."""
+    b = GraphBuilder("masked_softmax")
+    x = b.input(((6, 64), dtype), "x")
+    neg = _const(b, np.array(-np.inf, np.float32))
+    xf = b.add1("cast", [x], {"dtype": F32})
+    alive = b.add1("logical_not", [b.add1("eq", [xf, neg])])
+    any_alive = b.add1("max", [b.add1("cast", [alive], {"dtype": DType.u8})],
+                       {"axes": [-1], "keepdims": True})
+    soft = b.add1("softmax", [xf], {"axis": -1})
+    zero = _const(b, np.array(0.0, np.float32))
+    keep = b.add1("cast", [any_alive], {"dtype": DType.bool})
+    return b.build([b.add1("where", [keep, soft, zero])])
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_warp_reductions_of_narrow_types(dtype: DType) -> None:
+    graph = masked_softmax(dtype)
+    built = cross_compile(graph)
+    assert not built.host_steps, [s.reason for s in built.host_steps]
+    assert any(isinstance(s, GpuKernel) and s.simt_width == 32 for s in built.program.steps)
+    x = random_array(np.random.default_rng(0), (6, 64), dtype)
+    x[2] = -np.inf   # a fully masked row
+    for got, want in zip(simulate(built.program, [x]), interpret(graph, x), strict=True):
+        assert_close(np.asarray(got), np.asarray(want), reduction=True)
+    if shutil.which("ptxas"):
+        for ptx in built.ptx().values():
+            assemble(ptx)
