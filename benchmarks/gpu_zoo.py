@@ -98,7 +98,7 @@ def run_model(name: str, make: Callable[[], tuple[Any, tuple[Any, ...]]], rounds
               repeats: int) -> dict[str, Any]:
     import torch
 
-    import tilefuse.torch  # noqa: F401  (registers the backend)
+    import tilefuse.torch
 
     torch.manual_seed(0)
     wrapped, inputs = make()
@@ -109,7 +109,7 @@ def run_model(name: str, make: Callable[[], tuple[Any, tuple[Any, ...]]], rounds
     with torch.no_grad():
         want = module(*inputs)
         torch._dynamo.reset()
-        tf = torch.compile(module, backend="tilefuse")
+        tf = torch.compile(module, backend=tilefuse.torch.backend)
         t0 = time.perf_counter()
         got = tf(*inputs)
         torch.cuda.synchronize()

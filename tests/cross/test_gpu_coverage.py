@@ -7,6 +7,7 @@ PTX of each is assembled by ptxas where it is installed."""
 
 from __future__ import annotations
 
+import math
 import shutil
 
 import numpy as np
@@ -83,6 +84,16 @@ def movement_chain() -> Graph:
                            {"perm": [1, 0]})])
 
 
+def split_concat() -> Graph:
+    """GPT-2's fused QKV split, then a concat along another axis (flat kernels, every thread
+    busy)."""
+    b = GraphBuilder("split_concat")
+    x = b.input(((3, 5, 12), F32), "x")
+    q, k, v = b.add("split", [x], {"axis": -1, "sizes": [4, 4, 4]})
+    y = b.add1("concat", [b.add1("mul", [q, k]), v, q], {"axis": 1})
+    return b.build([y, b.add1("reshape", [v], {"shape": (15, 4)})])
+
+
 def reductions(dtype: DType = F32) -> Graph:
     b = GraphBuilder("reductions")
     x = b.input(((5, 7, 3), dtype), "x")
@@ -119,6 +130,7 @@ GRAPHS = {
     "take_negative": take_negative,
     "take_along": take_along,
     "movement_chain": movement_chain,
+    "split_concat": split_concat,
     "reductions": reductions,
     "reductions_f16": lambda: reductions(F16),
     "conv_pool": conv_pool,
@@ -174,6 +186,14 @@ def test_topk_orders_ties_by_index_and_nan_first() -> None:
     got, want = simulate(built.program, [x]), interpret(graph, x)
     np.testing.assert_array_equal(got[1], want[1])
     assert got[1][0, 0, 0] == 3 and list(got[1][2, :, 2]) == [0, 1, 2, 3]
+
+
+def test_movement_kernels_use_every_thread() -> None:
+    steps = cross_compile(split_concat()).program.steps
+    moves = [s for s in steps if isinstance(s, GpuKernel) and s.group.kind.value == "movement"]
+    assert len(moves) >= 2   # the split and the concat
+    for step in moves:
+        assert step.grid == -(-max(math.prod(v.shape) for v in step.group.outputs) // 256)
 
 
 def test_prologues_become_kernels_and_views_are_read_in_place(tmp_path) -> None:

@@ -86,7 +86,7 @@ class RMSNorm(nn.Module):
 def _rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of ``x [B, H, S, D]`` at integer ``positions [B, S]``."""
     d = x.shape[-1]
-    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
     angles = positions.float()[:, None, :, None] * inv             # [B, 1, S, D/2]
     cos, sin = torch.cos(angles).repeat(1, 1, 1, 2), torch.sin(angles).repeat(1, 1, 1, 2)
     half = torch.cat([-x[..., d // 2:], x[..., :d // 2]], dim=-1)
@@ -114,9 +114,10 @@ class TinyDecoder(nn.Module):
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, s = ids.shape
         positions = (torch.cumsum(mask, dim=-1) - 1).clamp(min=0)
-        causal = torch.ones(s, s, dtype=torch.bool).tril()
+        causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).tril()
         allowed = causal[None, None] & mask.bool()[:, None, None, :]
-        bias = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, -1e9)
+        bias = torch.zeros(allowed.shape, dtype=torch.float32,
+                           device=ids.device).masked_fill(~allowed, -1e9)
         x = self.embed(ids)
         d = self.hidden // self.heads
         for blk in self.blocks:
@@ -147,9 +148,9 @@ class TinyEncoder(nn.Module):
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, s = ids.shape
-        types = torch.gather(self.type_ids.expand(b, -1), 1,
-                             torch.arange(s).expand(b, -1))
-        x = self.n0(self.words(ids) + self.pos(torch.arange(s)) + self.types(types))
+        at = torch.arange(s, device=ids.device)
+        types = torch.gather(self.type_ids.expand(b, -1), 1, at.expand(b, -1))
+        x = self.n0(self.words(ids) + self.pos(at) + self.types(types))
         d = self.hidden // self.heads
         q, k, v = (t.view(b, s, self.heads, d).transpose(1, 2)
                    for t in self.qkv(x).split(self.hidden, dim=-1))

@@ -42,14 +42,14 @@ MODELS = {**zoo_models.HAND_WRITTEN, **zoo_models.TRANSFORMERS}
 
 @pytest.mark.parametrize("name", MODELS)
 def test_zoo_model_on_cuda_tensors(name: str, caplog) -> None:
-    import tilefuse.torch  # noqa: F401
+    import tilefuse.torch
     from tilefuse.frontend.torch.convert import tensor_to_numpy
 
     module, inputs = MODELS[name]()
     module = module.cuda()
     args = [torch.from_numpy(a).cuda() for a in inputs]
     torch._dynamo.reset()
-    compiled = torch.compile(module, backend="tilefuse")
+    compiled = torch.compile(module, backend=tilefuse.torch.backend)
     with torch.no_grad(), caplog.at_level(logging.DEBUG, logger="tilefuse.fallback"):
         got = compiled(*args)
         want = module(*args)

@@ -31,7 +31,7 @@ from tilefuse.graph.ir import Value
 from tilefuse.kernel.access import dims, squeezed, unflatten
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.lower_elementwise import KernelContext
-from tilefuse.kernel.lower_gpu_index import GatherContext, has_gather
+from tilefuse.kernel.lower_gpu_index import GatherContext, flat_movement, has_gather
 from tilefuse.kernel.schedule import Schedule, iteration_axes
 from tilefuse.loop.ir import (
     Block,
@@ -213,7 +213,7 @@ def lower_group_gpu(group: KernelGroup, row_unroll: int = 4, elementwise_unroll:
     Groups holding a gather (``take``, ``take_along_axis``) and movement groups of several
     nodes (a reshape/transpose chain, an im2col) are lowered as elementwise kernels whose
     movement ops are index arithmetic (:mod:`tilefuse.kernel.lower_gpu_index`)."""
-    if has_gather(group) or (group.kind is KernelKind.MOVEMENT and len(group.nodes) > 1):
+    if has_gather(group) or (group.kind is KernelKind.MOVEMENT and flat_movement(group)):
         return lower_elementwise_gpu(replace(group, kind=KernelKind.ELEMENTWISE),
                                      elementwise_unroll, GatherContext)
     if group.kind is KernelKind.ELEMENTWISE:

@@ -436,8 +436,10 @@ def _identity(lw: Lowering, node: fx.Node) -> Result:
 
 def _to_copy(lw: Lowering, node: fx.Node) -> Result:
     device = node.kwargs.get("device")
-    if device is not None and torch.device(device).type != "cpu":
-        raise Unsupported(f"a copy to {device} is not supported", op=lw.op)
+    source = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    here = source.device.type if isinstance(source, torch.Tensor) else "cpu"
+    if device is not None and torch.device(device).type != here:
+        raise Unsupported(f"a copy from {here} to {device} is not supported", op=lw.op)
     return lw.cast(lw.tensor(node.args[0]), lw.out_type.dtype)
 
 
