@@ -104,11 +104,12 @@ def reductions(dtype: DType = F32) -> Graph:
                     b.add1("argmin", [x], {"axis": 0, "keepdims": True})])
 
 
-def conv_pool() -> Graph:
-    """conv2d (implicit GEMM after the pipeline) then a 3x3 stride-2 max pool, NCHW."""
+def conv_pool(dtype: DType = F32) -> Graph:
+    """conv2d (implicit GEMM after the pipeline; half precision through f32 on the GPU) then a
+    3x3 stride-2 max pool, NCHW."""
     b = GraphBuilder("conv_pool")
-    x = b.input(((2, 3, 9, 9), F32), "x")
-    w = _const(b, random_array(np.random.default_rng(1), (4, 3, 3, 3), F32))
+    x = b.input(((2, 3, 9, 9), dtype), "x")
+    w = _const(b, random_array(np.random.default_rng(1), (4, 3, 3, 3), dtype))
     conv = b.add1("conv2d", [x, w], {"stride": [1, 1], "padding": [1, 1, 1, 1]})
     y = b.add1("relu", [conv])
     return b.build([b.add1("max_pool2d", [y], {"kernel": [3, 3], "stride": [2, 2],
@@ -134,6 +135,7 @@ GRAPHS = {
     "reductions": reductions,
     "reductions_f16": lambda: reductions(F16),
     "conv_pool": conv_pool,
+    "conv_pool_f16": lambda: conv_pool(F16),
     "topk_largest": lambda: topk(True),
     "topk_smallest_bf16": lambda: topk(False, BF16),
 }

@@ -59,6 +59,7 @@ from tilefuse.passes.decompose import decompose_composites
 from tilefuse.runtime.cublas import CUBLAS_DTYPES, Cublas, GemmShape
 from tilefuse.runtime.cuda_driver import CudaContext, DeviceBuffer
 from tilefuse.runtime.dynamic import SymbolBinder
+from tilefuse.runtime.gpu_prepare import prepare_for_gpu
 from tilefuse.runtime.memory import MemoryPlan, plan_from_liveness, value_names
 from tilefuse.tune.database import TuningDatabase
 from tilefuse.tune.gpu import tuned_target
@@ -232,7 +233,7 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
     for v in [*graph.inputs, *(o for n in graph.nodes for o in n.outputs)]:
         if not is_static(v.shape):
             raise CompileError(f"the cuda target needs static shapes, got {v.type}")
-    graph, _ = decompose_composites(unfuse_attention(graph))
+    graph, _ = decompose_composites(unfuse_attention(prepare_for_gpu(graph)))
     constants = {n.output: n.attrs["value"].array for n in graph.nodes
                  if n.op.name == "constant"}
     program = GpuProgram(graph, target, constants)
