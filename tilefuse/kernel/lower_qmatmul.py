@@ -630,3 +630,35 @@ def build_int4(name: str, m: int, wq: np.ndarray, scales: np.ndarray, zeros: np.
 __all__ = ["INT4_BUFFERS", "INT8_BUFFERS", "Int4Shape", "Int8Shape", "QuantKernel",
            "build_int4", "build_int8", "check_target", "compile_ir", "int4_module",
            "int8_module", "pack_int4", "pack_int8"]
+
+
+# ---- kernel groups ---------------------------------------------------------------------------
+
+QUANT_OPS = frozenset({"qmatmul_i8", "matmul_w4"})
+
+
+def is_quant_group(group: object) -> bool:
+    """A kernel group holding one quantized product (lowered here, not by the loop IR)."""
+    nodes = getattr(group, "nodes", ())
+    return len(nodes) == 1 and nodes[0].op.name in QUANT_OPS
+
+
+def lower_quant_group(group: object, constants: dict, target: CpuTarget | None = None
+                      ) -> QuantKernel:
+    """The kernel of a quantized group; its weights must be constants (the quantize pass makes
+    them so). ``QuantKernel.constants`` then holds every build-time buffer."""
+    node = group.nodes[0]  # type: ignore[attr-defined]
+    x = node.inputs[0]
+    if not all(isinstance(d, int) for d in x.shape):
+        raise CompileError(f"{node.op.name} needs static shapes, got {x.type}")
+    arrays = [constants.get(v) for v in node.inputs[1:]]
+    if any(a is None for a in arrays):
+        raise CompileError(f"{node.op.name}: the weights, scales and bias must be constants")
+    m = int(np.prod(x.shape[:-1], dtype=np.int64))
+    name = group.name.replace(".", "_")  # type: ignore[attr-defined]
+    act = node.attrs["act"]
+    if node.op.name == "qmatmul_i8":
+        w, scale, bias = arrays
+        return build_int8(name, m, w, scale, bias, act, target=target)
+    wq, scales, zeros, bias = arrays
+    return build_int4(name, m, wq, scales, zeros, bias, node.attrs["group"], act, target=target)

@@ -64,6 +64,7 @@ from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.lower_movement import lower_movement
 from tilefuse.kernel.lower_pool import is_pool_group, lower_pool
+from tilefuse.kernel.lower_qmatmul import is_quant_group, lower_quant_group
 from tilefuse.kernel.plan_printer import print_plan, value_names
 from tilefuse.kernel.schedule import Schedule, as_cpu_target, default_schedule
 from tilefuse.log import get_logger
@@ -195,6 +196,8 @@ class _Builder:
     # ---------------------------------------------------------------- lowering
     def lower(self, group: KernelGroup) -> _Pending:
         pending = _Pending(group)
+        if is_quant_group(group):
+            return self.lower_quant(pending)
         if group.kind not in NATIVE_KINDS and not is_pool_group(group):
             return self.fall_back(pending, f"no native lowering for {group.kind.value} "
                                   "kernels yet")
@@ -293,6 +296,22 @@ class _Builder:
         if lowered.constant_b is not None:
             bindings[lowered.constant_b] = lowered.prepare_b(b_array)
         return [(fn, bindings) for fn in lowered.functions]
+
+    def lower_quant(self, pending: _Pending) -> _Pending:
+        """A quantized product (``qmatmul_i8``, ``matmul_w4``): hand-written IR kernels whose
+        weights are packed here once (:mod:`tilefuse.kernel.lower_qmatmul`)."""
+        group = pending.group
+        try:
+            made = lower_quant_group(group, self.constants, self.target)
+        except CompileError as err:
+            return self.fall_back(pending, f"quantized lowering failed: {err}")
+        node = group.nodes[0]
+        bindings: dict[str, Binding] = {"x": node.inputs[0], "out": node.outputs[0],
+                                        **made.constants}
+        for name, (nbytes, dtype) in made.scratch.items():
+            bindings[name] = Scratch(f"{group.name}.{name}", nbytes, dtype)
+        pending.kernels = [_Kernel(made.fn, KernelArtifact(made.kernel, made.ir), bindings)]
+        return pending
 
     def lower_attention(self, group: KernelGroup, schedule: Schedule
                         ) -> list[tuple[LoopFunction, dict[str, Binding]]]:

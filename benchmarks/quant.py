@@ -1,0 +1,108 @@
+"""Quantized builds against f32, interleaved in one process (issue 29's CPU targets).
+
+    PYTHONPATH=. python benchmarks/quant.py [--rounds 15] [--only w1,gemv,bert]
+
+- ``w1``: 512x768x3072 (+bias) int8 vs f32;
+- ``gemv``: M=1, 4096x4096 int4 (group 128) vs f32;
+- ``bert``: the BERT-base layer (b1 s128) int8 vs f32, vs onnxruntime on the same layer
+  quantized by ``onnxruntime.quantization.quantize_dynamic``, and that onnxruntime file run by
+  tilefuse (its MatMulInteger / DynamicQuantizeLinear nodes); cosine similarity of int8 vs f32.
+
+Prints medians and ratios; figures taken on a shared machine move with its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+import tilefuse
+from tilefuse.cli.timing import format_seconds, interleaved_medians
+from tilefuse.quant_report import compare_outputs
+
+
+def _row(name: str, times: dict[str, float], base: str) -> None:
+    for key, t in times.items():
+        ratio = times[base] / t
+        print(f"  {name:5s} {key:18s} {format_seconds(t):>10s}   {ratio:5.2f}x of {base}")
+
+
+def w1(rounds: int) -> None:
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((768, 3072)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(3072).astype(np.float32)
+    x = rng.standard_normal((512, 768)).astype(np.float32)
+    fns = {q or "f32": tilefuse.jit(lambda x: x @ w + b, quantize=q) for q in (None, "int8")}
+    for fn in fns.values():
+        fn(x)
+    print(compare_outputs(fns["f32"](x), fns["int8"](x)))
+    _row("w1", interleaved_medians({k: (lambda f=f: f(x)) for k, f in fns.items()}, rounds),
+         "f32")
+
+
+def gemv(rounds: int) -> None:
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((4096, 4096)) * 0.02).astype(np.float32)
+    x = rng.standard_normal((1, 4096)).astype(np.float32)
+    fns = {q or "f32": tilefuse.jit(lambda x: x @ w, quantize=q)
+           for q in (None, "int4", "int8")}
+    for fn in fns.values():
+        fn(x)
+    print(compare_outputs(fns["f32"](x), fns["int4"](x)))
+    _row("gemv", interleaved_medians({k: (lambda f=f: f(x)) for k, f in fns.items()}, rounds),
+         "f32")
+
+
+def bert(rounds: int) -> None:
+    import onnxruntime as ort
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from tilefuse import zoo
+
+    module = zoo.bert_layer()
+    layer = zoo.bert_layer_numpy(module)
+    x, mask = zoo.bert_inputs()
+    fns = {q or "f32": tilefuse.jit(layer, quantize=q) for q in (None, "int8")}
+    impls = {k: (lambda f=f: f(x, mask)) for k, f in fns.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        path, qpath = os.path.join(tmp, "bert.onnx"), os.path.join(tmp, "bert.int8.onnx")
+        torch.onnx.export(module, (torch.from_numpy(x), torch.from_numpy(mask)), path,
+                          input_names=["x", "mask"], output_names=["y"], opset_version=17,
+                          dynamo=False)
+        quantize_dynamic(path, qpath, weight_type=QuantType.QInt8)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = os.cpu_count() or 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(qpath, opts, providers=["CPUExecutionProvider"])
+        impls["onnxruntime int8"] = lambda: session.run(None, {"x": x, "mask": mask})[0]
+        try:
+            model = tilefuse.onnx.load(qpath)
+            model(x=x, mask=mask)
+            impls["tilefuse ort-file"] = lambda: model(x=x, mask=mask)
+        except Exception as err:  # reported, not hidden
+            print(f"  tilefuse on the onnxruntime-quantized file: {type(err).__name__}: {err}")
+        for impl in impls.values():
+            impl()
+        ref = fns["f32"](x, mask)
+        print("  int8 vs f32:", compare_outputs(ref, fns["int8"](x, mask)))
+        print("  ort int8 vs f32:", compare_outputs(ref, impls["onnxruntime int8"]()))
+        _row("bert", interleaved_medians(impls, rounds), "f32")
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--only", default="w1,gemv,bert")
+    args = parser.parse_args(argv)
+    for name in args.only.split(","):
+        print(f"{name}:")
+        {"w1": w1, "gemv": gemv, "bert": bert}[name](args.rounds)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
