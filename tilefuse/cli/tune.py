@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from tilefuse.tune.runner import InProcessRunner, LocalRunner, Runner
 
     quiet_torch_warnings()
-    model = load_model(args.model)
+    model = load_model(args.model, args.quantize)
     arrays = parse_inputs(model, args.input, args.seed)
     source = model.tune_source(arrays)
     runner: Runner = InProcessRunner() if args.in_process else LocalRunner()

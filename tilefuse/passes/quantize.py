@@ -154,6 +154,19 @@ def _bias_of(node: Node, mm_out: Value, producers: dict[Value, Node], n: int
     return array.reshape(n)
 
 
+def _is_relu(node: Node, value: Value, producers: dict[Value, Node]) -> bool:
+    """``relu(v)`` or ``maximum(v, 0)`` / ``maximum(0, v)`` keeping v's type."""
+    if node.outputs[0].type != value.type:
+        return False
+    if node.op.name == "relu":
+        return True
+    if node.op.name != "maximum" or value not in node.inputs:
+        return False
+    other = node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+    array = _constant(other, producers)
+    return array is not None and array.size == 1 and float(array.reshape(())) == 0.0
+
+
 def _group_for(k: int, options: QuantizeOptions) -> int | None:
     for g in GROUPS:
         if g <= options.group and k % g == 0:
@@ -193,7 +206,7 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
             add = None
         last = add.outputs[0] if add is not None else out
         relu = _only_user(last, readers, graph)
-        if relu is not None and relu.op.name != "relu":
+        if relu is not None and not _is_relu(relu, last, producers):
             relu = None
         plans[node] = (w, add, relu)
         for absorbed_node in (add, relu):

@@ -126,7 +126,7 @@ def group_work(group: KernelGroup) -> tuple[float, float]:
     """(FLOPs, bytes) ``group`` must do at least (module docstring)."""
     flops = 0.0
     for node in group.nodes:
-        if node.op.name == "matmul":
+        if node.op.name in ("matmul", "qmatmul_i8", "matmul_w4"):
             k = int(node.inputs[0].shape[-1]) if node.inputs[0].type.rank else 1
             flops += 2.0 * _numel(node.outputs[0]) * k
         elif node.op.name == "attention":
