@@ -81,7 +81,9 @@ def bert(rounds: int) -> None:
         session = ort.InferenceSession(qpath, opts, providers=["CPUExecutionProvider"])
         impls["onnxruntime int8"] = lambda: session.run(None, {"x": x, "mask": mask})[0]
         try:
-            model = tilefuse.onnx.load(qpath)
+            from tilefuse import onnx as tf_onnx
+
+            model = tf_onnx.load(qpath)
             model(x=x, mask=mask)
             impls["tilefuse ort-file"] = lambda: model(x=x, mask=mask)
         except Exception as err:  # reported, not hidden

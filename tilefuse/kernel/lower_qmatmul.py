@@ -46,6 +46,8 @@ from tilefuse.loop.ir import Block, BufferParam, LoopFunction
 MR8, NV, LANES = 6, 4, 16
 PANEL = NV * LANES          # 64 columns a tile
 MR4 = 4
+MAX_K8 = 65536
+"""Largest K of the int8 kernel: |sum_k (q + 128) * w| <= 255 * 128 * K stays below 2**31."""
 
 
 def _ceil(a: int, b: int) -> int:
@@ -586,6 +588,9 @@ def build_int8(name: str, m: int, w: np.ndarray, w_scale: np.ndarray, bias: np.n
     target = target or host_target()
     check_target(target, vnni=True)
     k, n = w.shape
+    if k > MAX_K8:
+        raise CompileError(f"qmatmul_i8 with K = {k}: over {MAX_K8} the i32 sums of "
+                           "(q + 128) * w could overflow")
     s = Int8Shape(m, k, n)
     name = f"{name}_q8_{m}x{k}x{n}_{act}{'_raw' if raw else ''}"
     text = int8_module(name, s, act, raw)
