@@ -84,8 +84,10 @@ def bert(rounds: int) -> None:
             from tilefuse import onnx as tf_onnx
 
             model = tf_onnx.load(qpath)
-            model(x=x, mask=mask)
-            impls["tilefuse ort-file"] = lambda: model(x=x, mask=mask)
+            model(x, mask)
+            impls["tilefuse ort-file"] = lambda: model(x, mask)
+            plan = model.lower(x, mask).executable
+            print(f"  tilefuse on the onnxruntime file: host steps {plan.fallbacks}")
         except Exception as err:  # reported, not hidden
             print(f"  tilefuse on the onnxruntime-quantized file: {type(err).__name__}: {err}")
         for impl in impls.values():

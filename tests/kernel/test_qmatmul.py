@@ -119,3 +119,37 @@ def test_targets_without_vnni_are_refused() -> None:
         L.check_target(avx2, vnni=True)
     with pytest.raises(CompileError, match="avx512f"):
         L.check_target(avx2, vnni=False)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 3, 17), (5, 37, 70), (13, 100, 130)])
+def test_u8s8_integer_product_is_exact(m: int, k: int, n: int) -> None:
+    """ONNX MatMulInteger's kernel: (a - a_zero) @ w in i32, any u8 zero point."""
+    w = rng.integers(-128, 128, size=(k, n)).astype(np.int8)
+    qk = L.build_u8s8("t", m, w)
+    a = rng.integers(0, 256, size=(m, k)).astype(np.uint8)
+    for zero in (0, 1, 128, 255):
+        aq = aligned_empty(L.Int8Shape(m, k, n).mp * L.Int8Shape(m, k, n).kp, np.uint8)
+        out = np.full((m, n), -7, np.int32)
+        qk.kernel(a, qk.constants["w"], qk.constants["colsum"], np.array(zero, np.uint8), out,
+                  aq)
+        expected = (a.astype(np.int64) - zero) @ w.astype(np.int64)
+        np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("size", [1, 15, 4096, 4096 * 3 + 77])
+def test_dynamic_quantize_matches_reference(size: int) -> None:
+    from tilefuse.ops.quant import _dql_reference
+
+    qk = L.build_dql("t", size)
+    cases = [rng.standard_normal(size).astype(np.float32) * 3,
+             np.abs(rng.standard_normal(size)).astype(np.float32),   # min above 0
+             np.zeros(size, np.float32)]                              # scale 0: codes 0
+    for x in cases:
+        q, scale, zero = np.full(size, 7, np.uint8), np.zeros(1, np.float32), \
+            np.zeros(1, np.uint8)
+        part = np.zeros(2 * max(1, -(-size // L.DQL_CHUNK)), np.float32)
+        qk.kernel(x, q, scale, zero, part)
+        rq, rs, rz = _dql_reference(x)
+        np.testing.assert_array_equal(scale[0], rs)
+        np.testing.assert_array_equal(zero[0], rz)
+        np.testing.assert_array_equal(q, rq)

@@ -31,7 +31,7 @@ Every integer kernel is checked bit for bit against NumPy (tests/kernel/test_qma
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -101,6 +101,9 @@ declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)
 declare float @llvm.fabs.f32(float)
 declare float @llvm.rint.f32(float)
 declare float @llvm.maxnum.f32(float, float)
+declare float @llvm.minnum.f32(float, float)
+declare <16 x float> @llvm.minnum.v16f32(<16 x float>, <16 x float>)
+declare float @llvm.vector.reduce.fmin.v16f32(<16 x float>)
 declare float @llvm.vector.reduce.fmax.v16f32(<16 x float>)
 declare <16 x i32> @llvm.smax.v16i32(<16 x i32>, <16 x i32>)
 declare <16 x i32> @llvm.smin.v16i32(<16 x i32>, <16 x i32>)
@@ -108,6 +111,7 @@ declare i32 @llvm.smax.i32(i32, i32)
 declare i32 @llvm.smin.i32(i32, i32)
 declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32, <16 x i1>)
 declare void @llvm.masked.store.v16i32.p0(<16 x i32>, ptr, i32, <16 x i1>)
+declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)
 """
 
 
@@ -318,12 +322,20 @@ def _quant_rows(name: str, s: Int8Shape) -> str:
     return f.text()
 
 
-def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool) -> str:
+def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool = False) -> str:
     """``void name(bufs, lo, hi)``: tiles lo..hi (panel-major) of MR8 rows x 64 columns.
-    ``raw``: store acc - comp as i32 (the integer core, for tests) instead of the epilogue."""
+    ``raw``: store acc - comp as i32 (the integer core, for tests) instead of the epilogue.
+    ``zero_point`` (``matmul_u8s8``, raw): buffers a, w, colsum, a_zero, out, aq, and comp is
+    ``a_zero * colsum``."""
     f = _Fn(f"define internal void @{name}(ptr %bufs, i64 %lo, i64 %hi) nounwind")
-    w, comp, sw, bias, out = (f.buffer("%bufs", i) for i in (1, 2, 3, 4, 5))
-    aq, sa = f.buffer("%bufs", 6), f.buffer("%bufs", 7)
+    if zero_point:
+        w, comp, out, aq = (f.buffer("%bufs", i) for i in (1, 2, 4, 5))
+        zp = f(f"load i8, ptr {f.buffer('%bufs', 3)}")
+        zp = f.splat(f(f"zext i8 {zp} to i32"), "i32")
+        sw = bias = sa = ""
+    else:
+        w, comp, sw, bias, out = (f.buffer("%bufs", i) for i in (1, 2, 3, 4, 5))
+        aq, sa = f.buffer("%bufs", 6), f.buffer("%bufs", 7)
     accs = [[f.alloca(_V16I) for _ in range(NV)] for _ in range(MR8)]
     mblocks = s.mp // MR8
     k4 = s.kp // 4
@@ -363,6 +375,8 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool) -> str:
             cols.append(n0)
             masks.append(_lane_mask(f, n0, s.n))
             comps.append(f.vload(_V16I, "i32", comp, n0))
+            if zero_point:
+                comps[-1] = f(f"mul {_V16I} {comps[-1]}, {zp}")
             if not raw:
                 scales.append(f.vload(_V16F, "float", sw, n0))
                 biases.append(f.vload(_V16F, "float", bias, n0))
@@ -392,6 +406,36 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool) -> str:
     return f.text()
 
 
+def _copy_rows(name: str, s: Int8Shape) -> str:
+    """``void name(bufs, lo, hi)``: rows lo..hi of a u8 input (buffer 0) copied into aq
+    (buffer 5) with the row padded to Kp (the padding meets zero weights)."""
+    f = _Fn(f"define internal void @{name}(ptr %bufs, i64 %lo, i64 %hi) nounwind")
+    a, aq = f.buffer("%bufs", 0), f.buffer("%bufs", 5)
+
+    def row(r: str) -> None:
+        m = f(f"add i64 %lo, {r}")
+        src = f.at("i8", a, f(f"mul i64 {m}, {s.k}"))
+        dst = f.at("i8", aq, f(f"mul i64 {m}, {s.kp}"))
+        f.do(f"call void @llvm.memcpy.p0.p0.i64(ptr {dst}, ptr {src}, i64 {s.k}, i1 false)")
+        for t in range(s.k, s.kp):
+            f.do(f"store i8 0, ptr {f.at('i8', dst, str(t))}")
+
+    f.counted_loop("row", f("sub i64 %hi, %lo"), row)
+    f.do("ret void")
+    return f.text()
+
+
+def u8s8_module(name: str, s: Int8Shape) -> str:
+    """The LLVM IR of ``matmul_u8s8``; buffers: a (u8), w (packed), colsum, a_zero, out (i32),
+    aq (scratch)."""
+    tiles = (s.mp // MR8) * (s.np_ // PANEL)
+    return "".join([_DECLS, _copy_rows(f"{name}.copy", s),
+                    _int8_tiles(f"{name}.tiles", s, "none", True, zero_point=True),
+                    _grab_worker(f"{name}.w0", f"{name}.copy", s.m, 8),
+                    _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1),
+                    _entry(name, [f"{name}.w0", f"{name}.w1"])])
+
+
 def int8_module(name: str, s: Int8Shape, act: str = "none", raw: bool = False) -> str:
     """The LLVM IR of an int8 kernel; buffers: x, w (packed), comp, w_scale, bias, out, aq, sa."""
     tiles = (s.mp // MR8) * (s.np_ // PANEL)
@@ -400,6 +444,153 @@ def int8_module(name: str, s: Int8Shape, act: str = "none", raw: bool = False) -
                     _grab_worker(f"{name}.w0", f"{name}.qrows", s.m, 4),
                     _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1),
                     _entry(name, [f"{name}.w0", f"{name}.w1"])])
+
+
+# ---- ONNX DynamicQuantizeLinear ---------------------------------------------------------------
+
+DQL_CHUNK = 4096
+"""Elements a grain of the dynamic quantizer's two passes (a multiple of the lanes)."""
+
+
+def _dql_pass(name: str, total: int, quantize: bool) -> str:
+    """``void name(bufs, lo, hi)`` over chunks lo..hi of x (buffer 0): the min and max of each
+    chunk into part (buffer 4), or (``quantize``) the u8 codes into q (buffer 1) with the
+    scale and zero point (buffers 2, 3)."""
+    f = _Fn(f"define internal void @{name}(ptr %bufs, i64 %lo, i64 %hi) nounwind")
+    x, q, sc, zp, part = (f.buffer("%bufs", i) for i in range(5))
+    vmin, vmax = f.alloca(_V16F), f.alloca(_V16F)
+    smin, smax = f.alloca("float"), f.alloca("float")
+    s_scale = f(f"load float, ptr {sc}") if quantize else ""
+    s_point = f(f"uitofp i8 {f(f'load i8, ptr {zp}')} to float") if quantize else ""
+    scale = f.splat(s_scale) if quantize else ""
+    point = f.splat(s_point) if quantize else ""
+
+    def code(v: str, ty: str, suffix: str, div: str, add: str) -> str:
+        """clip(rint(v / scale) + point, 0, 255) with NaN -> 0 (maxnum drops the NaN)."""
+        y = f(f"fdiv {ty} {v}, {div}")
+        y = f(f"call {ty} @llvm.rint.{suffix}({ty} {y})")
+        y = f(f"fadd {ty} {y}, {add}")
+        zero = "zeroinitializer" if ty == _V16F else "0.0"
+        top = "splat (float 2.550000e+02)" if ty == _V16F else "2.550000e+02"
+        y = f(f"call {ty} @llvm.maxnum.{suffix}({ty} {y}, {ty} {zero})")
+        return f(f"call {ty} @llvm.minnum.{suffix}({ty} {y}, {ty} {top})")
+
+    def fold(acc: str, ty: str, fn: str, suffix: str, v: str) -> None:
+        old = f(f"load {ty}, ptr {acc}")
+        f.do(f"store {ty} {f(f'call {ty} @llvm.{fn}.{suffix}({ty} {old}, {ty} {v})')}, "
+             f"ptr {acc}")
+
+    def chunk(r: str) -> None:
+        c = f(f"add i64 %lo, {r}")
+        start = f(f"mul i64 {c}, {DQL_CHUNK}")
+        end = f(f"add i64 {start}, {DQL_CHUNK}")
+        end = f(f"select i1 {f(f'icmp slt i64 {end}, {total}')}, i64 {end}, i64 {total}")
+        vecs = f(f"sdiv i64 {f(f'sub i64 {end}, {start}')}, {LANES}")
+        if not quantize:
+            f.do(f"store {_V16F} splat (float 0x7FF0000000000000), ptr {vmin}")
+            f.do(f"store {_V16F} splat (float 0xFFF0000000000000), ptr {vmax}")
+
+        def vec(i: str) -> None:
+            at = f(f"add i64 {start}, {f(f'mul i64 {i}, {LANES}')}")
+            v = f.vload(_V16F, "float", x, at)
+            if quantize:
+                y = f(f"fptoui {_V16F} {code(v, _V16F, 'v16f32', scale, point)} to {_V16I}")
+                y = f(f"trunc {_V16I} {y} to <16 x i8>")
+                f.do(f"store <16 x i8> {y}, ptr {f.at('i8', q, at)}, align 1")
+                return
+            fold(vmin, _V16F, "minnum", "v16f32", v)
+            fold(vmax, _V16F, "maxnum", "v16f32", v)
+
+        f.counted_loop(f"v{r[1:]}", vecs, vec)
+        if not quantize:
+            for acc, fn, dst in ((vmin, "fmin", smin), (vmax, "fmax", smax)):
+                v = f(f"load {_V16F}, ptr {acc}")
+                v = f(f"call float @llvm.vector.reduce.{fn}.v16f32({_V16F} {v})")
+                f.do(f"store float {v}, ptr {dst}")
+        tail = f(f"add i64 {start}, {f(f'mul i64 {vecs}, {LANES}')}")
+
+        def one(i: str) -> None:
+            at = f(f"add i64 {tail}, {i}")
+            v = f(f"load float, ptr {f.at('float', x, at)}")
+            if quantize:
+                y = f(f"fptoui float {code(v, 'float', 'f32', s_scale, s_point)} to i32")
+                f.do(f"store i8 {f(f'trunc i32 {y} to i8')}, ptr {f.at('i8', q, at)}")
+                return
+            fold(smin, "float", "minnum", "f32", v)
+            fold(smax, "float", "maxnum", "f32", v)
+
+        f.counted_loop(f"s{r[1:]}", f(f"sub i64 {end}, {tail}"), one)
+        if not quantize:
+            slot = f(f"mul i64 {c}, 2")
+            f.do(f"store float {f(f'load float, ptr {smin}')}, ptr {f.at('float', part, slot)}")
+            high = f.at("float", part, f(f"add i64 {slot}, 1"))
+            f.do(f"store float {f(f'load float, ptr {smax}')}, ptr {high}")
+
+    f.counted_loop("chunk", f("sub i64 %hi, %lo"), chunk)
+    f.do("ret void")
+    return f.text()
+
+
+def _dql_entry(name: str, chunks: int) -> str:
+    """The entry: min/max per chunk in parallel, the scale and zero point from them (one
+    thread), then the codes in parallel."""
+    f = _Fn(f"define void @{name}(ptr %bufs, ptr %scalars, i32 %threads) nounwind")
+    ctx = f.alloca("{ptr, i64}")
+    counter = f.at("i8", ctx, "8")
+
+    def run(worker: str) -> None:
+        f.do(f"store ptr %bufs, ptr {ctx}")
+        f.do(f"store i64 0, ptr {counter}")
+        f.do(f"call void @tilefuse_parallel(ptr @{worker}, ptr {ctx}, i32 %threads)")
+
+    run(f"{name}.w0")
+    part, sc, zp = f.buffer("%bufs", 4), f.buffer("%bufs", 2), f.buffer("%bufs", 3)
+    lo, hi = f.alloca("float"), f.alloca("float")
+    f.do(f"store float 0.0, ptr {lo}")
+    f.do(f"store float 0.0, ptr {hi}")
+
+    def combine(i: str) -> None:
+        slot = f(f"mul i64 {i}, 2")
+        for acc, fn, off in ((lo, "minnum", slot), (hi, "maxnum", f(f"add i64 {slot}, 1"))):
+            v = f(f"load float, ptr {f.at('float', part, off)}")
+            old = f(f"load float, ptr {acc}")
+            f.do(f"store float {f(f'call float @llvm.{fn}.f32(float {old}, float {v})')}, "
+                 f"ptr {acc}")
+
+    f.counted_loop("combine", chunks, combine)
+    low, high = f(f"load float, ptr {lo}"), f(f"load float, ptr {hi}")
+    scale = f(f"fdiv float {f(f'fsub float {high}, {low}')}, 2.550000e+02")
+    f.do(f"store float {scale}, ptr {sc}")
+    p = f(f"fneg float {f(f'fdiv float {low}, {scale}')}")
+    p = f(f"call float @llvm.rint.f32(float {p})")
+    p = f(f"call float @llvm.maxnum.f32(float {p}, float 0.0)")
+    p = f(f"call float @llvm.minnum.f32(float {p}, float 2.550000e+02)")
+    p = f(f"fptoui float {p} to i32")
+    f.do(f"store i8 {f(f'trunc i32 {p} to i8')}, ptr {zp}")
+    run(f"{name}.w1")
+    f.do("ret void")
+    return f.text()
+
+
+DQL_BUFFERS = [("x", DType.f32, True), ("q", DType.u8, False), ("scale", DType.f32, False),
+               ("zero", DType.u8, False), ("part", DType.f32, False)]
+
+
+def build_dql(name: str, total: int, target: CpuTarget | None = None) -> QuantKernel:
+    """ONNX DynamicQuantizeLinear of ``total`` f32 elements (op ``dynamic_quantize_u8``)."""
+    target = target or host_target()
+    check_target(target, vnni=False)
+    chunks = max(1, -(-total // DQL_CHUNK))
+    name = f"{name}_dql_{total}"
+    text = "".join([_DECLS, _dql_pass(f"{name}.minmax", total, False),
+                    _dql_pass(f"{name}.codes", total, True),
+                    _grab_worker(f"{name}.w0", f"{name}.minmax", chunks, 1),
+                    _grab_worker(f"{name}.w1", f"{name}.codes", chunks, 1),
+                    _dql_entry(name, chunks)])
+    fn = signature_function(name, DQL_BUFFERS)
+    kernel = compile_ir(text, KernelSignature(name, fn.buffers, (), True), target)
+    return QuantKernel(fn, kernel, text, {}, {"part": (chunks * 8, np.dtype(np.float32))},
+                       {"x": 0}, {"q": 0, "scale": 1, "zero": 2})
 
 
 # ---- int4 ------------------------------------------------------------------------------------
@@ -579,6 +770,10 @@ class QuantKernel:
     ir: str
     constants: dict[str, np.ndarray]
     scratch: dict[str, tuple[int, np.dtype]]
+    inputs: dict[str, int] = field(default_factory=lambda: {"x": 0})
+    """Buffers bound to the node's inputs (name -> input position)."""
+    outputs: dict[str, int] = field(default_factory=lambda: {"out": 0})
+    """Buffers bound to the node's outputs (name -> output position)."""
 
 
 def build_int8(name: str, m: int, w: np.ndarray, w_scale: np.ndarray, bias: np.ndarray,
@@ -605,6 +800,31 @@ def build_int8(name: str, m: int, w: np.ndarray, w_scale: np.ndarray, bias: np.n
               "bias": _padded(np.asarray(bias, np.float32), n, np.float32)}
     scratch = {"aq": (s.mp * s.kp, np.dtype(np.uint8)), "sa": (s.mp * 4, np.dtype(np.float32))}
     return QuantKernel(fn, kernel, text, consts, scratch)
+
+
+U8S8_BUFFERS = [("a", DType.u8, True), ("w", DType.i8, True), ("colsum", DType.i32, True),
+                ("a_zero", DType.u8, True), ("out", DType.i32, False), ("aq", DType.u8, False)]
+
+
+def build_u8s8(name: str, m: int, w: np.ndarray, target: CpuTarget | None = None
+               ) -> QuantKernel:
+    """The exact integer product ``(a - a_zero) @ w`` (ONNX MatMulInteger with u8 activations
+    and i8 weights) for a [m, K]; out is i32."""
+    target = target or host_target()
+    check_target(target, vnni=True)
+    k, n = w.shape
+    if k > MAX_K8:
+        raise CompileError(f"matmul_u8s8 with K = {k}: over {MAX_K8} the i32 sums could "
+                           "overflow")
+    s = Int8Shape(m, k, n)
+    name = f"{name}_u8s8_{m}x{k}x{n}"
+    text = u8s8_module(name, s)
+    fn = signature_function(name, U8S8_BUFFERS)
+    kernel = compile_ir(text, KernelSignature(name, fn.buffers, (), True), target)
+    packed, comp = pack_int8(np.asarray(w, np.int8))
+    consts = {"w": packed, "colsum": _padded(comp // 128, n, np.int32)}
+    return QuantKernel(fn, kernel, text, consts, {"aq": (s.mp * s.kp, np.dtype(np.uint8))},
+                       {"a": 0, "a_zero": 1})
 
 
 def build_int4(name: str, m: int, wq: np.ndarray, scales: np.ndarray, zeros: np.ndarray,
@@ -639,7 +859,7 @@ __all__ = ["INT4_BUFFERS", "INT8_BUFFERS", "Int4Shape", "Int8Shape", "QuantKerne
 
 # ---- kernel groups ---------------------------------------------------------------------------
 
-QUANT_OPS = frozenset({"qmatmul_i8", "matmul_w4"})
+QUANT_OPS = frozenset({"qmatmul_i8", "matmul_w4", "matmul_u8s8", "dynamic_quantize_u8"})
 
 
 def is_quant_group(group: object) -> bool:
@@ -656,11 +876,18 @@ def lower_quant_group(group: object, constants: dict, target: CpuTarget | None =
     x = node.inputs[0]
     if not all(isinstance(d, int) for d in x.shape):
         raise CompileError(f"{node.op.name} needs static shapes, got {x.type}")
+    m = int(np.prod(x.shape[:-1], dtype=np.int64))
+    name = group.name.replace(".", "_")  # type: ignore[attr-defined]
+    if node.op.name == "dynamic_quantize_u8":
+        return build_dql(name, int(np.prod(x.shape, dtype=np.int64)), target)
+    if node.op.name == "matmul_u8s8":
+        w = constants.get(node.inputs[2])
+        if w is None:
+            raise CompileError("matmul_u8s8: the weight must be a constant")
+        return build_u8s8(name, m, w, target)
     arrays = [constants.get(v) for v in node.inputs[1:]]
     if any(a is None for a in arrays):
         raise CompileError(f"{node.op.name}: the weights, scales and bias must be constants")
-    m = int(np.prod(x.shape[:-1], dtype=np.int64))
-    name = group.name.replace(".", "_")  # type: ignore[attr-defined]
     act = node.attrs["act"]
     if node.op.name == "qmatmul_i8":
         w, scale, bias = arrays

@@ -27,7 +27,7 @@ from tilefuse.dtypes import DType
 from tilefuse.errors import DTypeError, ShapeError
 from tilefuse.graph.ir import Attrs
 from tilefuse.graph.types import Shape, format_shape
-from tilefuse.ops.registry import AttrType, OpDef, OpKind, attr
+from tilefuse.ops.registry import AttrType, OpDef, OpKind, Trait, attr
 
 ACTIVATIONS = ("none", "relu")
 _F32 = np.float32
@@ -147,7 +147,64 @@ MATMUL_W4 = OpDef(
     accepts=frozenset({DType.f32, DType.u8}),
     doc="x @ ((q - z) * s) with 4-bit weights q per group of K rows, bias, act")
 
-DEFINITIONS: tuple[OpDef, ...] = (QMATMUL_I8, MATMUL_W4)
+def _u8s8_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
+    a, zero, w = shapes
+    if len(a) < 1 or len(w) != 2 or a[-1] != w[0]:
+        raise ShapeError(f"matmul_u8s8 needs a [..., K] and w [K, N], got {format_shape(a)} "
+                         f"and {format_shape(w)}")
+    if tuple(zero) not in ((), (1,)):
+        raise ShapeError(f"a_zero must be a scalar, got {format_shape(zero)}")
+    return ((*a[:-1], w[1]),)
 
-__all__ = ["ACTIVATIONS", "DEFINITIONS", "MATMUL_W4", "QMATMUL_I8", "dequantize_w4",
-           "quantize_rows", "unpack_w4"]
+
+def _u8s8_dtypes(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
+    if dtypes != (DType.u8, DType.u8, DType.i8):
+        raise DTypeError("matmul_u8s8 takes (u8, u8, i8), got "
+                         f"({', '.join(d.value for d in dtypes)})")
+    return (DType.i32,)
+
+
+def _u8s8_reference(a: np.ndarray, zero: np.ndarray, w: np.ndarray) -> np.ndarray:
+    centred = a.astype(np.int64) - np.int64(zero.reshape(()))
+    k, n = w.shape
+    out = centred.reshape(-1, k) @ w.astype(np.int64)
+    return out.astype(np.int32).reshape(*a.shape[:-1], n)
+
+
+MATMUL_U8S8 = OpDef(
+    "matmul_u8s8", OpKind.OPAQUE, 3, _u8s8_rule, _u8s8_dtypes, _u8s8_reference,
+    accepts=frozenset({DType.u8, DType.i8}),
+    doc="(a - a_zero) @ w in exact i32: ONNX MatMulInteger with u8 activations, i8 weights")
+
+def _dql_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
+    return (shapes[0], (), ())
+
+
+def _dql_dtypes(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
+    if dtypes != (DType.f32,):
+        raise DTypeError(f"dynamic_quantize_u8 takes f32, got {dtypes[0].value}")
+    return (DType.u8, DType.f32, DType.u8)
+
+
+def _dql_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ONNX DynamicQuantizeLinear in f32: the range [min(x, 0), max(x, 0)] over 255 steps;
+    NaN codes (a zero scale) become 0."""
+    zero = _F32(0)
+    lo = np.minimum(np.min(x), zero) if x.size else zero
+    hi = np.maximum(np.max(x), zero) if x.size else zero
+    scale = _F32((hi - lo) / _F32(255))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        point = np.nan_to_num(np.clip(np.rint(-(lo / scale)), 0, 255), nan=0.0)
+        q = np.nan_to_num(np.clip(np.rint(x / scale) + _F32(point), 0, 255), nan=0.0)
+    return q.astype(np.uint8), np.asarray(scale, _F32), np.asarray(point, np.uint8)
+
+
+DYNAMIC_QUANTIZE_U8 = OpDef(
+    "dynamic_quantize_u8", OpKind.OPAQUE, 1, _dql_rule, _dql_dtypes, _dql_reference,
+    traits=frozenset({Trait.MULTI_OUTPUT}), accepts=frozenset({DType.f32}),
+    doc="ONNX DynamicQuantizeLinear: u8 codes, scale and zero point over the whole tensor")
+
+DEFINITIONS: tuple[OpDef, ...] = (QMATMUL_I8, MATMUL_W4, MATMUL_U8S8, DYNAMIC_QUANTIZE_U8)
+
+__all__ = ["ACTIVATIONS", "DEFINITIONS", "DYNAMIC_QUANTIZE_U8", "MATMUL_U8S8", "MATMUL_W4",
+           "QMATMUL_I8", "dequantize_w4", "quantize_rows", "unpack_w4"]

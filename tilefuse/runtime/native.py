@@ -306,8 +306,9 @@ class _Builder:
         except CompileError as err:
             return self.fall_back(pending, f"quantized lowering failed: {err}")
         node = group.nodes[0]
-        bindings: dict[str, Binding] = {"x": node.inputs[0], "out": node.outputs[0],
-                                        **made.constants}
+        bindings: dict[str, Binding] = dict(made.constants)
+        bindings.update({name: node.inputs[i] for name, i in made.inputs.items()})
+        bindings.update({name: node.outputs[i] for name, i in made.outputs.items()})
         for name, (nbytes, dtype) in made.scratch.items():
             bindings[name] = Scratch(f"{group.name}.{name}", nbytes, dtype)
         pending.kernels = [_Kernel(made.fn, KernelArtifact(made.kernel, made.ir), bindings)]
