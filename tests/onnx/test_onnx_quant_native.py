@@ -106,3 +106,59 @@ def test_onnxruntime_quantize_dynamic_file(tmp_path) -> None:
         f32 = net(x).numpy()
     cos = float((out * f32).sum() / np.linalg.norm(out) / np.linalg.norm(f32))
     assert cos > 0.999
+
+
+def _nbits_model(k: int, n: int, block: int, with_zero: bool, with_bias: bool, m: int = 3
+                 ) -> tuple[onnx.ModelProto, np.ndarray]:
+    """A com.microsoft MatMulNBits model and the f32 weight [K, N] it stands for."""
+    blocks = -(-k // block)
+    codes = rng.integers(0, 16, size=(n, blocks * block)).astype(np.uint8)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).reshape(n, blocks, block // 2)
+    scales = rng.uniform(0.01, 0.1, size=(n, blocks)).astype(np.float32)
+    zeros = rng.integers(0, 16, size=(n, blocks)).astype(np.uint8) if with_zero else \
+        np.full((n, blocks), 8, np.uint8)
+    per_col = (blocks + 1) // 2
+    zpad = np.zeros((n, 2 * per_col), np.uint8)
+    zpad[:, :blocks] = zeros
+    zpacked = (zpad[:, 0::2] | (zpad[:, 1::2] << 4)).reshape(-1)
+    w = ((codes.astype(np.float32) - np.repeat(zeros, block, axis=1)) *
+         np.repeat(scales, block, axis=1))[:, :k].T
+    bias = rng.standard_normal(n).astype(np.float32)
+    names = ["a", "b", "s", "z" if with_zero else "", "", "bias" if with_bias else ""]
+    while names and not names[-1]:
+        names.pop()
+    node = helper.make_node("MatMulNBits", names, ["y"], domain="com.microsoft", K=k, N=n,
+                            bits=4, block_size=block)
+    inits = [numpy_helper.from_array(packed, "b"), numpy_helper.from_array(scales.reshape(-1), "s")]
+    if with_zero:
+        inits.append(numpy_helper.from_array(zpacked, "z"))
+    if with_bias:
+        inits.append(numpy_helper.from_array(bias, "bias"))
+        w_bias = bias
+    else:
+        w_bias = np.zeros(n, np.float32)
+    graph = helper.make_graph([node], "nbits",
+                              [helper.make_tensor_value_info("a", F32, [m, k])],
+                              [helper.make_tensor_value_info("y", F32, [m, n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    return model, (w, w_bias)
+
+
+@pytest.mark.parametrize("k,n,block,zero,bias", [(256, 70, 32, False, False),
+                                                  (384, 96, 128, True, True),
+                                                  (80, 40, 16, True, False)])
+def test_matmul_nbits(k: int, n: int, block: int, zero: bool, bias: bool) -> None:
+    import onnxruntime as ort
+
+    model, (w, b) = _nbits_model(k, n, block, zero, bias)
+    a = rng.standard_normal((3, k)).astype(np.float32)
+    compiled = tilefuse.onnx.load(model)
+    out = compiled(a)
+    np.testing.assert_allclose(out, a @ w + b, rtol=1e-4, atol=1e-4)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(out, session.run(None, {"a": a})[0], rtol=1e-3, atol=1e-3)
+    native = block in (32, 64, 128)
+    assert ("matmul_w4" in _ops(compiled, a)) == native
+    assert compiled.lower(a).executable.fallbacks == []
