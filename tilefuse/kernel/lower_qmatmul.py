@@ -877,7 +877,7 @@ def lower_quant_group(group: object, constants: dict, target: CpuTarget | None =
     if not all(isinstance(d, int) for d in x.shape):
         raise CompileError(f"{node.op.name} needs static shapes, got {x.type}")
     m = int(np.prod(x.shape[:-1], dtype=np.int64))
-    name = group.name.replace(".", "_")  # type: ignore[attr-defined]
+    name = "tf"  # named by shape alone: groups of one shape (Q, K, V) share one compile
     if node.op.name == "dynamic_quantize_u8":
         return build_dql(name, int(np.prod(x.shape, dtype=np.int64)), target)
     if node.op.name == "matmul_u8s8":

@@ -70,6 +70,7 @@ from tilefuse.kernel.schedule import Schedule, as_cpu_target, default_schedule
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import Expr, LoopFunction
 from tilefuse.passes.decompose import decompose_composites
+from tilefuse.passes.quantize import quantization_summary
 from tilefuse.runtime.kernel_cache import KernelArtifact, KernelCache, KernelCacheStats
 from tilefuse.runtime.launch import HostStep, KernelLaunch, NativeStep, Slot, Step
 from tilefuse.runtime.memory import BufferRequest, MemoryPlan, plan_memory
@@ -429,6 +430,9 @@ class _Builder:
                 origin = f" tuned, {tuned * 1e3:.3f} ms measured" if tuned is not None else ""
                 lines.append(f"  {step}: {group.name} native: {names}  [{pending.schedule}]"
                              + origin)
+        quantized = quantization_summary(self.graph)
+        if quantized.kernels:
+            lines += ["", f"quantization: {quantized}"]
         lines += ["", f"constants: {len(self.constants)} arrays evaluated at build time", "",
                   "memory plan: " + memory.report()]
         writer.write("kernels.plan", "\n".join(lines))
