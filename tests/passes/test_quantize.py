@@ -180,3 +180,35 @@ def test_summary_and_error_report() -> None:
     assert err.cosine > 0.999 and 0 < err.mean_rel <= err.max_rel < 0.05
     same = compare_outputs(np.ones(3), np.ones(3))
     assert same.cosine == pytest.approx(1.0) and same.max_rel == 0.0
+
+
+def gelu_ffn(x: np.ndarray) -> np.ndarray:
+    import scipy.special
+
+    h = x @ W + B
+    return 0.5 * h * (1 + scipy.special.erf(h / np.sqrt(np.float32(2))))
+
+
+@native
+@pytest.mark.parametrize("mode", ["int8", "int4:32"])
+def test_gelu_is_absorbed(mode: str) -> None:
+    x = rng.standard_normal((11, 96)).astype(np.float32)
+    q = tilefuse.jit(gelu_ffn, quantize=mode)
+    low = q.lower(x)
+    (node,) = [n for n in low.optimized.nodes if n.op.name != "constant"]
+    assert node.attrs["act"] == "gelu"
+    ref = tilefuse.jit(gelu_ffn, quantize=mode, target="reference")(x)
+    np.testing.assert_allclose(q(x), ref, rtol=1e-5, atol=1e-5)
+    assert _cosine(gelu_ffn(x), q(x)) > (0.999 if mode == "int8" else 0.99)
+
+
+def test_gelu_read_elsewhere_is_not_absorbed() -> None:
+    import scipy.special
+
+    def fn(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        h = x @ W + B
+        return 0.5 * h * (1 + scipy.special.erf(h / np.sqrt(np.float32(2)))), h
+
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    ops = _ops(tilefuse.jit(fn, quantize="int8"), x)
+    assert "erf" in ops and "qmatmul_i8" in ops

@@ -30,6 +30,7 @@ Every integer kernel is checked bit for bit against NumPy (tests/kernel/test_qma
 
 from __future__ import annotations
 
+import struct
 import threading
 from dataclasses import dataclass, field
 
@@ -89,6 +90,8 @@ def _padded(v: np.ndarray, n: int, dtype: type) -> np.ndarray:
 # ---- IR text helpers -------------------------------------------------------------------------
 
 _V16F, _V16I = "<16 x float>", "<16 x i32>"
+_SQRT2 = f"0x{struct.unpack('<Q', struct.pack('<d', float(np.float32(np.sqrt(2.0)))))[0]:016X}"
+"""sqrt(2) rounded to f32, as LLVM writes a float constant (the f64 bits of the f32 value)."""
 _IOTA = "<" + ", ".join(f"i32 {i}" for i in range(LANES)) + ">"
 
 _DECLS = """
@@ -218,7 +221,40 @@ def _entry(name: str, workers: list[str]) -> str:
     return "\n".join([*lines, "  ret void", "}"]) + "\n"
 
 
+def _erf_text() -> str:
+    """``tf.erf.v16f32`` from the generated math library (codegen/math_lib.py), as IR text
+    without the declarations the module already has."""
+    from llvmlite import ir
+
+    from tilefuse.codegen.math_lib import MathLib
+    from tilefuse.loop.ir import LType
+
+    module = ir.Module()
+    MathLib(module).function("erf", LType(DType.f32, LANES))
+    have = {line.split("@")[1].split("(")[0] for line in _DECLS.splitlines()
+            if line.startswith("declare")}
+    kept = []
+    for line in str(module).splitlines():
+        if line.startswith(("; ModuleID", "target ")):
+            continue
+        if line.startswith("declare"):
+            name = line.split("@")[1].split("(")[0].strip('"')
+            if name in have:
+                continue
+        kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+def _math(act: str) -> str:
+    return _erf_text() if act == "gelu" else ""
+
+
 def _epilogue_store(f: _Fn, v: str, act: str, ptr: str, mask: str) -> None:
+    if act == "gelu":   # 0.5·v · (1 + erf(v / sqrt 2)), in the reference's order
+        half = f(f"fmul {_V16F} splat (float 5.000000e-01), {v}")
+        scaled = f(f"fdiv {_V16F} {v}, splat (float {_SQRT2})")
+        e = f(f'call {_V16F} @"tf.erf.v16f32"({_V16F} {scaled})')
+        v = f(f"fmul {_V16F} {half}, {f(f'fadd {_V16F} splat (float 1.000000e+00), {e}')}")
     if act == "relu":
         neg = f(f"fcmp olt {_V16F} {v}, zeroinitializer")
         v = f(f"select <16 x i1> {neg}, {_V16F} zeroinitializer, {_V16F} {v}")
@@ -439,7 +475,7 @@ def u8s8_module(name: str, s: Int8Shape) -> str:
 def int8_module(name: str, s: Int8Shape, act: str = "none", raw: bool = False) -> str:
     """The LLVM IR of an int8 kernel; buffers: x, w (packed), comp, w_scale, bias, out, aq, sa."""
     tiles = (s.mp // MR8) * (s.np_ // PANEL)
-    return "".join([_DECLS, _quant_rows(f"{name}.qrows", s),
+    return "".join([_DECLS, _math(act), _quant_rows(f"{name}.qrows", s),
                     _int8_tiles(f"{name}.tiles", s, act, raw),
                     _grab_worker(f"{name}.w0", f"{name}.qrows", s.m, 4),
                     _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1),
@@ -698,7 +734,7 @@ def _int4_tiles(name: str, s: Int4Shape, act: str) -> str:
 def int4_module(name: str, s: Int4Shape, act: str = "none") -> str:
     """The LLVM IR of an int4 kernel; buffers: x, wq (packed), scales, offsets, bias, out."""
     tiles = -(-s.m // s.mr) * (s.np_ // PANEL)
-    return "".join([_DECLS, _int4_tiles(f"{name}.tiles", s, act),
+    return "".join([_DECLS, _math(act), _int4_tiles(f"{name}.tiles", s, act),
                     _grab_worker(f"{name}.w0", f"{name}.tiles", tiles, 1),
                     _entry(name, [f"{name}.w0"])])
 

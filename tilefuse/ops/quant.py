@@ -3,7 +3,8 @@ activations) and ``matmul_w4`` (int4 weights, f32 activations).
 
 Both take an f32 activation ``x [..., K]`` and a constant weight made by the ``quantize`` pass
 (:mod:`tilefuse.passes.quantize`), and return f32 ``[..., N]`` with the bias added and an
-optional activation (``act``: "none" or "relu") applied: the epilogue the native kernels fuse.
+optional activation (``act``: "none", "relu" or "gelu") applied: the epilogue the native
+kernels fuse.
 Their references are the exact semantics the kernels are held to:
 
 - ``qmatmul_i8(x, w i8[K,N], w_scale f32[N], bias f32[N])``: each row of x is quantized
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import scipy.special
 
 from tilefuse.dtypes import DType
 from tilefuse.errors import DTypeError, ShapeError
@@ -29,7 +31,7 @@ from tilefuse.graph.ir import Attrs
 from tilefuse.graph.types import Shape, format_shape
 from tilefuse.ops.registry import AttrType, OpDef, OpKind, Trait, attr
 
-ACTIVATIONS = ("none", "relu")
+ACTIVATIONS = ("none", "relu", "gelu")
 _F32 = np.float32
 
 
@@ -71,6 +73,11 @@ def quantize_rows(x2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def epilogue(v: np.ndarray, act: str) -> np.ndarray:
+    """The fused activation: relu, or the exact (erf) GELU in the order ops.elementwise's
+    ``gelu`` reference computes it."""
+    if act == "gelu":
+        return (_F32(0.5) * v * (_F32(1) + scipy.special.erf(v / _F32(np.sqrt(2.0))))
+                ).astype(_F32)
     return np.maximum(v, _F32(0)) if act == "relu" else v
 
 

@@ -6,7 +6,8 @@ and x quantized per row at run time (:mod:`tilefuse.ops.quant`). ``quantize="int
 ``"int4:64"``, ``"int4:32"``; ``+zp`` for zero points) gives ``matmul_w4``: W in 4 bits per group
 of G rows of K, symmetric (zero point 8, codes -7..7) or asymmetric (zero point per group and
 column). A following ``add`` of a constant bias [N] and a ``relu`` are absorbed into the op,
-so the native kernel applies them to its accumulators. Convolutions are covered because
+so the native kernel applies them to its accumulators; so is an exact GELU (the ``gelu`` op or
+NumPy's ``0.5*v*(1 + erf(v/sqrt 2))`` written out). Convolutions are covered because
 ``conv_lowering`` runs first and turns a conv2d with a constant weight into such a matmul.
 
 The pass runs last in the pipeline (:func:`pipeline_for`), after folding and equality
@@ -167,6 +168,67 @@ def _is_relu(node: Node, value: Value, producers: dict[Value, Node]) -> bool:
     return array is not None and array.size == 1 and float(array.reshape(())) == 0.0
 
 
+def _scalar(value: Value, producers: dict[Value, Node]) -> float | None:
+    array = _constant(value, producers)
+    if array is None or array.size != 1 or array.dtype != np.float32:
+        return None
+    return float(array.reshape(()))
+
+
+def _other(node: Node, value: Value) -> Value | None:
+    """The other operand of a binary ``node`` reading ``value`` once."""
+    if len(node.inputs) != 2 or (node.inputs[0] is value) == (node.inputs[1] is value):
+        return None
+    return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+
+
+_SQRT2 = float(np.float32(np.sqrt(2.0)))
+
+
+def _gelu_chain(value: Value, readers: dict[Value, list[Node]],
+                producers: dict[Value, Node], graph: Graph) -> list[Node] | None:
+    """The nodes of ``0.5*v * (1 + erf(v / sqrt 2))`` written out (NumPy's GELU, the
+    reference's order), when they read ``v`` and each other only; None otherwise."""
+    found = readers.get(value, [])
+    if len(found) != 2 or value in graph.outputs:
+        return None
+    half = next((n for n in found if n.op.name == "mul"
+                 and _scalar(_other(n, value) or value, producers) == 0.5), None)
+    div = next((n for n in found if n.op.name == "div" and n.inputs[0] is value
+                and _scalar(n.inputs[1], producers) == _SQRT2), None)
+    if half is None or div is None:
+        return None
+    erf = _only_user(div.outputs[0], readers, graph)
+    if erf is None or erf.op.name != "erf":
+        return None
+    plus = _only_user(erf.outputs[0], readers, graph)
+    if plus is None or plus.op.name != "add" or \
+            _scalar(_other(plus, erf.outputs[0]) or value, producers) != 1.0:
+        return None
+    last = _only_user(plus.outputs[0], readers, graph)
+    if last is None or last.op.name != "mul" or _other(last, plus.outputs[0]) \
+            is not half.outputs[0] or _only_user(half.outputs[0], readers, graph) is not last:
+        return None
+    chain = [half, div, erf, plus, last]
+    if any(n.outputs[0].type != value.type for n in chain):
+        return None
+    return chain
+
+
+def _activation(value: Value, readers: dict[Value, list[Node]], producers: dict[Value, Node],
+                graph: Graph) -> tuple[str, list[Node]]:
+    """The activation applied to ``value`` that the kernel can fuse and the nodes that make
+    it: relu / maximum(v, 0), the ``gelu`` op (exact), or its NumPy spelling."""
+    user = _only_user(value, readers, graph)
+    if user is not None and _is_relu(user, value, producers):
+        return "relu", [user]
+    if user is not None and user.op.name == "gelu" and user.attrs["approximate"] == "none" \
+            and user.outputs[0].type == value.type:
+        return "gelu", [user]
+    chain = _gelu_chain(value, readers, producers, graph)
+    return ("gelu", chain) if chain is not None else ("none", [])
+
+
 def _group_for(k: int, options: QuantizeOptions) -> int | None:
     for g in GROUPS:
         if g <= options.group and k % g == 0:
@@ -180,7 +242,7 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
     producers = graph.producers()
     readers = users(graph)
     absorbed: dict[Node, Value] = {}   # add / relu node -> the quantized op's output
-    plans: dict[Node, tuple[np.ndarray, Node | None, Node | None]] = {}
+    plans: dict[Node, tuple[np.ndarray, Node | None, str]] = {}
     for node in graph.nodes:
         if node.op.name != "matmul":
             continue
@@ -205,11 +267,9 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
         if bias is None:
             add = None
         last = add.outputs[0] if add is not None else out
-        relu = _only_user(last, readers, graph)
-        if relu is not None and not _is_relu(relu, last, producers):
-            relu = None
-        plans[node] = (w, add, relu)
-        for absorbed_node in (add, relu):
+        act, act_nodes = _activation(last, readers, producers, graph)
+        plans[node] = (w, add, act)
+        for absorbed_node in (add, *act_nodes):
             if absorbed_node is not None:
                 absorbed[absorbed_node] = out
     if not plans:
@@ -221,11 +281,10 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
             return [made[absorbed[node]]]
         if node not in plans:
             return None
-        w, add, relu = plans[node]
+        w, add, act = plans[node]
         n = w.shape[1]
         bias = _bias_of(add, node.outputs[0], producers, n) if add is not None else None
         bias = np.zeros(n, _F32) if bias is None else np.asarray(bias, _F32)
-        act = "relu" if relu is not None else "none"
 
         def const(array: np.ndarray) -> Value:
             return builder.add1("constant", [], {"value": Literal(array)}, node.loc)
