@@ -158,3 +158,18 @@ def test_dynamic_quantize_matches_reference(size: int) -> None:
         np.testing.assert_array_equal(scale[0], rs)
         np.testing.assert_array_equal(zero[0], rz)
         np.testing.assert_array_equal(q, rq)
+
+
+def test_int8_non_finite_activations_are_defined() -> None:
+    """NaN is left out of a row's max and coded 0, inf makes the row's codes 0 (a zero
+    scale factor): the kernel and the reference agree on every code."""
+    m, k, n = 4, 40, 20
+    w = rng.integers(-128, 128, size=(k, n)).astype(np.int8)
+    qk = L.build_int8("t", m, w, np.ones(n, np.float32), np.zeros(n, np.float32), raw=True)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[0, 3], x[1, 5], x[2, 7] = np.nan, np.inf, -np.inf
+    out, aq, sa = _run_int8(qk, x, np.int32)
+    q, scale = quantize_rows(x)
+    np.testing.assert_array_equal(aq.astype(np.int32) - 128, q)
+    np.testing.assert_array_equal(sa, scale)
+    np.testing.assert_array_equal(out, q.astype(np.int64) @ w.astype(np.int64))

@@ -115,6 +115,8 @@ declare i32 @llvm.smin.i32(i32, i32)
 declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32, <16 x i1>)
 declare void @llvm.masked.store.v16i32.p0(<16 x i32>, ptr, i32, <16 x i1>)
 declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)
+declare <16 x i32> @llvm.fptosi.sat.v16i32.v16f32(<16 x float>)
+declare i32 @llvm.fptosi.sat.i32.f32(float)
 """
 
 
@@ -331,7 +333,7 @@ def _quant_rows(name: str, s: Int8Shape) -> str:
             off = f(f"mul i64 {i}, {LANES}")
             v = f(f"load {_V16F}, ptr {f(f'getelementptr float, ptr {xrow}, i64 {off}')}, align 4")
             r_ = f(f"call {_V16F} @llvm.rint.v16f32({_V16F} {f(f'fmul {_V16F} {v}, {inv_v}')})")
-            q = f(f"fptosi {_V16F} {r_} to {_V16I}")
+            q = f(f"call {_V16I} @llvm.fptosi.sat.v16i32.v16f32({_V16F} {r_})")  # NaN -> 0
             q = f(f"call {_V16I} @llvm.smax.v16i32({_V16I} {q}, {_V16I} splat (i32 -127))")
             q = f(f"call {_V16I} @llvm.smin.v16i32({_V16I} {q}, {_V16I} splat (i32 127))")
             q = f(f"trunc {_V16I} {f(f'add {_V16I} {q}, splat (i32 128)')} to <16 x i8>")
@@ -346,7 +348,8 @@ def _quant_rows(name: str, s: Int8Shape) -> str:
                 continue
             v = f(f"load float, ptr {f(f'getelementptr float, ptr {xrow}, i64 {t}')}")
             prod = f(f"fmul float {v}, {inv}")
-            q = f(f"fptosi float {f(f'call float @llvm.rint.f32(float {prod})')} to i32")
+            q = f(f"call i32 @llvm.fptosi.sat.i32.f32(float "
+                  f"{f(f'call float @llvm.rint.f32(float {prod})')})")
             q = f(f"call i32 @llvm.smax.i32(i32 {q}, i32 -127)")
             q = f(f"call i32 @llvm.smin.i32(i32 {q}, i32 127)")
             q = f(f"add i32 {q}, 128")

@@ -9,7 +9,8 @@ Their references are the exact semantics the kernels are held to:
 
 - ``qmatmul_i8(x, w i8[K,N], w_scale f32[N], bias f32[N])``: each row of x is quantized
   symmetrically, ``amax = max|x|``, ``q = clip(rint(x * (127/amax)), -127, 127)`` (f32
-  arithmetic, half to even; a zero row gives q = 0), the integer product ``q @ w`` is exact in
+  arithmetic, half to even; a zero row gives q = 0; NaNs are left out of amax and get code 0,
+  so a NaN in x does not propagate), the integer product ``q @ w`` is exact in
   i32, and ``out = f32(acc) * (amax/127 * w_scale[n]) + bias[n]`` (one rounding per operation,
   in that order). The integer part is bit-exact in the kernel.
 - ``matmul_w4(x, wq u8[K/2,N], scales f32[K/G,N], zero_points u8[K/G,N], bias f32[N])``: two
@@ -65,10 +66,11 @@ def quantize_rows(x2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The dynamic per-row quantization of an f32 matrix, as the kernel does it: q (i32, in
     [-127, 127]) and each row's scale amax/127 (f32)."""
     x2 = np.asarray(x2, _F32)
-    amax = np.max(np.abs(x2), axis=1) if x2.shape[1] else np.zeros(x2.shape[0], _F32)
-    with np.errstate(divide="ignore"):
+    amax = np.fmax.reduce(np.abs(x2), axis=1) if x2.shape[1] else np.zeros(x2.shape[0], _F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
         inv = np.where(amax > 0, _F32(127) / amax, _F32(0)).astype(_F32)
-    q = np.clip(np.rint(x2 * inv[:, None]), -127, 127).astype(np.int32)
+        q = np.nan_to_num(np.clip(np.rint(x2 * inv[:, None]), -127, 127), nan=0.0)
+    q = q.astype(np.int32)
     return q, (amax / _F32(127)).astype(_F32)
 
 
