@@ -6,7 +6,9 @@
 - ``gemv``: M=1, 4096x4096 int4 (group 128) vs f32;
 - ``bert``: the BERT-base layer (b1 s128) int8 vs f32, vs onnxruntime on the same layer
   quantized by ``onnxruntime.quantization.quantize_dynamic``, and that onnxruntime file run by
-  tilefuse (its MatMulInteger / DynamicQuantizeLinear nodes); cosine similarity of int8 vs f32.
+  tilefuse (its MatMulInteger / DynamicQuantizeLinear nodes); cosine similarity of int8 vs f32;
+- ``resnet`` (not in the default list: slow to quantize): the light ResNet-50, f32 and int8, and
+  onnxruntime's QDQ file (``quantize_static``, random calibration data) in onnxruntime and here.
 
 Prints medians and ratios; figures taken on a shared machine move with its load.
 """
@@ -98,6 +100,48 @@ def bert(rounds: int) -> None:
         _row("bert", interleaved_medians(impls, rounds), "f32")
 
 
+def resnet(rounds: int) -> None:
+    """The light ResNet-50 of onnx's test data: tilefuse f32 and int8, onnxruntime on the QDQ
+    file made by ``quantize_static`` (random calibration data), and tilefuse on that file."""
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    from tilefuse import onnx as tf_onnx
+
+    path = os.path.join(os.path.dirname(onnx.__file__),
+                        "backend/test/data/light/light_resnet50.onnx")
+    rng = np.random.default_rng(5)
+    name = onnx.load(path).graph.input[0].name
+    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = [{name: rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
+                         for _ in range(8)]
+
+        def get_next(self) -> dict | None:
+            return self.left.pop() if self.left else None
+
+    with tempfile.TemporaryDirectory() as tmp:
+        qdq = os.path.join(tmp, "resnet.qdq.onnx")
+        quantize_static(path, qdq, Reader(), quant_format=QuantFormat.QDQ)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = os.cpu_count() or 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(qdq, opts, providers=["CPUExecutionProvider"])
+        models = {"f32": tf_onnx.load(path), "int8": tf_onnx.load(path, quantize="int8"),
+                  "qdq file": tf_onnx.load(qdq), "qdq file int8": tf_onnx.load(qdq,
+                                                                           quantize="int8")}
+        impls = {k: (lambda m=m: m(x)) for k, m in models.items()}
+        impls["onnxruntime qdq"] = lambda: session.run(None, {name: x})[0]
+        ref = impls["f32"]()
+        for key, impl in impls.items():
+            if key != "f32":
+                print(f"  {key} vs f32: {compare_outputs(ref, impl())}")
+        _row("rn50", interleaved_medians(impls, rounds), "f32")
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -105,7 +149,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     for name in args.only.split(","):
         print(f"{name}:")
-        {"w1": w1, "gemv": gemv, "bert": bert}[name](args.rounds)
+        {"w1": w1, "gemv": gemv, "bert": bert, "resnet": resnet}[name](args.rounds)
 
 
 if __name__ == "__main__":

@@ -162,3 +162,32 @@ def test_matmul_nbits(k: int, n: int, block: int, zero: bool, bias: bool) -> Non
     native = block in (32, 64, 128)
     assert ("matmul_w4" in _ops(compiled, a)) == native
     assert compiled.lower(a).executable.fallbacks == []
+
+
+def test_qdq_convolution_folds_its_weight_and_runs_natively() -> None:
+    """QuantizeLinear -> DequantizeLinear of a constant f32 weight (onnxruntime's QDQ format)
+    is computed at import at any size, so the convolution gets a constant weight: lowered to
+    the matmul kernel, and to the int8 kernel with quantize="int8"."""
+    cin, cout = 32, 64
+    w = (rng.standard_normal((cout, cin, 3, 3)) * 0.1).astype(np.float32)
+    consts = {"w": w, "ws": np.array(0.004, np.float32), "wz": np.array(0, np.int8),
+              "xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"]),
+             helper.make_node("Conv", ["xd", "wd"], ["y"], pads=[1, 1, 1, 1])]
+    model = make_model(nodes, [("x", F32, [1, cin, 10, 10])], [("y", F32)],
+                       initializers=[numpy_helper.from_array(v, k) for k, v in consts.items()],
+                       opset=19)
+    x = rng.standard_normal((1, cin, 10, 10)).astype(np.float32)
+    spec = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    compiled = tilefuse.onnx.load(model)
+    np.testing.assert_allclose(compiled(x), spec, rtol=1e-4, atol=1e-4)
+    assert "conv2d" not in _ops(compiled, x)
+    assert compiled.lower(x).executable.fallbacks == []
+    quantized = tilefuse.onnx.load(model, quantize="int8")
+    assert "qmatmul_i8" in _ops(quantized, x)
+    got = quantized(x)
+    cos = float((got * spec).sum() / np.linalg.norm(got) / np.linalg.norm(spec))
+    assert cos > 0.999

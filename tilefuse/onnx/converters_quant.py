@@ -61,8 +61,18 @@ def _saturate(ctx: NodeContext, y: Tensor, dtype: DType) -> Tensor:
 
 def quantize(ctx: NodeContext, x: Tensor, scale: Tensor, zero: Tensor | None,
              dtype: DType) -> Tensor:
-    """saturate(round(x / scale) + zero), computed in f32 (f64 for f64 inputs)."""
+    """saturate(round(x / scale) + zero), computed in f32 (f64 for f64 inputs); on constants
+    (QDQ weights stored in f32) computed here at any size, with the same roundings."""
     work = DType.f64 if x.dtype is DType.f64 else DType.f32
+    if x.const is not None and scale.const is not None and (zero is None
+                                                             or zero.const is not None) \
+            and dtype in _RANGES:
+        w = work.np
+        y = np.rint(x.const.astype(w) / scale.const.astype(w))
+        if zero is not None:
+            y = y + zero.const.astype(w)
+        lo, hi = _RANGES[dtype]
+        return ctx.const(np.clip(np.rint(y), lo, hi).astype(dtype.np))
     y = ctx.op("round", ctx.op("div", ctx.cast(x, work), ctx.cast(scale, work)))
     if zero is not None:
         y = ctx.op("add", y, ctx.cast(zero, work))
@@ -81,7 +91,17 @@ def _quantize_linear(ctx: NodeContext) -> list[Tensor]:
 
 
 def dequantize(ctx: NodeContext, x: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor:
-    """(x - zero) · scale in f32, in scale's dtype."""
+    """(x - zero) · scale in f32, in scale's dtype. A constant x (a QDQ model's weights) is
+    dequantized here, at any size, with the same f32 roundings: the convolution or product
+    reading it then has a constant f32 weight, which conv_lowering and the quantize pass need
+    (import-time folding alone stops at small tensors)."""
+    if x.const is not None and scale.const is not None and (zero is None
+                                                             or zero.const is not None):
+        dx = x.const.astype(np.float32)
+        if zero is not None:
+            dx = dx - zero.const.astype(np.float32)
+        y = (dx * scale.const.astype(np.float32)).astype(scale.dtype.np)
+        return ctx.const(y)
     dx = ctx.cast(x, DType.f32)
     if zero is not None:
         dx = ctx.op("sub", dx, ctx.cast(zero, DType.f32))
