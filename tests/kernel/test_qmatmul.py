@@ -143,16 +143,17 @@ def test_u8s8_integer_product_is_exact(m: int, k: int, n: int) -> None:
 
 @pytest.mark.parametrize("size", [1, 15, 4096, 4096 * 3 + 77])
 def test_dynamic_quantize_matches_reference(size: int) -> None:
+    from tilefuse.kernel.lower_qdynamic import DQL_CHUNK, build_dql
     from tilefuse.ops.quant import _dql_reference
 
-    qk = L.build_dql("t", size)
+    qk = build_dql("t", size)
     cases = [rng.standard_normal(size).astype(np.float32) * 3,
              np.abs(rng.standard_normal(size)).astype(np.float32),   # min above 0
              np.zeros(size, np.float32)]                              # scale 0: codes 0
     for x in cases:
         q, scale, zero = np.full(size, 7, np.uint8), np.zeros(1, np.float32), \
             np.zeros(1, np.uint8)
-        part = np.zeros(2 * max(1, -(-size // L.DQL_CHUNK)), np.float32)
+        part = np.zeros(2 * max(1, -(-size // DQL_CHUNK)), np.float32)
         qk.kernel(x, q, scale, zero, part)
         rq, rs, rz = _dql_reference(x)
         np.testing.assert_array_equal(scale[0], rs)
