@@ -46,7 +46,7 @@ from tilefuse.graph.ir import Graph
 from tilefuse.graph.types import Sym
 from tilefuse.log import get_logger
 from tilefuse.passes.manager import run_pipeline
-from tilefuse.passes.pipeline import GRAPH_PIPELINE
+from tilefuse.passes.pipeline import graph_pipeline
 from tilefuse.runtime.dynamic import DynamicExecutable, SymbolConflict, SymbolGuardError
 from tilefuse.runtime.executable import Executable, build_executable, check_target
 
@@ -130,7 +130,7 @@ class JitFunction:
     def __init__(self, fn: Callable[..., Any], *, target: str = "cpu",
                  dump: str | Path | None = None, debug: bool = False,
                  static_argnames: Iterable[str] | str = (), dynamic: DynamicSpec = None,
-                 max_recompiles: int = DEFAULT_MAX_RECOMPILES):
+                 max_recompiles: int = DEFAULT_MAX_RECOMPILES, reassociate: bool = False):
         if not callable(fn):
             raise TraceError(f"jit needs a function, got {type(fn).__name__}")
         check_target(target)
@@ -141,6 +141,7 @@ class JitFunction:
         self._target = target
         self._dump = dump
         self._debug = debug
+        self._pipeline = graph_pipeline(reassociate=reassociate)
         self._names = ArgumentNames(fn, static_argnames)
         self._static_positions = self._names.static_positions
         self._static_names = self._names.static_names
@@ -272,7 +273,7 @@ class JitFunction:
     def _optimize_specialized(self, graph: Graph) -> Graph:
         """The pipeline again on a graph whose symbols were replaced by sizes (so that a
         specialisation is what a static compile of those sizes builds)."""
-        return run_pipeline(graph, GRAPH_PIPELINE, debug=self._debug)[0]
+        return run_pipeline(graph, self._pipeline, debug=self._debug)[0]
 
     # ---- dynamic dims ----------------------------------------------------------------------
 
@@ -369,7 +370,7 @@ class JitFunction:
     def _trace_and_optimize(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
                             dump_dir: Path | None) -> tuple[Captured, Graph, Any]:
         captured = capture(self._fn, self._names, args, kwargs, key[1], key[2])
-        optimized, report = run_pipeline(captured.graph, GRAPH_PIPELINE, dump_dir=dump_dir,
+        optimized, report = run_pipeline(captured.graph, self._pipeline, dump_dir=dump_dir,
                                          debug=self._debug)
         return captured, optimized, report
 
@@ -437,20 +438,21 @@ class JitFunction:
 @overload
 def jit(fn: Callable[..., Any], *, target: str = ..., dump: str | Path | None = ...,
         debug: bool = ..., static_argnames: Iterable[str] | str = ...,
-        dynamic: DynamicSpec = ..., max_recompiles: int = ...) -> JitFunction: ...
+        dynamic: DynamicSpec = ..., max_recompiles: int = ..., reassociate: bool = ...
+        ) -> JitFunction: ...
 
 
 @overload
 def jit(fn: None = ..., *, target: str = ..., dump: str | Path | None = ...,
         debug: bool = ..., static_argnames: Iterable[str] | str = ...,
-        dynamic: DynamicSpec = ..., max_recompiles: int = ...
+        dynamic: DynamicSpec = ..., max_recompiles: int = ..., reassociate: bool = ...
         ) -> Callable[[Callable[..., Any]], JitFunction]: ...
 
 
 def jit(fn: Callable[..., Any] | None = None, *, target: str = "cpu",
         dump: str | Path | None = None, debug: bool = False,
         static_argnames: Iterable[str] | str = (), dynamic: DynamicSpec = None,
-        max_recompiles: int = DEFAULT_MAX_RECOMPILES) -> Any:
+        max_recompiles: int = DEFAULT_MAX_RECOMPILES, reassociate: bool = False) -> Any:
     """Compiles a NumPy function: ``@jit`` or ``@jit(dump="dir", static_argnames=("n",))``.
 
     Arrays (and NumPy scalars) are traced; Python scalars, strings, None and tuples of those,
@@ -459,12 +461,14 @@ def jit(fn: Callable[..., Any] | None = None, *, target: str = "cpu",
     writes the graph after each pass; ``debug`` verifies the graph after every pass.
     ``dynamic`` says which array dims are symbolic (default: automatic, a dim becomes dynamic
     at its second size; see :mod:`tilefuse.frontend.dynamic_dims`); more than
-    ``max_recompiles`` recompiles raise :class:`RecompileLimitError`.
+    ``max_recompiles`` recompiles raise :class:`RecompileLimitError`. ``reassociate`` lets
+    the compiler fold ``(x @ A) @ B`` with constant A, B into ``x @ (A @ B)`` (fewer FLOPs, but
+    an inf in ``x`` then gives ±inf where NumPy gives NaN).
     """
     def wrap(f: Callable[..., Any]) -> JitFunction:
         return JitFunction(f, target=target, dump=dump, debug=debug,
                            static_argnames=static_argnames, dynamic=dynamic,
-                           max_recompiles=max_recompiles)
+                           max_recompiles=max_recompiles, reassociate=reassociate)
 
     return wrap if fn is None else wrap(fn)
 
