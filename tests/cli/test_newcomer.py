@@ -5,6 +5,7 @@ leaves no temporary folder behind."""
 
 from __future__ import annotations
 
+import io
 import math
 import re
 import subprocess
@@ -168,3 +169,51 @@ def test_demo_leaves_no_temporary_folder(tmp_path):
     assert "=== 9. result against NumPy" in done.stdout
     assert not list(env_tmp.iterdir()), list(env_tmp.iterdir())
     assert tempfile.gettempdir() != str(env_tmp)
+
+
+class _Terminal:
+    """A stderr that says it is a terminal and keeps what is written."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_build_progress_shows_kernels_on_a_terminal_only_after_the_delay():
+    from tilefuse.progress import BuildProgress
+
+    quick, slow, logged = _Terminal(), _Terminal(), io.StringIO()
+    with BuildProgress("m", 3, stream=quick) as progress:
+        for _ in range(3):
+            progress.step()
+    assert quick.text == ""
+    with BuildProgress("m", 3, delay=0.0, stream=slow) as progress:
+        for _ in range(3):
+            progress.step()
+    assert "building m: 3/3 kernels" in slow.text and slow.text.endswith("\n")
+    with BuildProgress("m", 3, delay=0.0, stream=logged) as progress:
+        progress.step()
+    assert logged.getvalue() == ""
+
+
+def test_a_native_build_reports_its_kernels(monkeypatch):
+    import tilefuse.progress
+
+    terminal = _Terminal()
+    monkeypatch.setattr(tilefuse.progress, "BUILD_DELAY", 0.0)
+    monkeypatch.setattr(sys, "stderr", terminal)
+
+    def two_kernels(x):
+        return np.exp(x).sum(axis=1) * 2.0, np.tanh(x.T)
+
+    tilefuse.jit(two_kernels)(np.ones((5, 6), np.float32))
+    assert re.search(r"building two_kernels: (\d+)/\1 kernels", terminal.text), terminal.text
