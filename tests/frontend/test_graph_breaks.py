@@ -266,3 +266,19 @@ def test_str_and_repr_guard_on_the_value():
         want, want_printed = _run(f, (x,))
         np.testing.assert_array_equal(got, want)
         assert printed == want_printed
+
+
+def test_dump_has_a_folder_per_region_and_the_breaks(tmp_path):
+    def f(x):
+        y = x * 2.0
+        print("y", y)
+        return y + 1.0
+
+    x = np.arange(3, dtype=np.float32)
+    got, printed = _run(tilefuse.jit(f, dump=tmp_path), (x,))
+    np.testing.assert_array_equal(got, x * 2 + 1)
+    assert printed == _run(f, (x,))[1]
+    assert (tmp_path / "region-00" / "00-captured.graph").exists()
+    assert (tmp_path / "region-01" / "kernels.plan").exists()
+    text = (tmp_path / "graph_breaks.txt").read_text()
+    assert "break: print at" in text and "test_graph_breaks.py" in text

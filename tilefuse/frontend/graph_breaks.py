@@ -92,7 +92,8 @@ class Break:
 
     def describe(self) -> str:
         where = f" at {self.loc}" if self.loc else ""
-        return f"{self.kind} {self.what}{where}"
+        kind = {"guard": "guard on ", "host": "NumPy runs "}.get(self.kind, "")
+        return f"{kind}{self.what}{where}"
 
 
 @dataclass
