@@ -459,8 +459,15 @@ class JitFunction:
         entry = self._cache.get(key)
         if entry is not None:
             return Lowered(entry.captured, entry.optimized, entry.report, entry.executable)
-        captured, optimized, report = self._trace_and_optimize(key, args, kwargs,
-                                                               resolve_dump_dir(self._dump))
+        try:
+            captured, optimized, report = self._trace_and_optimize(key, args, kwargs,
+                                                                   resolve_dump_dir(self._dump))
+        except GraphBreakError as err:
+            if self._fullgraph:
+                raise
+            raise TraceError(f"{self._qualname} has graph breaks ({err.message}), so it is not "
+                             "one graph: call it, then jitted.explain() lists its regions and "
+                             "jitted.lower() shows the first one", loc=err.loc) from None
         return Lowered(captured.graph, optimized, report)
 
     def cache_info(self) -> CacheInfo:
