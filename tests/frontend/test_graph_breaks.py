@@ -14,6 +14,7 @@ import pytest
 import tilefuse
 from tilefuse.errors import TraceError
 from tilefuse.frontend.graph_breaks import Program
+from tilefuse.frontend.jit import RecompileLimitError
 from tilefuse.testing import assert_close
 
 
@@ -282,3 +283,42 @@ def test_dump_has_a_folder_per_region_and_the_breaks(tmp_path):
     assert (tmp_path / "region-01" / "kernels.plan").exists()
     text = (tmp_path / "graph_breaks.txt").read_text()
     assert "break: print at" in text and "test_graph_breaks.py" in text
+
+
+def test_exceptions_propagate_and_new_guard_values_are_limited():
+    def f(x):
+        if x.sum() > 100:
+            raise ValueError("too big")
+        return x * 2.0
+
+    jitted = tilefuse.jit(f, max_recompiles=2)
+    big, small = np.full(3, 100, np.float32), np.ones(3, np.float32)
+    for _ in range(5):       # raising again and again is the function's answer, not a retrace
+        with pytest.raises(ValueError, match="too big"):
+            jitted(big)
+        np.testing.assert_array_equal(jitted(small), small * 2)
+
+    def g(x):
+        return x * float(x.max())   # a guard per new value
+
+    limited = tilefuse.jit(g, max_recompiles=2)
+    for v in (1.0, 2.0, 3.0):
+        x = np.full(2, v, np.float32)
+        np.testing.assert_array_equal(limited(x), x * v)
+    with pytest.raises(RecompileLimitError, match="guard"):
+        limited(np.full(2, 4.0, np.float32))
+
+
+def test_inputs_returned_as_they_are_and_keyword_arrays():
+    def f(x, *, w):
+        y = x @ w
+        if y[0, 0] > 0:
+            return y, x
+        return y * 2.0, x
+
+    jitted = tilefuse.jit(f)
+    w = np.ones((3, 2), np.float32)
+    for sign in (1, -1, 1):
+        x = np.full((2, 3), sign, np.float32)
+        for g, want in zip(jitted(x, w=w), f(x, w=w)):
+            np.testing.assert_array_equal(g, want)

@@ -308,9 +308,8 @@ class JitFunction:
         """A guard saw a value no region was traced for: trace again (the regions before it
         are reused); ``printed`` prints were shown by the replay already."""
         with self._lock:
-            program.retraces += 1
             self._misses += 1
-            if program.retraces > self._max_recompiles:
+            if program.retraces >= self._max_recompiles:
                 message = (f"{self._qualname} was traced again {program.retraces} times for new "
                            f"guard values, above its limit (max_recompiles="
                            f"{self._max_recompiles}); the guards:\n{program.explain()}")
@@ -318,6 +317,7 @@ class JitFunction:
                 raise RecompileLimitError(message)
             key = self._key(args, kwargs, symbolic=False)
             self._trace_in_regions(key, args, kwargs, program, printed)
+            program.retraces += 1   # (a trace the function ended by raising does not count)
             return program.run(args, kwargs)
 
     def explain(self) -> str:
