@@ -344,13 +344,16 @@ def quantization_summary(graph: Graph) -> QuantSummary:
 
 
 @functools.lru_cache(maxsize=16)
-def pipeline_for(options: QuantizeOptions | None) -> tuple[PassSpec, ...]:
-    """The graph pipeline, with ``quantize`` and a cleanup DCE at its end when asked for."""
+def pipeline_for(options: QuantizeOptions | None,
+                 base: tuple[PassSpec, ...] | None = None) -> tuple[PassSpec, ...]:
+    """``base`` (default: the graph pipeline), with ``quantize`` and a cleanup DCE at its end
+    when asked for."""
     from tilefuse.passes.pipeline import GRAPH_PIPELINE
 
+    base = GRAPH_PIPELINE if base is None else base
     if options is None:
-        return GRAPH_PIPELINE
-    return (*GRAPH_PIPELINE,
+        return base
+    return (*base,
             PassSpec("quantize", functools.partial(quantize_weights, options=options),
                      f"matmuls against constant weights -> {options} quantized ops"),
             PassSpec("dce", dce, "drop the f32 weights the quantized ops replaced"))
