@@ -155,11 +155,11 @@ def table(rows: list[KernelRow], call_seconds: float, peaks: Peaks) -> str:
 
 def quantized_kernels(graph: Any, rows: list[KernelRow]) -> str:
     """Which kernels run quantized products and the weight bytes quantization saved."""
+    from tilefuse.ops.quant import WEIGHT_QUANTIZED
     from tilefuse.passes.quantize import quantization_summary
 
     summary = quantization_summary(graph)
-    names = [r.name for r in rows if any(op in r.ops.split("+")
-                                         for op in ("qmatmul_i8", "matmul_w4"))]
+    names = [r.name for r in rows if any(op.name in r.ops.split("+") for op in WEIGHT_QUANTIZED)]
     kernels = f" (kernels {', '.join(names)})" if names else ""
     return f"quantization: {summary}{kernels}"
 

@@ -43,6 +43,7 @@ from tilefuse.codegen.target import CpuTarget, host_target, target_machine
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
 from tilefuse.loop.ir import Block, BufferParam, LoopFunction
+from tilefuse.ops.quant import DYNAMIC_QUANTIZE_U8, MATMUL_U8S8, MATMUL_W4, QMATMUL_I8
 
 MR8, NV, LANES = 6, 4, 16
 PANEL = NV * LANES          # 64 columns a tile
@@ -751,13 +752,14 @@ __all__ = ["INT4_BUFFERS", "INT8_BUFFERS", "Int4Shape", "Int8Shape", "QuantKerne
 
 # ---- kernel groups ---------------------------------------------------------------------------
 
-QUANT_OPS = frozenset({"qmatmul_i8", "matmul_w4", "matmul_u8s8", "dynamic_quantize_u8"})
+QUANT_OPS = frozenset({QMATMUL_I8, MATMUL_W4, MATMUL_U8S8, DYNAMIC_QUANTIZE_U8})
+"""The ops lowered here (by OpDef, as nodes point at them)."""
 
 
 def is_quant_group(group: object) -> bool:
     """A kernel group holding one quantized product (lowered here, not by the loop IR)."""
     nodes = getattr(group, "nodes", ())
-    return len(nodes) == 1 and nodes[0].op.name in QUANT_OPS
+    return len(nodes) == 1 and nodes[0].op in QUANT_OPS
 
 
 def lower_quant_group(group: object, constants: dict, target: CpuTarget | None = None
@@ -770,11 +772,11 @@ def lower_quant_group(group: object, constants: dict, target: CpuTarget | None =
         raise CompileError(f"{node.op.name} needs static shapes, got {x.type}")
     m = int(np.prod(x.shape[:-1], dtype=np.int64))
     name = "tf"  # named by shape alone: groups of one shape (Q, K, V) share one compile
-    if node.op.name == "dynamic_quantize_u8":
+    if node.op is DYNAMIC_QUANTIZE_U8:
         from tilefuse.kernel.lower_qdynamic import build_dql
 
         return build_dql(name, int(np.prod(x.shape, dtype=np.int64)), target)
-    if node.op.name == "matmul_u8s8":
+    if node.op is MATMUL_U8S8:
         w = constants.get(node.inputs[2])
         if w is None:
             raise CompileError("matmul_u8s8: the weight must be a constant")
@@ -783,7 +785,7 @@ def lower_quant_group(group: object, constants: dict, target: CpuTarget | None =
     if any(a is None for a in arrays):
         raise CompileError(f"{node.op.name}: the weights, scales and bias must be constants")
     act = node.attrs["act"]
-    if node.op.name == "qmatmul_i8":
+    if node.op is QMATMUL_I8:
         w, scale, bias = arrays
         return build_int8(name, m, w, scale, bias, act, target=target)
     wq, scales, zeros, bias = arrays

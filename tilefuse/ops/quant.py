@@ -215,5 +215,11 @@ DYNAMIC_QUANTIZE_U8 = OpDef(
 
 DEFINITIONS: tuple[OpDef, ...] = (QMATMUL_I8, MATMUL_W4, MATMUL_U8S8, DYNAMIC_QUANTIZE_U8)
 
-__all__ = ["ACTIVATIONS", "DEFINITIONS", "DYNAMIC_QUANTIZE_U8", "MATMUL_U8S8", "MATMUL_W4",
-           "QMATMUL_I8", "dequantize_w4", "quantize_rows", "unpack_w4"]
+WEIGHT_QUANTIZED = frozenset({QMATMUL_I8, MATMUL_W4})
+"""The products the ``quantize`` pass makes from f32 weights (what reports count)."""
+INTEGER_PRODUCTS = frozenset({QMATMUL_I8, MATMUL_W4, MATMUL_U8S8})
+"""Every quantized product: ``x[..., K] @ w[K, N]``-shaped work, 2·M·N·K operations."""
+
+__all__ = ["ACTIVATIONS", "DEFINITIONS", "DYNAMIC_QUANTIZE_U8", "INTEGER_PRODUCTS",
+           "MATMUL_U8S8", "MATMUL_W4", "QMATMUL_I8", "WEIGHT_QUANTIZED", "dequantize_w4",
+           "quantize_rows", "unpack_w4"]

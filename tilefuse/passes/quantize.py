@@ -28,6 +28,7 @@ from tilefuse.graph.analysis import users
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Literal, Node, Value
 from tilefuse.log import get_logger
+from tilefuse.ops.quant import WEIGHT_QUANTIZED
 from tilefuse.passes.dce import dce
 from tilefuse.passes.manager import PassSpec
 from tilefuse.passes.rewrite import rewrite_nodes
@@ -331,7 +332,7 @@ def quantization_summary(graph: Graph) -> QuantSummary:
     producers = graph.producers()
     count = before = after = 0
     for node in graph.nodes:
-        if node.op.name not in ("qmatmul_i8", "matmul_w4"):
+        if node.op not in WEIGHT_QUANTIZED:
             continue
         count += 1
         n = node.outputs[0].shape[-1]
