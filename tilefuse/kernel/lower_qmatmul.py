@@ -1,4 +1,5 @@
-"""Native kernels of the quantized products (``qmatmul_i8``, ``matmul_w4``), as LLVM IR.
+"""Native kernels of the quantized products (``qmatmul_i8``, ``matmul_w4``, ``matmul_u8s8``),
+as LLVM IR (``dynamic_quantize_u8``'s is in :mod:`tilefuse.kernel.lower_qdynamic`).
 
 These kernels are written directly in LLVM IR rather than in loop IR: their inner step is one
 instruction the loop IR has no op for (``vpdpbusd``: 64 u8 x s8 products summed four at a time
@@ -16,7 +17,11 @@ through ``tilefuse_parallel``), so the native executable launches them like any 
    load of each of the 4 B vectors and one 4-byte broadcast of each row of A. B is packed at
    build time as [N/64][K/4][64][4] bytes. The +128 offset is removed exactly by the build-time
    column sums ``comp[n] = 128 * sum_k w[k, n]``. Epilogue on the accumulators:
-   ``f32(acc - comp) * (sa[m] * sw[n]) + bias[n]``, relu, masked store of the N tail.
+   ``f32(acc - comp) * (sa[m] * sw[n]) + bias[n]``, relu or GELU (the generated erf of
+   :mod:`tilefuse.codegen.math_lib`), masked store of the N tail.
+
+**u8 x s8** (``matmul_u8s8``, ONNX MatMulInteger): the same tiles on a u8 input copied into
+``aq`` (rows padded to 4), ``comp = a_zero * sum_k w`` at run time, the i32 sums stored.
 
 **int4** (``matmul_w4``, AVX-512F, weight-only): tiles of MR (min(M, 4)) rows x 64 columns;
 per group of G rows of K the 64 scales and offsets (``-z*s``) are loaded once; per pair of k,
@@ -25,7 +30,9 @@ converted and dequantized with one FMA each (``q*s + o``), then FMAs into MR x 4
 accumulators. Weights are packed at build time as [N/64][K/2][64] bytes.
 
 Every integer kernel is checked bit for bit against NumPy (tests/kernel/test_qmatmul.py);
-``int8_gemm_i32`` is the integer core alone (its i32 accumulators stored), for that test.
+``build_int8(..., raw=True)`` is the integer core alone (``acc - comp`` stored as i32), for
+that test. Kernels are named by shape, so groups of one shape share one compile (in this
+process: the disk cache does not hold them).
 """
 
 from __future__ import annotations
