@@ -212,3 +212,19 @@ def test_gelu_read_elsewhere_is_not_absorbed() -> None:
     x = rng.standard_normal((3, 96)).astype(np.float32)
     ops = _ops(tilefuse.jit(fn, quantize="int8"), x)
     assert "erf" in ops and "qmatmul_i8" in ops
+
+
+@native
+def test_quantized_kernels_go_through_the_disk_cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TILEFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TILEFUSE_CACHE", raising=False)
+    x = rng.standard_normal((5, 96)).astype(np.float32)
+    stats = []
+    for _ in range(2):
+        fn = tilefuse.jit(ffn, quantize="int4:32")
+        out = fn(x)
+        stats.append(fn.lower(x).executable.cache_stats)
+    assert (stats[0].misses, stats[0].stored) == (1, 1)
+    assert (stats[1].hits, stats[1].misses) == (1, 0)
+    np.testing.assert_allclose(out, tilefuse.jit(ffn, quantize="int4:32", target="reference")(x),
+                               rtol=1e-4, atol=1e-4)

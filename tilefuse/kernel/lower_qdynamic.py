@@ -21,11 +21,12 @@ from tilefuse.kernel.lower_qmatmul import (
     _V16F,
     _V16I,
     LANES,
+    Compiler,
     QuantKernel,
     _Fn,
     _grab_worker,
     check_target,
-    compile_ir,
+    compile_with,
     signature_function,
 )
 
@@ -157,7 +158,8 @@ DQL_BUFFERS = [("x", DType.f32, True), ("q", DType.u8, False), ("scale", DType.f
                ("zero", DType.u8, False), ("part", DType.f32, False)]
 
 
-def build_dql(name: str, total: int, target: CpuTarget | None = None) -> QuantKernel:
+def build_dql(name: str, total: int, target: CpuTarget | None = None,
+              compiler: Compiler | None = None) -> QuantKernel:
     """ONNX DynamicQuantizeLinear of ``total`` f32 elements (op ``dynamic_quantize_u8``)."""
     target = target or host_target()
     check_target(target, vnni=False)
@@ -169,7 +171,7 @@ def build_dql(name: str, total: int, target: CpuTarget | None = None) -> QuantKe
                     _grab_worker(f"{name}.w1", f"{name}.codes", chunks, 1),
                     _dql_entry(name, chunks)])
     fn = signature_function(name, DQL_BUFFERS)
-    kernel = compile_ir(text, KernelSignature(name, fn.buffers, (), True), target)
+    kernel = compile_with(compiler, text, KernelSignature(name, fn.buffers, (), True), target)
     return QuantKernel(fn, kernel, text, {}, {"part": (chunks * 8, np.dtype(np.float32))},
                        {"x": 0}, {"q": 0, "scale": 1, "zero": 2})
 

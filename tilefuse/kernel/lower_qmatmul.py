@@ -31,14 +31,15 @@ accumulators. Weights are packed at build time as [N/64][K/2][64] bytes.
 
 Every integer kernel is checked bit for bit against NumPy (tests/kernel/test_qmatmul.py);
 ``build_int8(..., raw=True)`` is the integer core alone (``acc - comp`` stored as i32), for
-that test. Kernels are named by shape, so groups of one shape share one compile (in this
-process: the disk cache does not hold them).
+that test. Kernels are named by shape, so groups of one shape share one compile in a process;
+the native executable also passes them through its disk cache (``compiler``).
 """
 
 from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import llvmlite.binding as llvm
@@ -609,6 +610,11 @@ _COMPILED: dict[tuple[str, CpuTarget], CompiledKernel] = {}
 _LOCK = threading.Lock()
 
 
+Compiler = Callable[[str, KernelSignature], CompiledKernel]
+"""Turns a kernel's IR text and signature into machine code (:func:`compile_ir`, or the
+native executable's disk cache around it)."""
+
+
 def check_target(target: CpuTarget, vnni: bool) -> None:
     """CompileError unless ``target`` has the instructions these kernels use."""
     need = ["avx512f", "avx512bw"] + (["avx512vnni"] if vnni else [])
@@ -645,6 +651,12 @@ def compile_ir(text: str, signature: KernelSignature, target: CpuTarget | None =
     return kernel
 
 
+def compile_with(compiler: Compiler | None, text: str, signature: KernelSignature,
+                 target: CpuTarget) -> CompiledKernel:
+    """``compiler(text, signature)`` when given, else :func:`compile_ir` for ``target``."""
+    return compile_ir(text, signature, target) if compiler is None else compiler(text, signature)
+
+
 def signature_function(name: str, buffers: list[tuple[str, DType, bool]]) -> LoopFunction:
     """A loop-IR function with these buffers and no body: the signature the runtime binds and
     launches (the code is the hand-written IR)."""
@@ -677,8 +689,8 @@ class QuantKernel:
 
 
 def build_int8(name: str, m: int, w: np.ndarray, w_scale: np.ndarray, bias: np.ndarray,
-               act: str = "none", raw: bool = False, target: CpuTarget | None = None
-               ) -> QuantKernel:
+               act: str = "none", raw: bool = False, target: CpuTarget | None = None,
+               compiler: Compiler | None = None) -> QuantKernel:
     """The int8 kernel for x [m, K] against i8 ``w`` [K, N]; ``raw``: out holds acc (i32)."""
     target = target or host_target()
     check_target(target, vnni=True)
@@ -693,7 +705,7 @@ def build_int8(name: str, m: int, w: np.ndarray, w_scale: np.ndarray, bias: np.n
     if raw:
         buffers[5] = ("out", DType.i32, False)
     fn = signature_function(name, buffers)
-    kernel = compile_ir(text, KernelSignature(name, fn.buffers, (), True), target)
+    kernel = compile_with(compiler, text, KernelSignature(name, fn.buffers, (), True), target)
     packed, comp = pack_int8(np.asarray(w, np.int8))
     consts = {"w": packed, "comp": _padded(comp, n, np.int32),
               "w_scale": _padded(np.asarray(w_scale, np.float32), n, np.float32),
@@ -706,8 +718,8 @@ U8S8_BUFFERS = [("a", DType.u8, True), ("w", DType.i8, True), ("colsum", DType.i
                 ("a_zero", DType.u8, True), ("out", DType.i32, False), ("aq", DType.u8, False)]
 
 
-def build_u8s8(name: str, m: int, w: np.ndarray, target: CpuTarget | None = None
-               ) -> QuantKernel:
+def build_u8s8(name: str, m: int, w: np.ndarray, target: CpuTarget | None = None,
+               compiler: Compiler | None = None) -> QuantKernel:
     """The exact integer product ``(a - a_zero) @ w`` (ONNX MatMulInteger with u8 activations
     and i8 weights) for a [m, K]; out is i32."""
     target = target or host_target()
@@ -720,7 +732,7 @@ def build_u8s8(name: str, m: int, w: np.ndarray, target: CpuTarget | None = None
     name = f"{name}_u8s8_{m}x{k}x{n}"
     text = u8s8_module(name, s)
     fn = signature_function(name, U8S8_BUFFERS)
-    kernel = compile_ir(text, KernelSignature(name, fn.buffers, (), True), target)
+    kernel = compile_with(compiler, text, KernelSignature(name, fn.buffers, (), True), target)
     packed, comp = pack_int8(np.asarray(w, np.int8))
     consts = {"w": packed, "colsum": _padded(comp // 128, n, np.int32)}
     return QuantKernel(fn, kernel, text, consts, {"aq": (s.mp * s.kp, np.dtype(np.uint8))},
@@ -729,7 +741,8 @@ def build_u8s8(name: str, m: int, w: np.ndarray, target: CpuTarget | None = None
 
 def build_int4(name: str, m: int, wq: np.ndarray, scales: np.ndarray, zeros: np.ndarray,
                bias: np.ndarray, group: int, act: str = "none",
-               target: CpuTarget | None = None) -> QuantKernel:
+               target: CpuTarget | None = None, compiler: Compiler | None = None
+               ) -> QuantKernel:
     """The int4 weight-only kernel for x [m, K] against packed nibbles ``wq`` [K/2, N]."""
     target = target or host_target()
     check_target(target, vnni=False)
@@ -738,7 +751,7 @@ def build_int4(name: str, m: int, wq: np.ndarray, scales: np.ndarray, zeros: np.
     name = f"{name}_w4_{m}x{s.k}x{n}_g{group}_{act}"
     text = int4_module(name, s, act)
     fn = signature_function(name, INT4_BUFFERS)
-    kernel = compile_ir(text, KernelSignature(name, fn.buffers, (), True), target)
+    kernel = compile_with(compiler, text, KernelSignature(name, fn.buffers, (), True), target)
     scales = np.asarray(scales, np.float32)
     offsets = (-zeros.astype(np.float32) * scales).astype(np.float32)
     groups = scales.shape[0]
@@ -769,8 +782,8 @@ def is_quant_group(group: object) -> bool:
     return len(nodes) == 1 and nodes[0].op in QUANT_OPS
 
 
-def lower_quant_group(group: object, constants: dict, target: CpuTarget | None = None
-                      ) -> QuantKernel:
+def lower_quant_group(group: object, constants: dict, target: CpuTarget | None = None,
+                      compiler: Compiler | None = None) -> QuantKernel:
     """The kernel of a quantized group; its weights must be constants (the quantize pass makes
     them so). ``QuantKernel.constants`` then holds every build-time buffer."""
     node = group.nodes[0]  # type: ignore[attr-defined]
@@ -782,18 +795,19 @@ def lower_quant_group(group: object, constants: dict, target: CpuTarget | None =
     if node.op is DYNAMIC_QUANTIZE_U8:
         from tilefuse.kernel.lower_qdynamic import build_dql
 
-        return build_dql(name, int(np.prod(x.shape, dtype=np.int64)), target)
+        return build_dql(name, int(np.prod(x.shape, dtype=np.int64)), target, compiler)
     if node.op is MATMUL_U8S8:
         w = constants.get(node.inputs[2])
         if w is None:
             raise CompileError("matmul_u8s8: the weight must be a constant")
-        return build_u8s8(name, m, w, target)
+        return build_u8s8(name, m, w, target, compiler)
     arrays = [constants.get(v) for v in node.inputs[1:]]
     if any(a is None for a in arrays):
         raise CompileError(f"{node.op.name}: the weights, scales and bias must be constants")
     act = node.attrs["act"]
     if node.op is QMATMUL_I8:
         w, scale, bias = arrays
-        return build_int8(name, m, w, scale, bias, act, target=target)
+        return build_int8(name, m, w, scale, bias, act, target=target, compiler=compiler)
     wq, scales, zeros, bias = arrays
-    return build_int4(name, m, wq, scales, zeros, bias, node.attrs["group"], act, target=target)
+    return build_int4(name, m, wq, scales, zeros, bias, node.attrs["group"], act, target=target,
+                      compiler=compiler)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tilefuse.codegen.jit import CompiledKernel, aligned_empty
+from tilefuse.codegen.jit import CompiledKernel, KernelSignature, aligned_empty
 from tilefuse.codegen.launcher import CompiledLauncher
 from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.dump import DumpWriter
@@ -64,7 +64,7 @@ from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.lower_movement import lower_movement
 from tilefuse.kernel.lower_pool import is_pool_group, lower_pool
-from tilefuse.kernel.lower_qmatmul import is_quant_group, lower_quant_group
+from tilefuse.kernel.lower_qmatmul import compile_ir, is_quant_group, lower_quant_group
 from tilefuse.kernel.plan_printer import print_plan, value_names
 from tilefuse.kernel.schedule import Schedule, as_cpu_target, default_schedule
 from tilefuse.log import get_logger
@@ -305,8 +305,17 @@ class _Builder:
         """A quantized product (``qmatmul_i8``, ``matmul_w4``): hand-written IR kernels whose
         weights are packed here once (:mod:`tilefuse.kernel.lower_qmatmul`)."""
         group = pending.group
+        artifacts: dict[str, KernelArtifact] = {}
+
+        def compiler(text: str, signature: KernelSignature) -> CompiledKernel:
+            artifact = self.cache.compile_ir(
+                text, signature, f"{self.graph.name}/{signature.name}",
+                lambda: compile_ir(text, signature, self.target))
+            artifacts[signature.name] = artifact
+            return artifact.kernel
+
         try:
-            made = lower_quant_group(group, self.constants, self.target)
+            made = lower_quant_group(group, self.constants, self.target, compiler)
         except CompileError as err:
             return self.fall_back(pending, f"quantized lowering failed: {err}")
         node = group.nodes[0]
@@ -315,7 +324,8 @@ class _Builder:
         bindings.update({name: node.outputs[i] for name, i in made.outputs.items()})
         for name, (nbytes, dtype) in made.scratch.items():
             bindings[name] = Scratch(f"{group.name}.{name}", nbytes, dtype)
-        pending.kernels = [_Kernel(made.fn, KernelArtifact(made.kernel, made.ir), bindings)]
+        artifact = artifacts.get(made.fn.name) or KernelArtifact(made.kernel, made.ir)
+        pending.kernels = [_Kernel(made.fn, artifact, bindings)]
         return pending
 
     def lower_attention(self, group: KernelGroup, schedule: Schedule
