@@ -98,7 +98,7 @@ def test_int4_exact_on_integer_data(m: int, k: int, n: int, group: int) -> None:
 @pytest.mark.parametrize("zero_points", [False, True])
 @pytest.mark.parametrize("act", ["none", "relu", "gelu"])
 def test_int4_random_matches_reference(zero_points: bool, act: str) -> None:
-    m, k, n, g = (6, 320, 100, 64) if act != "none" else (2, 320, 100, 64)  # 2: factored
+    m, k, n, g = (6, 320, 100, 64) if act != "none" else (2, 320, 100, 64)
     w = rng.standard_normal((k, n)).astype(np.float32)
     packed, scales, zeros = quantize_int4(w, g, zero_points)
     bias = rng.standard_normal(n).astype(np.float32)
