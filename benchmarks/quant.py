@@ -27,6 +27,11 @@ from tilefuse.cli.timing import format_seconds, interleaved_medians
 from tilefuse.quant_report import compare_outputs
 
 
+def _threads() -> int:
+    """onnxruntime gets the threads tilefuse's pool has (``TILEFUSE_NUM_THREADS``, else all)."""
+    return int(os.environ.get("TILEFUSE_NUM_THREADS") or os.cpu_count() or 1)
+
+
 def _row(name: str, times: dict[str, float], base: str) -> None:
     for key, t in times.items():
         ratio = times[base] / t
@@ -78,7 +83,7 @@ def bert(rounds: int) -> None:
                           dynamo=False)
         quantize_dynamic(path, qpath, weight_type=QuantType.QInt8)
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = os.cpu_count() or 1
+        opts.intra_op_num_threads = _threads()
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = ort.InferenceSession(qpath, opts, providers=["CPUExecutionProvider"])
         impls["onnxruntime int8"] = lambda: session.run(None, {"x": x, "mask": mask})[0]
@@ -127,7 +132,7 @@ def resnet(rounds: int) -> None:
         qdq = os.path.join(tmp, "resnet.qdq.onnx")
         quantize_static(path, qdq, Reader(), quant_format=QuantFormat.QDQ)
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = os.cpu_count() or 1
+        opts.intra_op_num_threads = _threads()
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = ort.InferenceSession(qdq, opts, providers=["CPUExecutionProvider"])
         models = {"f32": tf_onnx.load(path), "int8": tf_onnx.load(path, quantize="int8"),
