@@ -3,7 +3,8 @@
     PYTHONPATH=. python benchmarks/quant.py [--rounds 15] [--only w1,gemv,bert]
 
 - ``w1``: 512x768x3072 (+bias) int8 vs f32;
-- ``gemv``: M=1, 4096x4096 int4 (group 128) vs f32;
+- ``gemv``: M=1, 4096x4096 int4 (group 128) vs f32 (one weight: int4 and int8 stay in L3);
+- ``chain`` (not in the default list): six such GEMVs with distinct weights (out of L3);
 - ``bert``: the BERT-base layer (b1 s128) int8 vs f32, vs onnxruntime on the same layer
   quantized by ``onnxruntime.quantization.quantize_dynamic``, and that onnxruntime file run by
   tilefuse (its MatMulInteger / DynamicQuantizeLinear nodes); cosine similarity of int8 vs f32;
@@ -61,6 +62,27 @@ def gemv(rounds: int) -> None:
         fn(x)
     print(compare_outputs(fns["f32"](x), fns["int4"](x)))
     _row("gemv", interleaved_medians({k: (lambda f=f: f(x)) for k, f in fns.items()}, rounds),
+         "f32")
+
+
+def gemv_chain(rounds: int, layers: int = 6) -> None:
+    """``layers`` GEMVs (M=1, 4096x4096) with distinct weights and a tanh between them: the
+    int4 weights (6 x 8 MiB + scales) no longer fit this host's 32 MiB L3, as in a model, where
+    one repeated GEMV's do."""
+    rng = np.random.default_rng(2)
+    ws = [(rng.standard_normal((4096, 4096)) * 0.02).astype(np.float32) for _ in range(layers)]
+    x = rng.standard_normal((1, 4096)).astype(np.float32)
+
+    def chain(x: np.ndarray) -> np.ndarray:
+        for w in ws:
+            x = np.tanh(x @ w)
+        return x
+
+    fns = {q or "f32": tilefuse.jit(chain, quantize=q) for q in (None, "int4", "int8")}
+    for fn in fns.values():
+        fn(x)
+    print(compare_outputs(fns["f32"](x), fns["int4"](x)))
+    _row("chain", interleaved_medians({k: (lambda f=f: f(x)) for k, f in fns.items()}, rounds),
          "f32")
 
 
@@ -154,7 +176,8 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     for name in args.only.split(","):
         print(f"{name}:")
-        {"w1": w1, "gemv": gemv, "bert": bert, "resnet": resnet}[name](args.rounds)
+        {"w1": w1, "gemv": gemv, "chain": gemv_chain, "bert": bert,
+         "resnet": resnet}[name](args.rounds)
 
 
 if __name__ == "__main__":
