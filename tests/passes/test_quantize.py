@@ -228,3 +228,20 @@ def test_quantized_kernels_go_through_the_disk_cache(tmp_path, monkeypatch) -> N
     assert (stats[1].hits, stats[1].misses) == (1, 0)
     np.testing.assert_allclose(out, tilefuse.jit(ffn, quantize="int4:32", target="reference")(x),
                                rtol=1e-4, atol=1e-4)
+
+
+@native
+def test_compile_exported_option() -> None:
+    import torch
+
+    from tilefuse.torch import compile_exported
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU()).eval()
+    x = torch.randn(5, 64)
+    compiled = compile_exported(torch.export.export(model, (x,)), quantize="int8")
+    with torch.no_grad():
+        ref = model(x)
+    out = compiled(x)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    assert _cosine(ref.numpy(), out.numpy()) > 0.999
+    assert not torch.equal(ref, out)   # quantized, not the f32 product
