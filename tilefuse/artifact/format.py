@@ -1,0 +1,206 @@
+"""The artifact container: a versioned header, a table of named sections, one checksum.
+
+A ``.tilefuse`` file is read whole and validated before anything in it is used: the magic, the
+format version, the header's counts and lengths against the file's real size, every section's
+bounds, and the sha256 of everything after the checksum field. Only then are the sections
+handed out (as read-only views of one 64-byte aligned buffer, so that weights can be used in
+place). Every failure is an :class:`ArtifactError` that names the file and what is wrong; no
+input makes the reader raise anything else. Nothing is pickled: sections are bytes, and the
+manifest section is JSON.
+
+Layout (integers little-endian; every section starts on a 64-byte boundary, zero padded)::
+
+    magic  b"TILEFUSE"                     8 bytes
+    format version u32, section count u32
+    file length u64
+    sha256 of the bytes from offset 56 to the end     32 bytes
+    section table: per section  name (32 bytes, ASCII, NUL padded), offset u64, length u64
+    sections
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tilefuse.errors import TilefuseError
+
+MAGIC = b"TILEFUSE"
+FORMAT_VERSION = 1
+ALIGN = 64
+MAX_SECTIONS = 1 << 20
+"""More sections than this is a hostile or corrupt count (a ResNet-50 artifact has ~300)."""
+NAME_BYTES = 32
+
+_HEADER = struct.Struct("<8sIIQ32s")
+_ENTRY = struct.Struct(f"<{NAME_BYTES}sQQ")
+_COVERED_FROM = _HEADER.size  # the checksum covers the table and the sections
+
+
+class ArtifactError(TilefuseError):
+    """A ``.tilefuse`` file that cannot be used: unreadable, corrupt, of another format version,
+    or made for a CPU this host is not."""
+
+
+@dataclass(frozen=True)
+class Container:
+    """A validated file's sections by name (read-only views of one aligned buffer)."""
+
+    path: str
+    version: int
+    sections: Mapping[str, memoryview]
+
+    def section(self, name: str) -> memoryview:
+        """The section ``name``; ArtifactError when the file has none."""
+        found = self.sections.get(name)
+        if found is None:
+            raise ArtifactError(f"{self.path}: the artifact has no section {name!r}")
+        return found
+
+    def array(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """Section ``name`` as a read-only array of ``dtype`` and ``shape`` (no copy);
+        ArtifactError unless its length is exactly that array's."""
+        data = self.section(name)
+        count = 1
+        for d in shape:
+            if type(d) is not int or d < 0:
+                raise ArtifactError(f"{self.path}: section {name!r} has a bad shape {shape}")
+            count *= d
+        if count * dtype.itemsize != len(data):
+            raise ArtifactError(f"{self.path}: section {name!r} holds {len(data)} bytes, not a "
+                                f"{dtype}{list(shape)} array ({count * dtype.itemsize} bytes)")
+        array = np.frombuffer(data, dtype, count).reshape(shape)
+        array.flags.writeable = False
+        return array
+
+
+def _padding(length: int) -> int:
+    return -length % ALIGN
+
+
+def encode(sections: Mapping[str, bytes | memoryview]) -> bytes:
+    """The file bytes holding ``sections`` (name -> bytes), in the given order."""
+    names = list(sections)
+    if len(names) > MAX_SECTIONS:
+        raise ArtifactError(f"an artifact holds at most {MAX_SECTIONS} sections, "
+                            f"got {len(names)}")
+    table_end = _HEADER.size + _ENTRY.size * len(names)
+    offset = table_end + _padding(table_end)
+    entries, layout = [], []
+    for name in names:
+        raw = name.encode("ascii")
+        if not raw or len(raw) > NAME_BYTES or b"\0" in raw:
+            raise ArtifactError(f"bad section name {name!r} (1-{NAME_BYTES} ASCII characters)")
+        length = len(sections[name])
+        entries.append(_ENTRY.pack(raw, offset, length))
+        layout.append(offset)
+        offset += length + _padding(length)
+    total = offset
+    body = bytearray(total - _HEADER.size)
+    body[:len(entries) * _ENTRY.size] = b"".join(entries)
+    for name, at in zip(names, layout):
+        data = sections[name]
+        body[at - _HEADER.size:at - _HEADER.size + len(data)] = data
+    checksum = hashlib.sha256(body).digest()
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, len(names), total, checksum) + bytes(body)
+
+
+def write(path: str | Path, sections: Mapping[str, bytes | memoryview]) -> int:
+    """Writes the artifact atomically (a temp file in the same directory, then a rename);
+    returns its size in bytes."""
+    data = encode(sections)
+    path = Path(path)
+    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(temp, "wb") as file:
+            file.write(data)
+        os.replace(temp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise ArtifactError(f"cannot write artifact {path}: {err.strerror or err}") from None
+    return len(data)
+
+
+def read(path: str | Path) -> Container:
+    """The validated container at ``path`` (see the module docstring); ArtifactError for a
+    file that is missing, truncated, corrupt or of another format version."""
+    shown = str(path)
+    try:
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size < _HEADER.size:
+                raise ArtifactError(f"{shown}: truncated ({size} bytes, less than the "
+                                    f"{_HEADER.size}-byte header of a tilefuse artifact)")
+            buffer = _aligned_bytes(size)
+            got = file.readinto(memoryview(buffer))
+    except OSError as err:
+        raise ArtifactError(f"cannot read artifact {shown}: {err.strerror or err}") from None
+    if got != size:
+        raise ArtifactError(f"{shown}: the file changed while it was read")
+    return parse(memoryview(buffer).toreadonly(), shown)
+
+
+def parse(data: memoryview, shown: str = "<artifact>") -> Container:
+    """The validated container in ``data`` (the whole file)."""
+    size = len(data)
+    if size < _HEADER.size:
+        raise ArtifactError(f"{shown}: truncated ({size} bytes, less than the {_HEADER.size}-byte "
+                            "header of a tilefuse artifact)")
+    magic, version, count, total, checksum = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ArtifactError(f"{shown}: not a tilefuse artifact (it does not start with "
+                            f"{MAGIC!r})")
+    if version != FORMAT_VERSION:
+        raise ArtifactError(f"{shown}: artifact format version {version}; this tilefuse reads "
+                            f"version {FORMAT_VERSION} (compile the model again with this "
+                            "tilefuse)")
+    if total != size:
+        what = "truncated" if size < total else "followed by extra bytes"
+        raise ArtifactError(f"{shown}: {what} ({size} bytes, its header says {total})")
+    if count > MAX_SECTIONS:
+        raise ArtifactError(f"{shown}: the header claims {count} sections (at most "
+                            f"{MAX_SECTIONS})")
+    table_end = _HEADER.size + _ENTRY.size * count
+    if table_end > size:
+        raise ArtifactError(f"{shown}: its section table ({count} entries) runs past the end of "
+                            f"the file ({size} bytes)")
+    if hashlib.sha256(data[_COVERED_FROM:]).digest() != checksum:
+        raise ArtifactError(f"{shown}: checksum mismatch (the file is corrupt)")
+    sections: dict[str, memoryview] = {}
+    for i in range(count):
+        raw, offset, length = _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
+        name = _section_name(raw, i, shown)
+        if offset < table_end or offset > size or length > size - offset:
+            raise ArtifactError(f"{shown}: section {name!r} (offset {offset}, {length} bytes) "
+                                f"lies outside the file ({size} bytes)")
+        if name in sections:
+            raise ArtifactError(f"{shown}: section {name!r} appears twice")
+        sections[name] = data[offset:offset + length]
+    return Container(shown, version, sections)
+
+
+def _section_name(raw: bytes, index: int, shown: str) -> str:
+    name = raw.rstrip(b"\0")
+    try:
+        text = name.decode("ascii")
+    except UnicodeDecodeError:
+        text = ""
+    if not text or b"\0" in name or not text.isprintable():
+        raise ArtifactError(f"{shown}: section {index} has a malformed name {raw!r}")
+    return text
+
+
+def _aligned_bytes(size: int) -> np.ndarray:
+    """A writable uint8 buffer of ``size`` bytes starting on an :data:`ALIGN` boundary (so that
+    sections, aligned within the file, are aligned in memory)."""
+    raw = np.empty(size + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + size]
