@@ -1,8 +1,8 @@
-"""The artifact container: a versioned header, a table of named sections, one checksum.
+"""The artifact container: a versioned header, a table of named sections, checksums.
 
 A ``.tilefuse`` file is read whole and validated before anything in it is used: the magic, the
-format version, the header's counts and lengths against the file's real size, every section's
-bounds, and the sha256 of everything after the checksum field. Only then are the sections
+format version, the header's counts and lengths against the file's real size, the section
+table's CRC-32, every section's bounds and every section's CRC-32. Only then are the sections
 handed out (as read-only views of one 64-byte aligned buffer, so that weights can be used in
 place). Every failure is an :class:`ArtifactError` that names the file and what is wrong; no
 input makes the reader raise anything else. Nothing is pickled: sections are bytes, and the
@@ -13,17 +13,24 @@ Layout (integers little-endian; every section starts on a 64-byte boundary, zero
     magic  b"TILEFUSE"                     8 bytes
     format version u32, section count u32
     file length u64
-    sha256 of the bytes from offset 56 to the end     32 bytes
-    section table: per section  name (32 bytes, ASCII, NUL padded), offset u64, length u64
+    CRC-32 of the section table u32, reserved u32 (0)
+    section table: per section  name (32 bytes, ASCII, NUL padded), offset u64, length u64,
+                                CRC-32 of the section u32, reserved u32 (0)
     sections
+
+CRC-32 rather than sha256: it detects the corruption a file meets (truncation, flipped bits, a
+partial copy) at 3x sha256's speed here (~20 ms for ResNet-50's 100 MB instead of ~60 ms, in a
+load that aims at ~100 ms). It is no defence against a forger, who could as well forge a hash
+in the same file; the structural checks (the ELF check of every kernel object, the bounds of
+every slot) are what keep a malformed file from crashing the process.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import struct
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +46,8 @@ MAX_SECTIONS = 1 << 20
 """More sections than this is a hostile or corrupt count (a ResNet-50 artifact has ~300)."""
 NAME_BYTES = 32
 
-_HEADER = struct.Struct("<8sIIQ32s")
-_ENTRY = struct.Struct(f"<{NAME_BYTES}sQQ")
-_COVERED_FROM = _HEADER.size  # the checksum covers the table and the sections
+_HEADER = struct.Struct("<8sIIQII")
+_ENTRY = struct.Struct(f"<{NAME_BYTES}sQQII")
 
 
 class ArtifactError(TilefuseError):
@@ -99,17 +105,19 @@ def encode(sections: Mapping[str, bytes | memoryview]) -> bytes:
         if not raw or len(raw) > NAME_BYTES or b"\0" in raw:
             raise ArtifactError(f"bad section name {name!r} (1-{NAME_BYTES} ASCII characters)")
         length = len(sections[name])
-        entries.append(_ENTRY.pack(raw, offset, length))
+        entries.append(_ENTRY.pack(raw, offset, length, zlib.crc32(sections[name]), 0))
         layout.append(offset)
         offset += length + _padding(length)
     total = offset
-    body = bytearray(total - _HEADER.size)
-    body[:len(entries) * _ENTRY.size] = b"".join(entries)
+    table = b"".join(entries)
+    body = bytearray(total)
+    body[:_HEADER.size] = _HEADER.pack(MAGIC, FORMAT_VERSION, len(names), total,
+                                       zlib.crc32(table), 0)
+    body[_HEADER.size:table_end] = table
     for name, at in zip(names, layout):
         data = sections[name]
-        body[at - _HEADER.size:at - _HEADER.size + len(data)] = data
-    checksum = hashlib.sha256(body).digest()
-    return _HEADER.pack(MAGIC, FORMAT_VERSION, len(names), total, checksum) + bytes(body)
+        body[at:at + len(data)] = data
+    return bytes(body)
 
 
 def write(path: str | Path, sections: Mapping[str, bytes | memoryview]) -> int:
@@ -154,7 +162,7 @@ def parse(data: memoryview, shown: str = "<artifact>") -> Container:
     if size < _HEADER.size:
         raise ArtifactError(f"{shown}: truncated ({size} bytes, less than the {_HEADER.size}-byte "
                             "header of a tilefuse artifact)")
-    magic, version, count, total, checksum = _HEADER.unpack_from(data)
+    magic, version, count, total, table_crc, _ = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise ArtifactError(f"{shown}: not a tilefuse artifact (it does not start with "
                             f"{MAGIC!r})")
@@ -172,18 +180,23 @@ def parse(data: memoryview, shown: str = "<artifact>") -> Container:
     if table_end > size:
         raise ArtifactError(f"{shown}: its section table ({count} entries) runs past the end of "
                             f"the file ({size} bytes)")
-    if hashlib.sha256(data[_COVERED_FROM:]).digest() != checksum:
-        raise ArtifactError(f"{shown}: checksum mismatch (the file is corrupt)")
+    if zlib.crc32(data[_HEADER.size:table_end]) != table_crc:
+        raise ArtifactError(f"{shown}: checksum mismatch in the section table (the file is "
+                            "corrupt)")
     sections: dict[str, memoryview] = {}
     for i in range(count):
-        raw, offset, length = _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
+        raw, offset, length, crc, _ = _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
         name = _section_name(raw, i, shown)
         if offset < table_end or offset > size or length > size - offset:
             raise ArtifactError(f"{shown}: section {name!r} (offset {offset}, {length} bytes) "
                                 f"lies outside the file ({size} bytes)")
         if name in sections:
             raise ArtifactError(f"{shown}: section {name!r} appears twice")
-        sections[name] = data[offset:offset + length]
+        section = data[offset:offset + length]
+        if zlib.crc32(section) != crc:
+            raise ArtifactError(f"{shown}: checksum mismatch in section {name!r} (the file is "
+                                "corrupt)")
+        sections[name] = section
     return Container(shown, version, sections)
 
 

@@ -200,29 +200,26 @@ class Decoder:
     """Rebuilds executables from programs of one artifact, sharing its kernels and constants."""
 
     def __init__(self, container: Container, manifest: Mapping[str, Any],
-                 load_kernel: Callable[[bytes, KernelSignature], CompiledKernel]):
+                 link: Callable[[list[tuple[bytes, KernelSignature]]], list[CompiledKernel]]):
+        """``link`` turns every kernel's (object code, signature) into kernels, at once."""
         self.container = container
         self.read = Reader(container.path)
-        self._load_kernel = load_kernel
-        self._kernel_specs = self.read.items(manifest, "kernels", "manifest")
+        specs = self.read.items(manifest, "kernels", "manifest")
         self._constant_specs = self.read.items(manifest, "constants", "manifest")
-        self._kernels: dict[int, CompiledKernel] = {}
         self._constants: dict[int, np.ndarray] = {}
-
-    def kernel(self, index: Any, where: str) -> CompiledKernel:
-        i = self.read.count(index, where, len(self._kernel_specs))
-        found = self._kernels.get(i)
-        if found is None:
-            spec = self._kernel_specs[i]
+        objects = []
+        for i, spec in enumerate(specs):
             name = self.read.obj(spec, "section", str, f"kernel {i}")
             signature = self.read.obj(spec, "signature", dict, f"kernel {i}")
             try:
                 sig = KernelSignature.from_json(signature)
             except Exception as err:
                 raise self.read.fail(f"kernel {i}: {err}") from None
-            found = self._load_kernel(bytes(self.container.section(name)), sig)
-            self._kernels[i] = found
-        return found
+            objects.append((bytes(self.container.section(name)), sig))
+        self._kernels = link(objects) if objects else []
+
+    def kernel(self, index: Any, where: str) -> CompiledKernel:
+        return self._kernels[self.read.count(index, where, len(self._kernels))]
 
     def constant(self, index: Any, where: str) -> np.ndarray:
         i = self.read.count(index, where, len(self._constant_specs))

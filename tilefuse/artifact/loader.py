@@ -20,6 +20,7 @@ import numpy as np
 
 from tilefuse.artifact.format import FORMAT_VERSION, ArtifactError, Container, read
 from tilefuse.artifact.program import Decoder
+from tilefuse.codegen.jit import CompiledKernel, KernelSignature
 from tilefuse.codegen.target import CpuTarget
 from tilefuse.errors import GuardError
 from tilefuse.runtime.native import NativeExecutable
@@ -199,19 +200,14 @@ def _check_structure(structure: Any, count: int, path: str, depth: int = 0) -> N
 def load(path: str | Path) -> LoadedModel:
     """The model saved at ``path`` by :func:`tilefuse.save`, ready to call (see
     :class:`LoadedModel`). ArtifactError for a file that cannot be used."""
-    from tilefuse.codegen.jit import load_kernel
+    from tilefuse.artifact.link import link_kernels
 
     container = read(path)
     manifest = _manifest(container)
     target = _target(container, manifest)
 
-    def link(obj: bytes, signature: Any) -> Any:
-        try:
-            return load_kernel(obj, signature, target=target)
-        except ArtifactError:
-            raise
-        except Exception as err:  # CompileError from the ELF check or LLVM's linker
-            raise ArtifactError(f"{container.path}: kernel {signature.name}: {err}") from None
+    def link(objects: list[tuple[bytes, KernelSignature]]) -> list[CompiledKernel]:
+        return link_kernels(objects, target, container.path)
 
     decoder = Decoder(container, manifest, link)
     entries = decoder.read.items(manifest, "entries", "manifest")
