@@ -153,9 +153,17 @@ def _targets(exe: NativeExecutable) -> set[CpuTarget]:
 def save(compiled: object, path: str | Path) -> Path:
     """Writes ``compiled`` (see the module docstring) to ``path``; returns the path.
     TilefuseError when it holds something that cannot be saved."""
+    kind, fields, entries = collect(compiled)
+    return write_artifact(path, kind, fields, entries)
+
+
+def write_artifact(path: str | Path, kind: str, fields: dict[str, Any],
+                   entries: list[tuple[NativeExecutable, dict[str, Any]]]) -> Path:
+    """Writes executables as an artifact of ``kind`` (``jit``, ``onnx``, ``exported`` or
+    ``executable``) with the manifest ``fields`` (name, input and output names) and per entry
+    its extra fields (a jitted function's result structure)."""
     import tilefuse
 
-    kind, fields, entries = collect(compiled)
     targets = {t for exe, _ in entries for t in _targets(exe)} or {host_target()}
     if len(targets) != 1:
         raise ArtifactError("the executables to save were built for different targets")

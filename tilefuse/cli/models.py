@@ -234,6 +234,10 @@ def _torch_if_loaded() -> Any:
 
 def load_model(spec: str) -> Model:
     """The MODEL named by ``spec`` (module docstring)."""
+    if spec.endswith(".tilefuse"):  # a compiled artifact (tilefuse compile)
+        from tilefuse.cli.compile import ArtifactFile
+
+        return ArtifactFile(spec)
     if spec.endswith(".onnx") or (os.path.sep in spec and ":" not in spec):
         return OnnxFile(spec)
     module_name, colon, attr = spec.partition(":")
