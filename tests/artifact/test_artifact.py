@@ -250,3 +250,38 @@ def test_save_refuses_what_it_cannot_save(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="cannot save a"):
         tilefuse.save(object(), tmp_path / "h.tilefuse")
     assert not list(tmp_path.iterdir())
+
+
+def test_compile_exported_round_trip(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from tilefuse.torch import compile_exported
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(12, 8)
+
+        def forward(self, x: Any, y: Any) -> Any:
+            h = torch.relu(self.linear(x))
+            return {"p": h.softmax(-1), "s": (h * y).sum(0)}
+
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 12), torch.randn(5, 8)
+    compiled = compile_exported(torch.export.export(Block().eval(), (x, y)))
+    compiled(x, y)
+    loaded = tilefuse.load(tilefuse.save(compiled, tmp_path / "block.tilefuse"))
+    x, y = torch.randn(5, 12), torch.randn(5, 8)
+    want, got = compiled(x, y), loaded(x, y)
+    assert set(got) == {"p", "s"}
+    for key in want:
+        assert torch.equal(got[key], want[key])
+    _same(loaded(x.numpy(), y.numpy()), [want["p"].numpy(), want["s"].numpy()])
+
+    class Partly(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return torch.cumsum(torch.relu(x), 0) * 2
+
+    partly = compile_exported(torch.export.export(Partly(), (x,)))
+    partly(x)
+    with pytest.raises(ArtifactError, match="partly in torch"):
+        tilefuse.save(partly, tmp_path / "partly.tilefuse")

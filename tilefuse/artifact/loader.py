@@ -220,5 +220,10 @@ def load(path: str | Path) -> LoadedModel:
         extra = {k: v for k, v in entry.items() if k != "program"}
         if "pack" in extra:
             _check_structure(extra["pack"], len(exe.graph.outputs), container.path)
+        if manifest["kind"] == "exported":
+            from tilefuse.artifact.exported import check_entry
+
+            check_entry(extra, len(exe.graph.inputs), len(exe.graph.outputs),
+                        manifest.get("user_inputs"), container.path)
         made.append((exe, extra))
     return LoadedModel(container, manifest, target, made)
