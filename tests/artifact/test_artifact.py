@@ -59,6 +59,8 @@ def test_jit_round_trip_is_bit_identical(tmp_path: Path, dtype: DType) -> None:
         args = [random_array(rng, s, dtype) for s in shapes]
         _same(loaded(*args), f(*args))
     assert "launch sequence" in loaded.plans[0] and "memory plan" in loaded.plans[0]
+    in_process = f.lower(*args).executable
+    assert loaded.executables[0].single_entry == in_process.single_entry
 
 
 def test_host_steps_round_trip(tmp_path: Path) -> None:
@@ -139,7 +141,11 @@ def test_loading_runs_no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     f(*[random_array(rng, s, DType.f32) for s in shapes])
     f2 = tilefuse.jit(lambda x: (x.max(0) + 1,))
     f2(random_array(rng, (5, 4), DType.f32))
-    paths = [tilefuse.save(f, tmp_path / "a.tilefuse"), tilefuse.save(f2, tmp_path / "b.tilefuse")]
+    f3 = tilefuse.jit(lambda x, w: np.tanh(x @ w))
+    f3(*[random_array(rng, s, DType.f32) for s in shapes[:2]])
+    paths = [tilefuse.save(f, tmp_path / "a.tilefuse"), tilefuse.save(f2, tmp_path / "b.tilefuse"),
+             tilefuse.save(f3, tmp_path / "c.tilefuse")]
+    import tilefuse.artifact.launcher as artifact_launcher
     import tilefuse.codegen.jit as codegen_jit
     import tilefuse.codegen.launcher as launcher
     import tilefuse.codegen.llvm_cpu as llvm_cpu
@@ -154,7 +160,8 @@ def test_loading_runs_no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
                          (launcher, "_launcher_ir"), (capture, "capture"),
                          (fusion, "form_kernels"), (native, "form_kernels"),
                          (decompose, "decompose_composites"), (native, "decompose_composites"),
-                         (manager, "run_pipeline"), (native._Builder, "__init__")]:
+                         (manager, "run_pipeline"), (native._Builder, "__init__"),
+                         (artifact_launcher, "_ir"), (artifact_launcher, "launcher_object")]:
         monkeypatch.setattr(module, name, _boom(f"{getattr(module, '__name__', module)}.{name}"))
     # LLVM itself: no optimisation pipeline, no code emission, no IR but the empty module
     monkeypatch.setattr(llvm, "create_pass_builder", _boom("LLVM's optimiser"))
@@ -167,12 +174,14 @@ def test_loading_runs_no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         return parse(text, *args)
 
     monkeypatch.setattr(llvm, "parse_assembly", parse_empty)
-    a, b = (tilefuse.load(p) for p in paths)
+    a, b, c = (tilefuse.load(p) for p in paths)
+    assert c.executables[0].single_entry and b.executables[0].fallbacks
     args = [random_array(rng, s, DType.f32) for s in shapes]
     expected = mlp(*args)
     assert_close(a(*args)[0], expected[0])
     x = random_array(rng, (5, 4), DType.f32)
     assert_close(b(x)[0], x.max(0) + 1)
+    assert_close(c(*args[:2]), np.tanh(args[0] @ args[1]))
 
 
 def _matmul_gelu_graph() -> Any:

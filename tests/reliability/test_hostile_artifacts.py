@@ -44,10 +44,13 @@ Mutation = Callable[[dict[str, Any], Sections], None]
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small artifact with native kernels, constants and a host step."""
+    """A small artifact with native kernels, constants and a host step (and, from a second,
+    all-native specialisation, the launcher section)."""
     w = np.random.default_rng(0).standard_normal((11, 7)).astype(np.float32)
-    f = tilefuse.jit(lambda x: (np.tanh(x @ w), x.max(0) + 1))
+    f = tilefuse.jit(lambda x: (np.tanh(x @ w), x.max(0) + 1) if x.shape[0] == 9
+                     else np.tanh(x @ w))
     f(np.ones((9, 11), np.float32))
+    f(np.ones((3, 11), np.float32))
     return tilefuse.save(f, tmp_path_factory.mktemp("good") / "good.tilefuse")
 
 
@@ -178,6 +181,8 @@ def _cases(good: Path) -> dict[str, tuple[bytes, str]]:
             next(st for st in _first(m)["steps"] if "host" in st)["graph"], b"junk(")),
             "host graph"),
         "no_entries": (forged(set_in(lambda m: m, "entries", [])), "no compiled entry"),
+        "garbage_launcher": (forged(lambda m, s: s.__setitem__("launcher", b"\x7fELF" * 40)),
+                             "launcher"),
     }
 
 

@@ -71,9 +71,9 @@ class LoadedModel:
 
     - ``kind == "onnx"``: returns the single output or a list, like the ONNX model did;
       ``model.run(output_names, input_feed)`` as onnxruntime;
-    - ``"jit"``: takes the traced array arguments in order (positional, then keyword by
-      name; static arguments were fixed when it was compiled) and returns the function's
-      result structure (a namedtuple comes back as a tuple);
+    - ``"jit"``: takes the traced array arguments (positional, then keyword; static
+      arguments were fixed when it was compiled and are not passed) and returns the
+      function's result structure (a namedtuple comes back as a tuple);
     - ``"exported"``: takes the exported program's user inputs (NumPy arrays or CPU torch
       tensors, flattened) and returns torch tensors when given tensors;
     - ``"executable"``: a list of arrays.
@@ -137,7 +137,7 @@ class LoadedModel:
             return call_exported(self, args, kwargs)
         if kwargs and self.kind != "jit":
             raise GuardError(f"{self.path}: a {self.kind} artifact takes positional inputs")
-        arrays = [_array(a) for a in [*args, *kwargs.values()]]
+        arrays = [_array(a) for a in [*args, *(kwargs[k] for k in sorted(kwargs))]]
         exe, extra = self.executable_for(arrays)
         outs = exe(*arrays)
         if self.kind == "onnx":
@@ -213,10 +213,15 @@ def load(path: str | Path) -> LoadedModel:
     entries = decoder.read.items(manifest, "entries", "manifest")
     if not entries:
         raise ArtifactError(f"{container.path}: the artifact holds no compiled entry")
+    launcher = None
+    if "launcher" in container.sections:
+        from tilefuse.artifact.launcher import link_launcher
+
+        launcher = link_launcher(bytes(container.section("launcher")), target, container.path)
     made = []
     for i, entry in enumerate(entries):
         program = decoder.read.obj(entry, "program", dict, f"entry {i}")
-        exe = decoder.executable(program)
+        exe = decoder.executable(program, launcher)
         extra = {k: v for k, v in entry.items() if k != "program"}
         if "pack" in extra:
             _check_structure(extra["pack"], len(exe.graph.outputs), container.path)

@@ -21,7 +21,7 @@ declared buffers, as a build does.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -234,9 +234,11 @@ class Decoder:
             self._constants[i] = found
         return found
 
-    def executable(self, program: Mapping[str, Any], launcher: bool = False
-                   ) -> NativeExecutable:
-        """The executable of one program (see the module docstring)."""
+    def executable(self, program: Mapping[str, Any],
+                   launcher: tuple[int, object] | None = None) -> NativeExecutable:
+        """The executable of one program (see the module docstring); ``launcher`` (address
+        and owner of the generic launcher's code), when given, runs an all-native sequence as
+        one native call."""
         read = self.read
         name = read.obj(program, "name", str, "program")
         where = f"program {name!r}"
@@ -299,8 +301,12 @@ class Decoder:
                           arena_bytes, read.count(memory.get("sum_bytes"), "sum_bytes"))
         graph = Graph(name, tuple(inputs), (), tuple(outputs))
         parts = ExecutableParts(graph, plan, arena, tuple(steps), align, tuple(copies))
-        return NativeExecutable.from_parts(parts, self._launcher(steps, io_count, name)
-                                           if launcher else None)
+        runs = None
+        if launcher is not None and steps and all(isinstance(s, NativeStep) for s in steps):
+            from tilefuse.artifact.launcher import SequenceLauncher
+
+            runs = SequenceLauncher(*launcher, steps, io_count)
+        return NativeExecutable.from_parts(parts, runs)
 
     def _value(self, data: Any, where: str, *, named: bool) -> Value:
         read = self.read
@@ -357,7 +363,3 @@ class Decoder:
         reason = step.get("reason")
         return HostStep(str(step["host"]), graph.nodes, inputs, outputs,
                         reason if isinstance(reason, str) else "host step")
-
-    def _launcher(self, steps: Sequence[Step], io_count: int, name: str
-                  ) -> Callable[[Sequence[int]], None] | None:
-        return None

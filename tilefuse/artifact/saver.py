@@ -29,6 +29,7 @@ from tilefuse.runtime.launch import NativeStep
 from tilefuse.runtime.native import NativeExecutable
 
 MANIFEST = "manifest"
+LAUNCHER = "launcher"
 
 
 class _Out:
@@ -185,6 +186,10 @@ def write_artifact(path: str | Path, kind: str, fields: dict[str, Any],
                 "target": {"triple": target.triple, "cpu": target.cpu,
                            "features": target.features},
                 "entries": saved, "kernels": sections.kernels, "constants": sections.constants}
+    if any(exe.single_entry for exe, _ in entries):  # one native call per run after loading
+        from tilefuse.artifact.launcher import launcher_object
+
+        sections.data[LAUNCHER] = launcher_object(target)
     text = json.dumps(manifest, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
     write(path, {MANIFEST: text.encode("ascii"), **sections.data})
     return Path(path)
