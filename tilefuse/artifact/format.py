@@ -144,10 +144,14 @@ def read(path: str | Path) -> Container:
     try:
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
-            if size < _HEADER.size:
-                raise ArtifactError(f"{shown}: truncated ({size} bytes, less than the "
-                                    f"{_HEADER.size}-byte header of a tilefuse artifact)")
-            buffer = _aligned_bytes(size)
+            header = file.read(_HEADER.size)
+            if len(header) == _HEADER.size:  # refuse a foreign or huge file before reading it
+                parse_header(memoryview(header), size, shown)
+            try:
+                buffer = _aligned_bytes(size)
+            except MemoryError:
+                raise ArtifactError(f"{shown}: out of memory reading {size} bytes") from None
+            file.seek(0)
             got = file.readinto(memoryview(buffer))
     except OSError as err:
         raise ArtifactError(f"cannot read artifact {shown}: {err.strerror or err}") from None
@@ -156,10 +160,10 @@ def read(path: str | Path) -> Container:
     return parse(memoryview(buffer).toreadonly(), shown)
 
 
-def parse(data: memoryview, shown: str = "<artifact>") -> Container:
-    """The validated container in ``data`` (the whole file)."""
-    size = len(data)
-    if size < _HEADER.size:
+def parse_header(data: memoryview, size: int, shown: str) -> tuple[int, int]:
+    """(section count, table CRC) from the header of a file of ``size`` bytes, after checking
+    magic, version, length and count; ArtifactError otherwise."""
+    if len(data) < _HEADER.size:
         raise ArtifactError(f"{shown}: truncated ({size} bytes, less than the {_HEADER.size}-byte "
                             "header of a tilefuse artifact)")
     magic, version, count, total, table_crc, _ = _HEADER.unpack_from(data)
@@ -176,10 +180,17 @@ def parse(data: memoryview, shown: str = "<artifact>") -> Container:
     if count > MAX_SECTIONS:
         raise ArtifactError(f"{shown}: the header claims {count} sections (at most "
                             f"{MAX_SECTIONS})")
-    table_end = _HEADER.size + _ENTRY.size * count
-    if table_end > size:
+    if _HEADER.size + _ENTRY.size * count > size:
         raise ArtifactError(f"{shown}: its section table ({count} entries) runs past the end of "
                             f"the file ({size} bytes)")
+    return count, table_crc
+
+
+def parse(data: memoryview, shown: str = "<artifact>") -> Container:
+    """The validated container in ``data`` (the whole file)."""
+    size = len(data)
+    count, table_crc = parse_header(data, size, shown)
+    table_end = _HEADER.size + _ENTRY.size * count
     if zlib.crc32(data[_HEADER.size:table_end]) != table_crc:
         raise ArtifactError(f"{shown}: checksum mismatch in the section table (the file is "
                             "corrupt)")
@@ -197,7 +208,7 @@ def parse(data: memoryview, shown: str = "<artifact>") -> Container:
             raise ArtifactError(f"{shown}: checksum mismatch in section {name!r} (the file is "
                                 "corrupt)")
         sections[name] = section
-    return Container(shown, version, sections)
+    return Container(shown, FORMAT_VERSION, sections)
 
 
 def _section_name(raw: bytes, index: int, shown: str) -> str:
