@@ -195,6 +195,10 @@ def test_hostile_artifacts_are_rejected_cleanly(good: Path, tmp_path: Path) -> N
         paths.append(str(path))
     paths.append(str(tmp_path / "no_such_file"))
     paths.append(str(tmp_path))  # a directory
+    huge = tmp_path / "huge_foreign_file"  # 64 GiB, sparse: refused from its header, unread
+    with open(huge, "wb") as file:
+        file.truncate(64 << 30)
+    paths.append(str(huge))
     child = subprocess.run([sys.executable, "-c", CHILD, str(good), *paths],
                            capture_output=True, text=True, timeout=600)
     assert child.returncode == 0, child.stderr[-3000:]  # a crash would be a signal
@@ -207,6 +211,7 @@ def test_hostile_artifacts_are_rejected_cleanly(good: Path, tmp_path: Path) -> N
         assert word.lower() in result["message"].lower(), (name, word, result["message"])
     for name in ("no_such_file", tmp_path.name):
         assert results[name]["outcome"] == "rejected", results[name]
+    assert "not a tilefuse artifact" in results["huge_foreign_file"]["message"]
 
 
 def test_foreign_cpu_is_refused_before_any_code_is_linked(good: Path, tmp_path: Path) -> None:
