@@ -242,6 +242,7 @@ class Decoder:
         read = self.read
         name = read.obj(program, "name", str, "program")
         where = f"program {name!r}"
+        self.container.section(read.obj(program, "plan", str, where))  # LoadedModel.plans
         inputs = [self._value(v, f"{where} input {i}", named=True)
                   for i, v in enumerate(read.items(program, "inputs", where))]
         outputs = [self._value(v, f"{where} output {j}", named=False)
