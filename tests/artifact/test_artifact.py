@@ -294,3 +294,58 @@ def test_compile_exported_round_trip(tmp_path: Path) -> None:
     partly(x)
     with pytest.raises(ArtifactError, match="partly in torch"):
         tilefuse.save(partly, tmp_path / "partly.tilefuse")
+
+
+FRESH_CHILD = r"""
+import sys
+import llvmlite.binding as llvm
+import numpy as np
+import tilefuse
+import tilefuse.codegen.pool as pool
+
+
+def boom(what):
+    def fail(*args, **kwargs):
+        raise AssertionError(f"loading ran {what}")
+    return fail
+
+
+llvm.create_pass_builder = boom("LLVM's optimiser")
+llvm.TargetMachine.emit_object = boom("LLVM's code generator")
+llvm.TargetMachine.emit_assembly = boom("LLVM's code generator")
+pool.pool_ir = boom("the thread pool's IR generation")
+parse = llvm.parse_assembly
+
+
+def parse_empty(text, *args):
+    assert not text.strip(), "loading parsed LLVM IR"
+    return parse(text, *args)
+
+
+llvm.parse_assembly = parse_empty
+model = tilefuse.load(sys.argv[1])
+np.save(sys.argv[3], model(np.load(sys.argv[2])))
+assert pool.thread_pool.cache_info().currsize == 1  # the pool runs, linked from the artifact
+"""
+
+
+def test_fresh_process_loads_and_runs_without_compiling(tmp_path: Path) -> None:
+    """In a process that has compiled nothing (no thread pool yet either), loading and
+    calling a model with parallel kernels runs no LLVM optimisation or code generation."""
+    import os
+    import sys
+
+    rng = np.random.default_rng(9)
+    w = random_array(rng, (300, 200), DType.f32)
+    f = tilefuse.jit(lambda x: np.tanh(x @ w) * 2)
+    x = random_array(rng, (96, 300), DType.f32)
+    want = f(x)
+    path = tilefuse.save(f, tmp_path / "par.tilefuse")
+    assert "pool" in container.read(path).sections  # parallel kernels: the pool is saved too
+    np.save(tmp_path / "x.npy", x)
+    env = dict(os.environ, PYTHONPATH=str(Path(tilefuse.__file__).parents[1]))
+    child = subprocess.run([sys.executable, "-c", FRESH_CHILD, str(path), str(tmp_path / "x.npy"),
+                            str(tmp_path / "y.npy")], capture_output=True, text=True, env=env,
+                           timeout=600)
+    assert child.returncode == 0, child.stderr[-3000:]
+    _same(np.load(tmp_path / "y.npy"), want)

@@ -5,7 +5,9 @@
 (:func:`~tilefuse.codegen.elf_check.check_object`) before LLVM sees any, then the objects are
 added to as few engines as their names allow (two kernels of one name, from two
 specialisations, go to different engines) and each engine is finalised once. Nothing is
-compiled: MCJIT's own module is empty.
+compiled: MCJIT's own module is empty. The thread pool that parallel loops call is linked from
+the artifact's ``pool`` section too when this process has not started one yet (it is otherwise
+compiled from LLVM IR on first use: :mod:`tilefuse.codegen.pool`).
 """
 
 from __future__ import annotations
@@ -17,22 +19,31 @@ import llvmlite.binding as llvm
 from tilefuse.artifact.format import ArtifactError
 from tilefuse.codegen.elf_check import check_object
 from tilefuse.codegen.jit import CompiledKernel, KernelSignature
-from tilefuse.codegen.pool import thread_pool
+from tilefuse.codegen.pool import start_pool_from_object
 from tilefuse.codegen.target import CpuTarget, target_machine
 from tilefuse.errors import TilefuseError
 
 
 def link_kernels(objects: Sequence[tuple[bytes, KernelSignature]], target: CpuTarget,
-                 path: str) -> list[CompiledKernel]:
-    """The kernels of ``objects`` (object code, signature), linked for ``target``; ArtifactError
-    when an object is malformed or does not define its kernel."""
+                 path: str, pool: bytes | None = None) -> list[CompiledKernel]:
+    """The kernels of ``objects`` (object code, signature), linked for ``target``; ``pool`` is
+    the thread pool's object code, which parallel kernels need (it starts the process's pool
+    when none runs yet). ArtifactError when an object is malformed or does not define its
+    kernel."""
     for obj, signature in objects:
         try:
             check_object(obj)
         except TilefuseError as err:
             raise ArtifactError(f"{path}: kernel {signature.name}: {err}") from None
     if any(signature.uses_threads for _, signature in objects):
-        thread_pool()  # defines tilefuse_parallel, which parallel loops call
+        if pool is None:
+            raise ArtifactError(f"{path}: its kernels run parallel loops but it carries no "
+                                "thread pool section")
+        try:
+            check_object(pool)
+            start_pool_from_object(pool, target)  # defines tilefuse_parallel
+        except TilefuseError as err:
+            raise ArtifactError(f"{path}: the thread pool: {err}") from None
     batches: list[tuple[set[str], list[int]]] = []
     for i, (_, signature) in enumerate(objects):
         batch = next((b for b in batches if signature.name not in b[0]), None)

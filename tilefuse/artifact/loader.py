@@ -207,7 +207,9 @@ def load(path: str | Path) -> LoadedModel:
     target = _target(container, manifest)
 
     def link(objects: list[tuple[bytes, KernelSignature]]) -> list[CompiledKernel]:
-        return link_kernels(objects, target, container.path)
+        pool = container.sections.get("pool")
+        return link_kernels(objects, target, container.path,
+                            None if pool is None else bytes(pool))
 
     decoder = Decoder(container, manifest, link)
     entries = decoder.read.items(manifest, "entries", "manifest")

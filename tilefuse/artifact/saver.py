@@ -30,6 +30,7 @@ from tilefuse.runtime.native import NativeExecutable
 
 MANIFEST = "manifest"
 LAUNCHER = "launcher"
+POOL = "pool"
 
 
 class _Out:
@@ -190,6 +191,10 @@ def write_artifact(path: str | Path, kind: str, fields: dict[str, Any],
         from tilefuse.artifact.launcher import launcher_object
 
         sections.data[LAUNCHER] = launcher_object(target)
+    if any(k["signature"]["threads"] for k in sections.kernels):  # parallel loops' runtime
+        from tilefuse.codegen.pool import pool_object
+
+        sections.data[POOL] = pool_object(target)
     text = json.dumps(manifest, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
     write(path, {MANIFEST: text.encode("ascii"), **sections.data})
     return Path(path)
