@@ -45,7 +45,7 @@ def _names(model: Model) -> dict[str, Any]:
     if isinstance(model, OnnxFile):
         return {"name": model.info.name, "input_names": [s.name for s in model.info.inputs],
                 "output_names": [s.name for s in model.info.outputs]}
-    return {"name": model.spec}
+    return {"name": model.spec, "input_names": [s.name for s in model.inputs()]}
 
 
 def run(args: argparse.Namespace) -> int:
