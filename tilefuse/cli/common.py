@@ -4,8 +4,17 @@ options, and where the dump and tuning database go."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Any
+
+_ROLE = re.compile(r":(?:func|class|mod|meth|attr|data|exc):`~?([^`]+)`")
+
+
+def plain(text: str) -> str:
+    """Help text from a docstring: Sphinx roles and double backquotes dropped (``--help`` is
+    read in a terminal, not rendered)."""
+    return _ROLE.sub(r"\1", text).replace("``", "")
 
 
 def _common() -> argparse.ArgumentParser:
@@ -22,8 +31,9 @@ def _common() -> argparse.ArgumentParser:
 def subparser(sub: Any, name: str, summary: str, example: str,
               details: str = "") -> argparse.ArgumentParser:
     """A subcommand's parser; ``example`` is shown at the end of its ``--help``."""
-    parser = sub.add_parser(name, help=summary, description=f"{summary}\n\n{details}".strip(),
-                            epilog=f"example:\n{example}", parents=[_common()],
+    parser = sub.add_parser(name, help=plain(summary),
+                            description=plain(f"{summary}\n\n{details}".strip()),
+                            epilog=plain(f"example:\n{example}"), parents=[_common()],
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     return parser
 
@@ -48,4 +58,4 @@ def note(args: argparse.Namespace, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-__all__ = ["add_model_arguments", "note", "show_progress", "subparser"]
+__all__ = ["add_model_arguments", "note", "plain", "show_progress", "subparser"]

@@ -232,6 +232,17 @@ def _torch_if_loaded() -> Any:
     return sys.modules.get("torch")
 
 
+def _importable_from_cwd() -> None:
+    """``module:function`` finds ``module.py`` in the current directory, as ``python -m`` does
+    (the ``tilefuse`` script's own directory is on ``sys.path`` instead)."""
+    import sys
+
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or ".") == cwd for p in sys.path):
+        sys.path.insert(0, cwd)
+    importlib.invalidate_caches()
+
+
 def load_model(spec: str) -> Model:
     """The MODEL named by ``spec`` (module docstring)."""
     if spec.endswith(".tilefuse"):  # a compiled artifact (tilefuse compile)
@@ -245,6 +256,7 @@ def load_model(spec: str) -> Model:
         raise CliError(f"MODEL must be a .onnx file or module:function, got {spec!r}")
     call = attr.endswith("()")
     attr = attr.removesuffix("()")
+    _importable_from_cwd()
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:

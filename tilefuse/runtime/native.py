@@ -69,6 +69,7 @@ from tilefuse.kernel.schedule import Schedule, as_cpu_target, default_schedule
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import Expr, LoopFunction
 from tilefuse.passes.decompose import decompose_composites
+from tilefuse.progress import BuildProgress
 from tilefuse.runtime.kernel_cache import KernelArtifact, KernelCache, KernelCacheStats
 from tilefuse.runtime.launch import HostStep, KernelLaunch, NativeStep, Slot, Step
 from tilefuse.runtime.memory import BufferRequest, MemoryPlan, plan_memory
@@ -174,13 +175,15 @@ class _Builder:
             node.output: node.attrs["value"].array
             for node in self.graph.nodes if node.op.name == "constant"}
         self.pending: list[_Pending] = []
-        for group in self.plan.groups:
-            if all(v in self.constants for v in group.inputs):
-                self.evaluate(group.nodes)
-            elif symbolic and not _group_static(group):
-                self.pending.append(self.lower_symbolic(group))
-            else:
-                self.pending.append(self.lower(group))
+        with BuildProgress(self.graph.name, len(self.plan.groups)) as progress:
+            for group in self.plan.groups:
+                if all(v in self.constants for v in group.inputs):
+                    self.evaluate(group.nodes)
+                elif symbolic and not _group_static(group):
+                    self.pending.append(self.lower_symbolic(group))
+                else:
+                    self.pending.append(self.lower(group))
+                progress.step()
 
     def evaluate(self, nodes: Sequence[Node]) -> dict[Value, np.ndarray]:
         """Runs ``nodes`` (whose inputs are constants) now; their outputs become constants."""
