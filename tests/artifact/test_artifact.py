@@ -349,3 +349,34 @@ def test_fresh_process_loads_and_runs_without_compiling(tmp_path: Path) -> None:
                            timeout=600)
     assert child.returncode == 0, child.stderr[-3000:]
     _same(np.load(tmp_path / "y.npy"), want)
+
+
+RELOAD_CHILD = r"""
+import gc, sys
+import numpy as np
+import tilefuse
+
+for shape in [(9, 11), (3, 11)] * 3:
+    model = tilefuse.load(sys.argv[1])
+    model(np.ones(shape, np.float32))
+    del model
+    gc.collect()  # frees the engines: each must own its own LLVM target machine
+print("ok")
+"""
+
+
+def test_loaded_models_are_freed_cleanly(tmp_path: Path) -> None:
+    """Two specialisations whose kernels share names are linked into two engines; loading,
+    calling and freeing such a model again and again must not crash (a child process)."""
+    import os
+    import sys
+
+    w = np.random.default_rng(10).standard_normal((11, 7)).astype(np.float32)
+    f = tilefuse.jit(lambda x: np.tanh(x @ w))
+    f(np.ones((9, 11), np.float32))
+    f(np.ones((3, 11), np.float32))
+    path = tilefuse.save(f, tmp_path / "two.tilefuse")
+    env = dict(os.environ, PYTHONPATH=str(Path(tilefuse.__file__).parents[1]))
+    child = subprocess.run([sys.executable, "-c", RELOAD_CHILD, str(path)], capture_output=True,
+                           text=True, env=env, timeout=600)
+    assert child.returncode == 0 and "ok" in child.stdout, child.stderr[-3000:]

@@ -52,12 +52,12 @@ def link_kernels(objects: Sequence[tuple[bytes, KernelSignature]], target: CpuTa
             batches.append(batch)
         batch[0].add(signature.name)
         batch[1].append(i)
-    tm = target_machine(target)
     made: list[CompiledKernel | None] = [None] * len(objects)
     for _, members in batches:
         empty = llvm.parse_assembly("")
         empty.triple = target.triple
-        engine = llvm.create_mcjit_compiler(empty, tm)
+        # an engine owns (and frees) its target machine: one each, never shared
+        engine = llvm.create_mcjit_compiler(empty, target_machine(target))
         try:
             for i in members:
                 engine.add_object_file(llvm.ObjectFileRef.from_data(objects[i][0]))
