@@ -5,6 +5,7 @@ called) in a child process, so that a crash shows as a signal instead of killing
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -39,6 +40,12 @@ for path in sys.argv[1:]:
 """
 
 Sections = dict[str, bytes]
+
+
+def _env() -> dict[str, str]:
+    """The child imports this tilefuse (the checkout under test)."""
+    return dict(os.environ, PYTHONPATH=str(Path(tilefuse.__file__).parents[1]))
+
 Mutation = Callable[[dict[str, Any], Sections], None]
 
 
@@ -200,7 +207,7 @@ def test_hostile_artifacts_are_rejected_cleanly(good: Path, tmp_path: Path) -> N
         file.truncate(64 << 30)
     paths.append(str(huge))
     child = subprocess.run([sys.executable, "-c", CHILD, str(good), *paths],
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, env=_env())
     assert child.returncode == 0, child.stderr[-3000:]  # a crash would be a signal
     results = {r["case"]: r for r in map(json.loads, child.stdout.splitlines())}
     assert results["good.tilefuse"]["outcome"] == "accepted", results["good.tilefuse"]
@@ -225,3 +232,26 @@ def test_foreign_cpu_is_refused_before_any_code_is_linked(good: Path, tmp_path: 
     path.write_bytes(_rebuilt(good, mutate))
     with pytest.raises(container.ArtifactError, match="lacks: amx-tile"):
         tilefuse.load(path)
+
+
+def test_a_bad_thread_pool_section_is_refused(tmp_path: Path) -> None:
+    """An artifact with parallel kernels carries the thread pool's object code; garbage there,
+    or no pool section at all, is an ArtifactError in a fresh process (whose pool would start
+    from it), never a crash."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((300, 200)).astype(np.float32)
+    f = tilefuse.jit(lambda x: np.tanh(x @ w))
+    f(np.ones((96, 300), np.float32))
+    good = tilefuse.save(f, tmp_path / "parallel.tilefuse")
+    assert "pool" in container.read(good).sections
+    cases = {"garbage_pool": _rebuilt(good, lambda m, s: s.__setitem__("pool", b"\x7fELF" * 64)),
+             "no_pool": _rebuilt(good, lambda m, s: s.pop("pool"))}
+    code = CHILD.replace("(9, 11)", "(96, 300)").replace("9 * 11", "96 * 300")
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        child = subprocess.run([sys.executable, "-c", code, str(tmp_path / name)],
+                               capture_output=True, text=True, timeout=600, env=_env())
+        assert child.returncode == 0, child.stderr[-3000:]
+        result = json.loads(child.stdout.splitlines()[-1])
+        assert result["outcome"] == "rejected", result
+        assert "thread pool" in result["message"], result
