@@ -259,6 +259,10 @@ def load_model(spec: str, quantize: str | None = None) -> Model:
 
 
 def _load_model(spec: str) -> Model:
+    if spec.endswith(".tilefuse"):  # a compiled artifact (tilefuse compile)
+        from tilefuse.cli.compile import ArtifactFile
+
+        return ArtifactFile(spec)
     if spec.endswith(".onnx") or (os.path.sep in spec and ":" not in spec):
         return OnnxFile(spec)
     module_name, colon, attr = spec.partition(":")

@@ -30,7 +30,7 @@ import math
 import sys
 import threading
 from collections import ChainMap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -496,6 +496,21 @@ def _slot(binding: Binding, slots: Mapping[object, Slot]) -> Slot:
     return binding if isinstance(binding, np.ndarray) else slots[binding]
 
 
+@dataclass(frozen=True)
+class ExecutableParts:
+    """A built executable's parts: ``graph`` (its inputs and outputs give the call's
+    signature), the memory plan and the arena it placed, the launch sequence (whose fixed slots
+    are constants or views of ``arena``), input position -> alignment a kernel needs, and
+    (output position, slot) for every output copied out after the steps."""
+
+    graph: Graph
+    memory_plan: MemoryPlan
+    arena: np.ndarray
+    steps: tuple[Step, ...]
+    align: Mapping[int, int]
+    copies: tuple[tuple[int, Slot], ...]
+
+
 class NativeExecutable:
     """A graph compiled for this CPU (see the module docstring). ``executable(*arrays)``
     returns one fresh array per graph output.
@@ -532,13 +547,44 @@ class NativeExecutable:
         """How many kernels were loaded from the disk cache, compiled, stored."""
         self.memory_plan, slots, self._arena = build.place(pendings, sizes)
         self._steps = tuple(build.steps(slots, pendings, sizes))
-        self._inputs = tuple((v.name or f"#{i}", tuple(v.shape), v.dtype.np)
-                             for i, v in enumerate(graph.inputs))
         self._align = build.aligned_inputs(pendings)
-        self._outputs = tuple((tuple(v.shape), v.dtype.np) for v in graph.outputs)
         first = len(graph.inputs)
         self._copies = tuple((j, slots[v]) for j, v in enumerate(build.graph.outputs)
                              if not _is_index(slots[v], first + j))
+        self.kernel_plan: KernelPlan | None = build.plan
+        """The kernel plan this executable was built from (None: loaded from an artifact)."""
+        self._finish(_launcher(self._steps, len(graph.inputs) + len(graph.outputs),
+                               graph.name))
+
+    def parts(self) -> ExecutableParts:
+        """What :meth:`from_parts` rebuilds this executable from (for :mod:`tilefuse.artifact`,
+        which writes them to a file)."""
+        return ExecutableParts(self.graph, self.memory_plan, self._arena, self._steps,
+                               dict(self._align), self._copies)
+
+    @classmethod
+    def from_parts(cls, parts: ExecutableParts, launcher: Callable[[Sequence[int]], None]
+                   | None = None) -> NativeExecutable:
+        """An executable of already compiled kernels, placed buffers and a launch sequence (an
+        artifact being loaded): nothing is lowered or compiled here. ``launcher``, when given,
+        runs the whole (all-native) sequence from the call's addresses; else each step is
+        called in turn."""
+        made = cls.__new__(cls)
+        made.graph = parts.graph
+        made.cache_stats = KernelCacheStats(0, 0, 0, None)
+        made.kernel_plan = None
+        made.memory_plan, made._arena = parts.memory_plan, parts.arena
+        made._steps, made._align = tuple(parts.steps), dict(parts.align)
+        made._copies = tuple(parts.copies)
+        made._finish(launcher)
+        return made
+
+    def _finish(self, launcher: Callable[[Sequence[int]], None] | None) -> None:
+        """The call's tables, from the graph's signature and the steps."""
+        graph = self.graph
+        self._inputs = tuple((v.name or f"#{i}", tuple(v.shape), v.dtype.np)
+                             for i, v in enumerate(graph.inputs))
+        self._outputs = tuple((tuple(v.shape), v.dtype.np) for v in graph.outputs)
         self._returned: list[np.ndarray | None] = [None] * len(self._outputs)
         self._returned_at: list[int] = [0] * len(self._outputs)   # their data addresses
         self._strides = tuple(_c_strides(shape, np.dtype(dtype).itemsize)
@@ -548,8 +594,7 @@ class NativeExecutable:
         self._runners = tuple((step.run_addresses, True) if isinstance(step, NativeStep)
                               else (step.run, False) for step in self._steps)
         # With no host step, the whole sequence is one native entry (one Python→native call).
-        self._launcher = _launcher(self._steps, len(self._inputs) + len(self._outputs),
-                                   graph.name)
+        self._launcher = launcher
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:

@@ -116,6 +116,8 @@ class SpecializedGraph:
         self._lock = threading.Lock()
         self._name = graph_name(gm)
         self.reports: list[PartitionReport] = []
+        self.traced: dict[Key, fx.GraphModule] = {}
+        """The partitioned graph of each compiled signature (what tilefuse.save reads)."""
 
     def __call__(self, *args: Any) -> Any:
         key = self._key(args)
@@ -146,6 +148,7 @@ class SpecializedGraph:
             dump = None if self._options.dump is None else \
                 self._options.dump / self._name / f"s{len(self._cache)}"
             self.reports.append(compile_traced(traced, self._constants, self._options, dump))
+            self.traced[key] = traced
             self._cache[key] = direct_call(traced) or traced
             return self._cache[key]
 
