@@ -245,3 +245,14 @@ def test_compile_exported_option() -> None:
     out = out[0] if isinstance(out, (tuple, list)) else out
     assert _cosine(ref.numpy(), out.numpy()) > 0.999
     assert not torch.equal(ref, out)   # quantized, not the f32 product
+
+
+@native
+def test_quantized_build_saves_and_loads(tmp_path) -> None:
+    x = rng.standard_normal((6, 96)).astype(np.float32)
+    fn = tilefuse.jit(gelu_ffn, quantize="int8")
+    want = fn(x)
+    tilefuse.save(fn, tmp_path / "q.tilefuse")
+    got = tilefuse.load(tmp_path / "q.tilefuse")(x)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    np.testing.assert_array_equal(got, want)
