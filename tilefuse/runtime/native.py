@@ -64,6 +64,7 @@ from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.lower_movement import lower_movement
 from tilefuse.kernel.lower_pool import is_pool_group, lower_pool
+from tilefuse.kernel.lower_reduce import is_reduce_group, lower_reduce
 from tilefuse.kernel.plan_printer import print_plan, value_names
 from tilefuse.kernel.schedule import Schedule, as_cpu_target, default_schedule
 from tilefuse.log import get_logger
@@ -195,7 +196,8 @@ class _Builder:
     # ---------------------------------------------------------------- lowering
     def lower(self, group: KernelGroup) -> _Pending:
         pending = _Pending(group)
-        if group.kind not in NATIVE_KINDS and not is_pool_group(group):
+        if group.kind not in NATIVE_KINDS and not is_pool_group(group) \
+                and not is_reduce_group(group):
             return self.fall_back(pending, f"no native lowering for {group.kind.value} "
                                   "kernels yet")
         try:
@@ -228,6 +230,8 @@ class _Builder:
                 dataclasses.replace(group, kind=KernelKind.ELEMENTWISE), host_target()))
         elif group.kind is KernelKind.MOVEMENT:
             fn = lower_movement(group, schedule)
+        elif is_reduce_group(group):
+            fn = lower_reduce(group, schedule)
         else:
             fn = lower_group(group, schedule)
         buffers = kernel_buffers(group.inputs, group.outputs)
