@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tilefuse.dtypes import DType
-from tilefuse.errors import GuardError
+from tilefuse.errors import GuardError, ShapeError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph, Value
@@ -142,18 +142,45 @@ def test_elementwise_chain():
     assert len(exe.steps) == 1
 
 
-def test_take_falls_back_to_the_host_and_says_so(caplog):
-    builder = GraphBuilder("take")
-    x = builder.input(((7, 5), F32), "x")
-    idx = constant(builder, np.array([4, 0, 2], dtype=np.int64))
-    joined = builder.add1("take", [builder.add1("exp", [x]), idx], {"axis": 1})
-    graph = builder.build([builder.add1("tanh", [joined])])
-    with caplog.at_level(logging.DEBUG, logger="tilefuse.fallback"):
+def host_graph(builder: GraphBuilder) -> Value:
+    """exp -> a 17x17 max pool (over the 256 taps the pool lowering unrolls: still a host
+    step) -> neg: the host fallback's path, on a graph built with ``builder``."""
+    x = builder.input(((1, 1, 17, 17), F32), "x")
+    pooled = builder.add1("max_pool2d", [builder.add1("exp", [x])],
+                          {"kernel": (17, 17), "stride": (1, 1), "padding": (0, 0, 0, 0)})
+    return builder.add1("neg", [pooled])
+
+
+def test_a_host_step_says_so_at_warning(caplog):
+    builder = GraphBuilder("pooled")
+    graph = builder.build([host_graph(builder)])
+    with caplog.at_level(logging.WARNING, logger="tilefuse.fallback"):
         exe = check(graph)
     assert [s for s in exe.steps if isinstance(s, HostStep)]
     records = [r for r in caplog.records if r.name == "tilefuse.fallback"]
-    assert records and any("take" in r.getMessage() for r in records)
+    assert len(records) == 1 and records[0].levelno == logging.WARNING
+    assert "max_pool2d" in records[0].getMessage() and "@pooled" in records[0].getMessage()
     assert exe.fallbacks and all(reason for _, reason in exe.fallbacks)
+
+
+def test_take_runs_natively_and_a_bad_index_raises_the_reference_error():
+    builder = GraphBuilder("take")
+    x = builder.input(((7, 5), F32), "x")
+    idx = builder.input(((3,), DType.i64), "idx")
+    joined = builder.add1("take", [builder.add1("exp", [x]), idx], {"axis": 1})
+    graph = builder.build([builder.add1("tanh", [joined])])
+    exe = build_native(graph)
+    assert exe.fallbacks == [] and exe.single_entry
+    xv = random_array(np.random.default_rng(4), (7, 5), F32)
+    for good in ([4, 0, -1], [-5, 4, 2]):
+        got, = exe(xv, np.array(good, np.int64))
+        assert_close(got, np.tanh(np.take(np.exp(xv), good, axis=1)))
+    with pytest.raises(ShapeError, match="take: index 5 is out of range for axis 1 of size 5"):
+        exe(xv, np.array([0, 5, 1], np.int64))
+    with pytest.raises(ShapeError, match="index -6"):
+        exe(xv, np.array([-6, 0, 1], np.int64))
+    got, = exe(xv, np.array([1, 2, 3], np.int64))  # still usable after the error
+    assert_close(got, np.tanh(np.take(np.exp(xv), [1, 2, 3], axis=1)))
 
 
 def test_multi_output_graph_and_outputs_never_alias():
@@ -212,11 +239,8 @@ def test_dump_files(tmp_path):
 
 
 def test_fallback_is_marked_in_the_plan_dump(tmp_path):
-    builder = GraphBuilder("take")
-    x = builder.input(((4, 5), F32), "x")
-    idx = constant(builder, np.array([3, 1], dtype=np.int64))
-    graph = builder.build([builder.add1("take", [x, idx], {"axis": 0})])
-    build_native(graph, tmp_path)
+    builder = GraphBuilder("pooled")
+    build_native(builder.build([host_graph(builder)]), tmp_path)
     assert "HOST FALLBACK" in (tmp_path / "kernels.plan").read_text()
 
 
@@ -263,14 +287,12 @@ def test_all_native_sequences_run_through_one_entry_and_host_steps_do_not():
         for got, want in zip(exe(xv), interpret(graph, xv), strict=True):
             assert_close(got, want, reduction=True)
 
-    c = GraphBuilder("take")
-    a = c.input(((3, 4), DType.f32), "a")
-    idx = constant(c, np.array([2, 0], dtype=np.int64))
-    taken = c.add1("take", [c.add1("exp", [a]), idx], {"axis": 0})
-    mixed = build_native(c.build([c.add1("neg", [taken])]))
+    c = GraphBuilder("pooled")
+    graph = c.build([host_graph(c)])
+    mixed = build_native(graph)
     assert not mixed.single_entry
-    av = random_array(g, (3, 4), DType.f32)
-    assert_close(mixed(av)[0], -np.take(np.exp(av), [2, 0], axis=0))
+    av = random_array(g, (1, 1, 17, 17), DType.f32)
+    assert_close(mixed(av)[0], interpret(graph, av)[0])
 
 
 @pytest.mark.parametrize("a_shape,b_shape", [((0, 5), (5, 3)), ((4, 0), (0, 3)), ((4, 5), (5, 0))])

@@ -12,8 +12,9 @@ Building one (:class:`NativeExecutable`) runs, once per graph:
    disk cache (:mod:`tilefuse.runtime.kernel_cache`: a kernel compiled before, by any process,
    is loaded without running LLVM; ``TILEFUSE_CACHE=0`` turns that off);
 4. groups with no native lowering (movement, opaque, plain reductions, or a lowering that raised
-   CompileError) become host steps that run the ops' NumPy references. Each is logged on the
-   ``fallback`` topic with its reason and marked in the plan dump: nothing falls back silently;
+   CompileError) become host steps that run the ops' NumPy references. Each is a defect, logged
+   at WARNING on the ``fallback`` topic with its reason (once per kernel of a build), marked in
+   the plan dump and in ``tilefuse explain``: nothing falls back silently;
 5. place the intermediates (and scratch buffers such as a packed B) in one 64-byte aligned
    arena, from their liveness over the launch sequence (greedy best fit).
 
@@ -61,6 +62,7 @@ from tilefuse.kernel.fusion import (
 )
 from tilefuse.kernel.lower_attention import lower_attention
 from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
+from tilefuse.kernel.lower_gather import INDEX_ERROR, index_error, is_gather_group, lower_gather
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.lower_movement import lower_movement
 from tilefuse.kernel.lower_pool import is_pool_group, lower_pool
@@ -135,6 +137,9 @@ class _Pending:
     host: KernelGroup | None = None
     """Symbolic builds: the group specialised to one size binding, whose nodes a host
     fallback runs (``group``'s own nodes may hold symbols in their attributes)."""
+    checks: list[tuple[np.ndarray, Node]] = field(default_factory=list)
+    """Bad-index records (:data:`~tilefuse.kernel.lower_gather.INDEX_ERROR`) of its kernels
+    and the node each belongs to: checked after every call."""
 
     def scratch(self) -> list[Scratch]:
         found = (b for k in self.kernels for b in k.bindings.values() if isinstance(b, Scratch))
@@ -197,7 +202,7 @@ class _Builder:
     def lower(self, group: KernelGroup) -> _Pending:
         pending = _Pending(group)
         if group.kind not in NATIVE_KINDS and not is_pool_group(group) \
-                and not is_reduce_group(group):
+                and not is_reduce_group(group) and not is_gather_group(group):
             return self.fall_back(pending, f"no native lowering for {group.kind.value} "
                                   "kernels yet")
         try:
@@ -208,6 +213,10 @@ class _Builder:
                 made = self.lower_attention(group, pending.schedule)
             else:
                 made = [self.lower_generic(group, pending.schedule)]
+            for fn, bindings in made:  # a gather's bad-index record: an array of its own
+                if any(b.name == INDEX_ERROR for b in fn.buffers):
+                    bindings[INDEX_ERROR] = flags = np.zeros(2, np.int64)
+                    pending.checks.append((flags, group.nodes[0]))
             pending.kernels = [
                 _Kernel(fn, self.cache.compile(fn, pending.schedule,
                                                f"{self.graph.name}/{fn.name}"), bindings)
@@ -228,6 +237,8 @@ class _Builder:
             # loop, which the elementwise lowering emits with the remaps as index arithmetic.
             fn = lower_elementwise(group, default_schedule(
                 dataclasses.replace(group, kind=KernelKind.ELEMENTWISE), host_target()))
+        elif is_gather_group(group):
+            fn = lower_gather(group, schedule)
         elif group.kind is KernelKind.MOVEMENT:
             fn = lower_movement(group, schedule)
         elif is_reduce_group(group):
@@ -237,7 +248,8 @@ class _Builder:
         buffers = kernel_buffers(group.inputs, group.outputs)
         bindings: dict[str, Binding] = {p.name: v for v, p in [*buffers.inputs.items(),
                                                                *buffers.outputs.items()]}
-        unknown = [b.name for b in fn.buffers if b.name not in bindings]
+        unknown = [b.name for b in fn.buffers if b.name not in bindings and
+                   b.name != INDEX_ERROR]
         if unknown:
             raise CompileError(f"kernel {fn.name} has buffers no group value is bound to: "
                                f"{', '.join(unknown)}")
@@ -274,8 +286,9 @@ class _Builder:
         group = pending.group
         ops = ", ".join(dict.fromkeys(n.op.name for n in group.nodes))
         pending.reason, pending.kernels = reason, []
-        self.log.debug("kernel %s (%s) runs on the host with the NumPy references: %s",
-                       group.name, ops, reason)
+        # A host step is a defect (issue 28): said at WARNING, once per kernel of a build.
+        self.log.warning("@%s: kernel %s (%s) runs on the host with the NumPy references: %s",
+                         self.graph.name, group.name, ops, reason)
         return pending
 
     def lower_contraction(self, group: KernelGroup, schedule: Schedule
@@ -517,6 +530,7 @@ class NativeExecutable:
         # With no host step, the whole sequence is one native entry (one Python→native call).
         self._launcher = _launcher(self._steps, len(self._inputs) + len(self._outputs),
                                    graph.name)
+        self._index_checks = tuple(c for p in pendings for c in p.checks)
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -570,6 +584,11 @@ class NativeExecutable:
             else:
                 for run, native in self._runners:
                     run(addresses if native else table)
+            for flags, node in self._index_checks:
+                if flags[0]:  # an index out of range: clamped, so nothing was harmed
+                    bad = int(flags[1])
+                    flags[:] = 0
+                    raise index_error(node, bad)
             for j, slot in self._copies:
                 outputs[j][...] = table[slot] if isinstance(slot, int) else slot
             self._returned[:] = outputs
