@@ -92,16 +92,17 @@ def test_batched_matmul_graph():
     assert exe.fallbacks == []
 
 
-def test_vector_operand_falls_back(caplog):
+@pytest.mark.parametrize("dtype", [DType.f32, DType.f64, DType.f16, DType.bf16, DType.i32,
+                                   DType.i64])
+@pytest.mark.parametrize("a_shape,b_shape", [((7, 5), (5,)), ((5,), (5, 9)), ((5,), (5,)),
+                                             ((3, 7, 5), (5,)), ((2, 7, 5), (2, 5, 3))])
+def test_every_matmul_runs_natively(a_shape, b_shape, dtype):
+    """1-D operands, f16/bf16 and integers: legalised (kernel/legalize.py), no host step."""
     builder = GraphBuilder("mv")
-    x = builder.input(((7, 5), F32), "x")
-    v = builder.input(((5,), F32), "v")
-    graph = builder.build([builder.add1("matmul", [x, v])])
-    with caplog.at_level(logging.DEBUG, logger="tilefuse.fallback"):
-        exe = check(graph, reduction=True)
-    [(_, reason)] = exe.fallbacks
-    assert "1-D" in reason
-    assert any("1-D" in r.getMessage() for r in caplog.records)
+    x = builder.input((a_shape, dtype), "x")
+    v = builder.input((b_shape, dtype), "v")
+    exe = check(builder.build([builder.add1("matmul", [x, v])]), reduction=True)
+    assert exe.fallbacks == []
 
 
 def test_groups_of_constants_are_folded_at_build_time():

@@ -60,6 +60,7 @@ from tilefuse.kernel.fusion import (
     form_kernels,
     is_pointwise,
 )
+from tilefuse.kernel.legalize import legalize_matmuls
 from tilefuse.kernel.lower_attention import lower_attention
 from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
 from tilefuse.kernel.lower_gather import INDEX_ERROR, index_error, is_gather_group, lower_gather
@@ -159,6 +160,13 @@ def _nbytes(value: Value, sizes: Sizes = {}) -> int:  # noqa: B006 (read only)
     return math.prod(bound_shape(value, sizes)) * value.dtype.itemsize
 
 
+def prepare_graph(graph: Graph) -> Graph:
+    """The graph kernel formation sees in a CPU build: composites decomposed, and matmuls the
+    contraction kernel does not take legalised (:mod:`tilefuse.kernel.legalize`)."""
+    decomposed, _ = decompose_composites(graph)
+    return legalize_matmuls(decomposed)[0]
+
+
 class _Builder:
     """Everything :class:`NativeExecutable` does once: plan, lower, compile, place buffers."""
 
@@ -172,7 +180,7 @@ class _Builder:
         self.target = target
         self.cache = cache
         self.schedules = schedules or ScheduleSource(target)
-        self.graph, _ = decompose_composites(graph)
+        self.graph = prepare_graph(graph)
         self.plan: KernelPlan = form_kernels(self.graph)
         self.names = value_names(self.graph)
         self.log = get_logger("fallback")
@@ -510,6 +518,8 @@ class NativeExecutable:
         self.graph = graph
         self.cache_stats: KernelCacheStats = build.cache.stats
         """How many kernels were loaded from the disk cache, compiled, stored."""
+        self.plan: KernelPlan = build.plan
+        """The kernel plan the launch sequence runs (step names are its groups')."""
         self.memory_plan, slots, self._arena = build.place(pendings, sizes)
         self._steps = tuple(build.steps(slots, pendings, sizes))
         self._inputs = tuple((v.name or f"#{i}", tuple(v.shape), v.dtype.np)
