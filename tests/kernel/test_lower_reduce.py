@@ -95,15 +95,16 @@ def test_arg_reductions(op, dtype, shape, axis):
         run_native(graph, arrays)
 
 
+@pytest.mark.parametrize("axis", [0, -1])
 @pytest.mark.parametrize("op", ["argmax", "argmin", "max", "sum"])
-def test_nan_propagates_and_arg_reductions_take_the_first_nan(op):
-    axis = 0
+def test_nan_propagates_and_arg_reductions_take_the_first_nan(op, axis):
     graph = reduce_graph(op, (6, 37), axis if op.startswith("arg") else [axis], prologue=False)
     x = np.random.default_rng(5).uniform(-1, 1, (6, 37)).astype(np.float32)
     x[3, 2] = x[1, 2] = np.nan
     x[4, 30] = np.nan
     x[:, 5] = np.inf if op == "argmax" else -np.inf
     x[2:4, 6] = x[:, 6].max() + 1  # a tie: the first wins
+    x[5, 20:30] = 7.0  # a tie along a row, across the interleaved chains
     check_graph(graph, [x], reduction=True)
     run_native(graph, [x])
 

@@ -2,14 +2,15 @@
 ``scatter_nd`` or ``topk`` group lowered to loop IR.
 
 * **take** (embedding lookups, ONNX Gather): output [pre, j, post] = x[pre, idx[j], post]. One
-  iteration per (pre, j) (across threads when large) reads its index once and copies the
-  contiguous ``post`` run, vectorised (an embedding row is one vector loop)::
+  iteration per (pre, j) reads its index once and copies the contiguous ``post`` run,
+  vectorised (an embedding row is one vector loop)::
 
-      [parallel] for p in 0..P·J:
-        let k = idx[p % J];  k = k < 0 ? k + n : k            (negative indices wrap)
-        if k < 0 or k >= n: index_error = (1, idx[p % J])     (see below)
-        let s = ((p / J)·n + clamp(k, 0, n-1))·T
-        vectorized for i in 0..T: out[p·T + i :+W] = x[s + i :+W]
+      [parallel] for q in 0..P:                      (or across j when P is small)
+        for j in 0..J:
+          let k = idx[j];  k = k < 0 ? k + n : k          (negative indices wrap)
+          if k < 0 or k >= n: index_error = (1, idx[j])   (see below)
+          let s = (q·n + clamp(k, 0, n-1))·T
+          vectorized for i in 0..T: out[(q·J + j)·T + i :+W] = x[s + i :+W]
 
 * **take_along_axis** (ONNX GatherElements): each output element reads ``x`` at its own
   position with the axis replaced by its index; rows across threads, scalars.
@@ -172,18 +173,24 @@ class _Kernel:
         src_buf, idx_buf = self.input(x), self.input(idx)
         lanes = fit_lanes(self.lanes, post)
         total = pre * count * post
-        tile = -(-(pre * count) // self.threads(total)) if self.threads(total) > 1 else None
+        threads = self.threads(total)
 
-        def body(p: Expr) -> list[Stmt]:
-            j = p % count if pre > 1 else p
+        def row(q: Expr, j: Expr) -> list[Stmt]:
+            """Output row (q, j): ``post`` elements from x's row (q, idx[j])."""
             stmts, _, k = self.wrapped(idx_buf.load(j), n)
-            base = Let(self.fresh("src"), ((p // count) * n + k) * post if pre > 1 else k * post)
-            at = Let(self.fresh("dst"), p * post)
+            base = Let(self.fresh("src"), (q * n + k) * post)
+            at = Let(self.fresh("dst"), (q * count + j) * post)
             copy = run_loops(self.ctx.names, 0, post, lanes, lambda i, w: [
                 Store(out.name, at.ref + i, src_buf.load(base.ref + i, w))])
             return [*stmts, base, at, *copy]
 
-        return outer_loop(self.ctx.names, pre * count, tile, body)
+        if pre >= threads:  # threads over the leading axes, a loop over the indices inside
+            tile = -(-pre // threads) if threads > 1 else None
+            return outer_loop(self.ctx.names, pre, tile, lambda q: [
+                loop(j, 0, count, row(q, var(j))) for j in [self.fresh("j")]])
+        tile = -(-count // threads) if threads > 1 else None
+        return outer_loop(self.ctx.names, pre, None, lambda q: outer_loop(
+            self.ctx.names, count, tile, lambda j: row(q, j)))
 
     def take_along_axis(self) -> list[Stmt]:
         node = self.node

@@ -86,6 +86,8 @@ _HORIZONTAL = {XOp.ADD: XOp.REDUCE_ADD, XOp.MAX: XOp.REDUCE_MAX, XOp.MIN: XOp.RE
 UNROLL = 4
 """Vectors per run in the kept-last-axis walk: independent accumulator chains (an add's
 latency is ~4 cycles) and four cache lines walked down the reduced axes at once."""
+ARG_CHAINS = 8
+"""Interleaved (value, index) chains of an arg-reduction along a reduced last axis."""
 
 
 def reduce_anchor(group: KernelGroupLike) -> Node | None:
@@ -335,6 +337,9 @@ class _Lowering:
         def element(ctx: KernelContext, width: int, o: Expr) -> list[Stmt]:
             self.ctx = ctx
             prefix = dict(zip(self.kept, unflatten(o, kept_shape)))
+            if self.arg:  # one axis, or all: always the trailing ones
+                made, result = self.arg_row(self.stages[0], prefix, inner, inner_shape, n)
+                return [*made, Store(self.out.name, o, result)]
             stmts: list[Stmt] = []
             prev: Expr | None = None
             for stage in self.stages:
@@ -401,6 +406,51 @@ class _Lowering:
                                total)
             result = stage.finish(total)
         let = Let(self.fresh("s"), result)
+        return [*stmts, let], let.ref
+
+    def arg_row(self, stage: _Stage, prefix: dict[int, Expr], inner: tuple[int, ...],
+                inner_shape: tuple[int, ...], n: int) -> tuple[list[Stmt], Expr]:
+        """An arg-reduction over the trailing run of ``n`` elements: :data:`ARG_CHAINS`
+        interleaved (value, index) chains (element i feeds chain i % chains: a compare and
+        select chain is latency bound), merged at the end by value, ties to the lower index."""
+        rank = len(self.shape)
+        chains = ARG_CHAINS if n >= 4 * ARG_CHAINS else 1
+        vals = Local(self.fresh("acc"), LType(stage.acc), chains)
+        idxs = Local(self.fresh("idx"), LType(DType.i64), chains)
+        stmts: list[Stmt] = [vals, idxs]
+        for j in range(chains):
+            stmts += [LocalStore(vals.name, const(j), _identity(stage, self.largest, 1)),
+                      LocalStore(idxs.name, const(j), const(0))]
+
+        def step(i: Expr, chain: int) -> list[Stmt]:
+            within = dict(zip(inner, unflatten(i, inner_shape)))
+            index = tuple(within[a] if a in within else prefix[a] for a in range(rank))
+            b = self.ctx.builder()
+            term = stage.term(b, index, 1, len(inner), None)
+            return [*b.lets, *self.fold(stage, vals, const(chain), idxs, term, i)]
+
+        whole = n - n % chains if chains > 1 else 0
+        if chains > 1:
+            i = self.fresh("i")
+            body = [s for j in range(chains) for s in step(var(i) + j, j)]
+            stmts.append(loop(i, 0, whole, body, chains))
+        if n > whole:
+            i = self.fresh("i")
+            stmts.append(loop(i, whole, n, step(var(i), 0)))
+        best_v, best_i = vals.load(0), idxs.load(0)
+        for j in range(1, chains):
+            v, k = vals.load(j), idxs.load(j)
+            same = binary(XOp.EQ, v, best_v)
+            if v.dtype.is_float:
+                same = binary(XOp.OR, same, binary(XOp.AND, unary(XOp.ISNAN, v),
+                                                   unary(XOp.ISNAN, best_v)))
+            take = Let(self.fresh("take"), binary(XOp.OR, _better(v, best_v, self.largest),
+                                                  binary(XOp.AND, same, binary(XOp.LT, k, best_i))))
+            nv, ni = Let(self.fresh("v"), select(take.ref, v, best_v)), \
+                Let(self.fresh("k"), select(take.ref, k, best_i))
+            stmts += [take, nv, ni]
+            best_v, best_i = nv.ref, ni.ref
+        let = Let(self.fresh("s"), best_i)
         return [*stmts, let], let.ref
 
     def function(self) -> LoopFunction:
