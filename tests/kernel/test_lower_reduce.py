@@ -86,7 +86,8 @@ def test_reduction_dtypes_and_keepdims(op, dtype):
 @pytest.mark.parametrize("dtype", [F32, F64, F16, I32, I64, BOOL])
 @pytest.mark.parametrize("op", ["argmax", "argmin"])
 @pytest.mark.parametrize("shape,axis", [((13, 6), 0), ((13, 6), -1), ((5, 7, 9), 1),
-                                        ((5, 7, 9), None), ((3, 70), 0), ((40, 37), 1)])
+                                        ((5, 7, 9), None), ((3, 70), 0), ((40, 37), 1),
+                                        ((3, 1003), -1)])
 def test_arg_reductions(op, dtype, shape, axis):
     for keepdims in (False, True):
         graph = reduce_graph(op, shape, axis, dtype, keepdims=keepdims, prologue=False)

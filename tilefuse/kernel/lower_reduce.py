@@ -331,14 +331,19 @@ class _Lowering:
         n = math.prod(inner_shape)
         kept_shape = tuple(self.shape[a] for a in self.kept)
         o_count = math.prod(kept_shape)
-        horizontal = all(s.combine in _HORIZONTAL for s in self.stages)
-        lanes = fit_lanes(self.lanes, n) if horizontal else 1
+        horizontal = self.arg or all(s.combine in _HORIZONTAL for s in self.stages)
+        lanes = self.lanes
+        if self.arg:  # the schedule sized vectors for the i64 output; the values are narrower
+            lanes = min(64, lanes * 8 // self.stages[0].acc.itemsize)
+        lanes = fit_lanes(lanes, n) if horizontal else 1
 
         def element(ctx: KernelContext, width: int, o: Expr) -> list[Stmt]:
             self.ctx = ctx
             prefix = dict(zip(self.kept, unflatten(o, kept_shape)))
             if self.arg:  # one axis, or all: always the trailing ones
-                made, result = self.arg_row(self.stages[0], prefix, inner, inner_shape, n)
+                made, result = self.arg_row_vector(self.stages[0], prefix, inner, inner_shape,
+                                                   n, width) if width > 1 and n >= 2 * width \
+                    else self.arg_row(self.stages[0], prefix, inner, inner_shape, n)
                 return [*made, Store(self.out.name, o, result)]
             stmts: list[Stmt] = []
             prev: Expr | None = None
@@ -451,6 +456,89 @@ class _Lowering:
             stmts += [take, nv, ni]
             best_v, best_i = nv.ref, ni.ref
         let = Let(self.fresh("s"), best_i)
+        return [*stmts, let], let.ref
+
+    def arg_row_vector(self, stage: _Stage, prefix: dict[int, Expr], inner: tuple[int, ...],
+                       inner_shape: tuple[int, ...], n: int, width: int
+                       ) -> tuple[list[Stmt], Expr]:
+        """An arg-reduction over the trailing run in one vector pass. Each lane keeps its best
+        value and the start of the vector run it came from (strictly better, or the first NaN,
+        as the scalar rule), in ``unroll`` chains. Run starts are multiples of ``width``, so
+        the first index holding the best value ``m`` lies in the earliest run any lane holding
+        ``m`` came from: that run's ``width`` elements are scanned for it. The scalar tail
+        comes after every run, so it wins only when strictly better."""
+        rank = len(self.shape)
+        whole = n - n % width
+        never = const(n, DType.i64)  # past every index: "no match"
+        unroll = max(1, min(UNROLL, n // (2 * width)))
+        big = n - n % (width * unroll)
+
+        def term(i: Expr, lanes: int) -> tuple[list[Stmt], Expr]:
+            within = dict(zip(inner, unflatten(i, inner_shape)))
+            index = tuple(within[a] if a in within else prefix[a] for a in range(rank))
+            b = self.ctx.builder()
+            return list(b.lets), stage.term(b, index, lanes, len(inner), None)
+
+        vals = Local(self.fresh("acc"), LType(stage.acc, width), unroll)
+        runs = Local(self.fresh("run"), LType(DType.i64, width), unroll)
+        stmts: list[Stmt] = [vals, runs]
+        for j in range(unroll):
+            stmts += [LocalStore(vals.name, const(j), _identity(stage, self.largest, width)),
+                      LocalStore(runs.name, const(j), const(0, DType.i64, width))]
+
+        def update(j: int, i: Expr) -> list[Stmt]:
+            lets, e = term(i, width)
+            take = Let(self.fresh("take"), _better(e, vals.load(j), self.largest))
+            return [*lets, take, LocalStore(vals.name, const(j), select(take.ref, e, vals.load(j))),
+                    LocalStore(runs.name, const(j), select(take.ref, broadcast(i, width),
+                                                           runs.load(j)))]
+
+        if unroll > 1:
+            i = self.fresh("i")
+            body = [st for j in range(unroll) for st in update(j, var(i) + j * width)]
+            stmts.append(loop(i, 0, big, body, width * unroll, LoopKind.VECTORIZED))
+        if whole > (big if unroll > 1 else 0):
+            i = self.fresh("i")
+            stmts.append(loop(i, big if unroll > 1 else 0, whole, update(0, var(i)), width,
+                              LoopKind.VECTORIZED))
+        combine = XOp.MAX if self.largest else XOp.MIN
+        best: Expr = vals.load(0)
+        for j in range(1, unroll):
+            best = binary(combine, best, vals.load(j))
+        m = Let(self.fresh("m"), reduce(_HORIZONTAL[combine], best))
+        stmts.append(m)
+
+        def matches(e: Expr) -> Expr:
+            target = m.ref if e.lanes == 1 else broadcast(m.ref, e.lanes)
+            eq = binary(XOp.EQ, e, target)
+            if e.dtype.is_float:
+                eq = binary(XOp.OR, eq, binary(XOp.AND, unary(XOp.ISNAN, e),
+                                               unary(XOp.ISNAN, target)))
+            return eq
+
+        earliest: Expr | None = None
+        for j in range(unroll):
+            cand = select(matches(vals.load(j)), runs.load(j), broadcast(never, width))
+            earliest = cand if earliest is None else minimum(earliest, cand)
+        assert earliest is not None
+        run = Let(self.fresh("run"), minimum(reduce(XOp.REDUCE_MIN, earliest), const(whole - 1)))
+        stmts.append(run)
+        found: Expr = never
+        for t in range(width):  # the first element equal to m in that run
+            lets, e = term(minimum(run.ref + t, const(whole - 1)), 1)
+            hit = Let(self.fresh("hit"), select(matches(e), run.ref + t, never))
+            stmts += [*lets, hit]
+            found = minimum(found, hit.ref)
+        tail_v = Local(self.fresh("acc"), LType(stage.acc), 1)
+        tail_i = Local(self.fresh("idx"), LType(DType.i64), 1)
+        stmts += [tail_v, tail_i, LocalStore(tail_v.name, const(0), m.ref),
+                  LocalStore(tail_i.name, const(0), found)]
+        if n > whole:
+            i = self.fresh("i")
+            lets, e = term(var(i), 1)
+            stmts.append(loop(i, whole, n, [*lets, *self.fold(stage, tail_v, const(0), tail_i,
+                                                             e, var(i))]))
+        let = Let(self.fresh("s"), tail_i.load(0))
         return [*stmts, let], let.ref
 
     def function(self) -> LoopFunction:
