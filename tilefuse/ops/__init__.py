@@ -17,11 +17,12 @@ from tilefuse.ops import (
     movement,
     nn,
     reduction,
+    scan,
 )
 from tilefuse.ops.registry import AttrSpec, AttrType, OpDef, OpKind, Trait
 
 _MODULES = (elementwise, reduction, composite, contraction, movement, nn, attention, indexing,
-            foreign)
+            foreign, scan)
 
 
 def _gather() -> Mapping[str, OpDef]:

@@ -68,6 +68,7 @@ from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.lower_movement import lower_movement
 from tilefuse.kernel.lower_pool import is_pool_group, lower_pool
 from tilefuse.kernel.lower_reduce import is_reduce_group, lower_reduce
+from tilefuse.kernel.lower_scan import is_scan_group, lower_scan
 from tilefuse.kernel.plan_printer import print_plan, value_names
 from tilefuse.kernel.schedule import Schedule, as_cpu_target, default_schedule
 from tilefuse.log import get_logger
@@ -210,7 +211,8 @@ class _Builder:
     def lower(self, group: KernelGroup) -> _Pending:
         pending = _Pending(group)
         if group.kind not in NATIVE_KINDS and not is_pool_group(group) \
-                and not is_reduce_group(group) and not is_gather_group(group):
+                and not is_reduce_group(group) and not is_gather_group(group) \
+                and not is_scan_group(group):
             return self.fall_back(pending, f"no native lowering for {group.kind.value} "
                                   "kernels yet")
         try:
@@ -247,6 +249,8 @@ class _Builder:
                 dataclasses.replace(group, kind=KernelKind.ELEMENTWISE), host_target()))
         elif is_gather_group(group):
             fn = lower_gather(group, schedule)
+        elif is_scan_group(group):
+            fn = lower_scan(group, schedule)
         elif group.kind is KernelKind.MOVEMENT:
             fn = lower_movement(group, schedule)
         elif is_reduce_group(group):
