@@ -74,6 +74,17 @@ def test_reductions_over_any_axes(op, shape, axes):
     run_native(graph, arrays)
 
 
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "var", "argmax", "argmin"])
+def test_rank_zero_input(op):
+    """A reduction of a 0-d value (torch's sum of a scalar tensor): its one element."""
+    b = GraphBuilder(op)
+    x = b.input(((), F32), "x")
+    attrs = {"axis": None, "keepdims": False} if op.startswith("arg") else \
+        {"axes": None, "keepdims": False}
+    graph = b.build([b.add1(op, [b.add1("exp", [x])], attrs)])
+    run_native(graph, [np.array(0.7, np.float32)])
+
+
 @pytest.mark.parametrize("dtype", [F64, F16, I32, I64, BOOL])
 @pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
 def test_reduction_dtypes_and_keepdims(op, dtype):

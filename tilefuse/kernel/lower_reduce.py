@@ -545,11 +545,14 @@ class _Lowering:
         if not self.shape:  # a rank-0 input: its one element
             b = self.ctx.builder()
             stage = self.stages[-1]
-            value = const(0) if self.arg else stage.finish(stage.term(b, (), 1, 0, None))
-            if len(self.stages) == 2:  # var of one element: (x - x)² / divisor
+            if self.arg:
+                value = const(0)
+            elif len(self.stages) == 2:  # var of one element: (x - x)² / divisor
                 mean = self.stages[0].finish(self.stages[0].term(b, (), 1, 0, None))
                 value = stage.finish(stage.term(b, (), 1, 0, mean))
-            return self.ctx.function([*b.lets, Store(self.out.name, 0, value)])
+            else:
+                value = stage.finish(stage.term(b, (), 1, 0, None))
+            return self.ctx.function([*b.lets, Store(self.out.name, const(0), value)])
         if len(self.shape) - 1 in self.axes:
             return self.ctx.function(self.reduced_last())
         return self.ctx.function(self.kept_last())
