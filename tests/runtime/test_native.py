@@ -105,6 +105,22 @@ def test_every_matmul_runs_natively(a_shape, b_shape, dtype):
     assert exe.fallbacks == []
 
 
+@pytest.mark.parametrize("dtype", [DType.f32, DType.f64, DType.f16])
+@pytest.mark.parametrize("groups,attrs", [
+    (1, {}), (1, {"stride": (2, 1), "padding": (1, 0, 2, 1), "dilation": (1, 2)}),
+    (2, {"padding": (1, 1, 1, 1)}), (6, {"stride": (2, 2), "padding": (0, 1, 1, 0)})])
+def test_a_conv_with_a_runtime_weight_runs_natively(groups, attrs, dtype):
+    """conv_lowering takes constant f32 weights only; the rest is legalised (im2col and one
+    batched matmul over the groups), so no conv is a host step."""
+    builder = GraphBuilder("conv")
+    x = builder.input(((2, 6, 9, 11), dtype), "x")
+    w = builder.input(((12, 6 // groups, 3, 2), dtype), "w")
+    bias = builder.input(((12,), dtype), "b")
+    graph = builder.build([builder.add1("conv2d", [x, w, bias], {"groups": groups, **attrs})])
+    exe = check(graph, reduction=True)
+    assert exe.fallbacks == []
+
+
 def test_groups_of_constants_are_folded_at_build_time():
     """sum(c) (a reduction: no native lowering) over a constant runs once, at build time, and
     keeps its 0-d shape."""

@@ -12,14 +12,22 @@ The contraction kernel (:mod:`tilefuse.kernel.lower_matmul`) takes f32 or f64 op
   reduction kernel with the multiply as its prologue (nothing M·K·N is written); the i64 sum is
   cast back to the operand type, which wraps exactly as the reference's integer matmul does.
 
+A **conv2d** that ``passes/conv_lowering.py`` left (its weight computed at run time or passed
+as an argument, f64 or f16/bf16, more groups than it splits) becomes im2col (``pad``,
+``window_patches``) contracted with the weight as an einsum over (pixels, taps, groups,
+channels): batched matmuls, one per group, in f32 for f16/bf16.
+
 Run after :func:`~tilefuse.passes.decompose.decompose_composites` (an einsum's matmuls too).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from tilefuse.dtypes import DType
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Node, Value
+from tilefuse.ops.contraction import _einsum_decompose
 from tilefuse.passes.rewrite import rewrite_nodes
 
 KERNEL_TYPES = frozenset({DType.f32, DType.f64})
@@ -33,6 +41,9 @@ def legalize_matmuls(graph: Graph) -> tuple[Graph, bool]:
 
 
 def _needs(node: Node, inputs: tuple[Value, ...]) -> bool:
+    if node.op.name == "conv2d":  # conv_lowering took the constant-weight f32 ones
+        return all(isinstance(d, int) for v in (*inputs, *node.outputs) for d in v.shape) \
+            and node.outputs[0].dtype.is_float
     if node.op.name != "matmul":
         return False
     a, b = inputs
@@ -48,6 +59,9 @@ def _rule(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]) -> tuple
 
     def em(op: str, *values: Value, **attrs: object) -> Value:
         return builder.add1(op, list(values), attrs, loc)
+
+    if node.op.name == "conv2d":
+        return (_conv(builder, em, node, inputs),)
 
     a, b = inputs
     a = a if a.dtype is out.dtype else em("cast", a, dtype=out.dtype)
@@ -68,6 +82,36 @@ def _rule(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]) -> tuple
     if tuple(product.type.shape) != tuple(out.shape):
         product = em("reshape", product, shape=tuple(out.shape))
     return (product,)
+
+
+def _conv(builder: GraphBuilder, em: Any, node: Node, inputs: tuple[Value, ...]) -> Value:
+    """A conv2d the conv_lowering pass left (a weight computed at run time or passed in, f64,
+    f16/bf16, many groups): im2col of the NHWC input (pad, ``window_patches``) contracted with
+    the weight as the einsum ``pkgc,gock->pgo`` (P pixels, K taps, G groups, C channels per
+    group, O outputs per group: one batched matmul over the groups), then NCHW again."""
+    x, w = inputs[0], inputs[1]
+    out = node.outputs[0]
+    work = DType.f32 if out.dtype in (DType.f16, DType.bf16) else out.dtype
+    x = x if x.dtype is work else em("cast", x, dtype=work)
+    w = w if w.dtype is work else em("cast", w, dtype=work)
+    n = x.type.shape[0]
+    o, cg, kh, kw = w.type.shape
+    _, _, oh, ow = out.shape
+    groups = node.attrs["groups"]
+    top, left, bottom, right = node.attrs["padding"]
+    nhwc = em("transpose", x, perm=(0, 2, 3, 1))
+    if top or left or bottom or right:
+        nhwc = em("pad", nhwc, pads=(0, 0, top, bottom, left, right, 0, 0))
+    patches = em("window_patches", nhwc, kernel=(kh, kw), strides=tuple(node.attrs["stride"]),
+                 dilations=tuple(node.attrs["dilation"]))
+    patches = em("reshape", patches, shape=(n * oh * ow, kh * kw, groups, cg))
+    weight = em("reshape", w, shape=(groups, o // groups, cg, kh * kw))
+    (y,) = _einsum_decompose(builder, (patches, weight), {"equation": "pkgc,gock->pgo"}, node.loc)
+    y = em("transpose", em("reshape", y, shape=(n, oh, ow, o)), perm=(0, 3, 1, 2))
+    if len(inputs) == 3:
+        bias = inputs[2] if inputs[2].dtype is work else em("cast", inputs[2], dtype=work)
+        y = em("add", y, em("reshape", bias, shape=(o, 1, 1)))
+    return y if y.dtype is out.dtype else em("cast", y, dtype=out.dtype)
 
 
 __all__ = ["KERNEL_TYPES", "legalize_matmuls"]
