@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tilefuse.dtypes import DType
-from tilefuse.errors import GuardError, ShapeError
+from tilefuse.errors import CompileError, GuardError, ShapeError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph, Value
@@ -159,18 +159,24 @@ def test_elementwise_chain():
     assert len(exe.steps) == 1
 
 
-def host_graph(builder: GraphBuilder) -> Value:
-    """exp -> a 17x17 max pool (over the 256 taps the pool lowering unrolls: still a host
-    step) -> neg: the host fallback's path, on a graph built with ``builder``."""
+def host_graph(builder: GraphBuilder, monkeypatch: pytest.MonkeyPatch) -> Value:
+    """exp -> a 3x3 max pool -> neg, with the pool lowering made to fail (every kernel kind
+    lowers natively now): the host fallback's path, on a graph built with ``builder``."""
+    import tilefuse.runtime.native as native
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise CompileError("made to fail by the test")
+
+    monkeypatch.setattr(native, "lower_pool", failing)
     x = builder.input(((1, 1, 17, 17), F32), "x")
     pooled = builder.add1("max_pool2d", [builder.add1("exp", [x])],
-                          {"kernel": (17, 17), "stride": (1, 1), "padding": (0, 0, 0, 0)})
+                          {"kernel": (3, 3), "stride": (1, 1), "padding": (0, 0, 0, 0)})
     return builder.add1("neg", [pooled])
 
 
-def test_a_host_step_says_so_at_warning(caplog):
+def test_a_host_step_says_so_at_warning(caplog, monkeypatch):
     builder = GraphBuilder("pooled")
-    graph = builder.build([host_graph(builder)])
+    graph = builder.build([host_graph(builder, monkeypatch)])
     with caplog.at_level(logging.WARNING, logger="tilefuse.fallback"):
         exe = check(graph)
     assert [s for s in exe.steps if isinstance(s, HostStep)]
@@ -255,9 +261,9 @@ def test_dump_files(tmp_path):
     assert any("vfmadd" in p.read_text() for p in kernels.glob("*.s"))
 
 
-def test_fallback_is_marked_in_the_plan_dump(tmp_path):
+def test_fallback_is_marked_in_the_plan_dump(tmp_path, monkeypatch):
     builder = GraphBuilder("pooled")
-    build_native(builder.build([host_graph(builder)]), tmp_path)
+    build_native(builder.build([host_graph(builder, monkeypatch)]), tmp_path)
     assert "HOST FALLBACK" in (tmp_path / "kernels.plan").read_text()
 
 
@@ -288,7 +294,7 @@ def test_outputs_reuse_released_buffers_only():
     assert_close(fresh, np.exp(last_in))
 
 
-def test_all_native_sequences_run_through_one_entry_and_host_steps_do_not():
+def test_all_native_sequences_run_through_one_entry_and_host_steps_do_not(monkeypatch):
     b = GraphBuilder("mlp")
     x = b.input(((1, 33), DType.f32), "x")
     g = np.random.default_rng(21)
@@ -305,7 +311,7 @@ def test_all_native_sequences_run_through_one_entry_and_host_steps_do_not():
             assert_close(got, want, reduction=True)
 
     c = GraphBuilder("pooled")
-    graph = c.build([host_graph(c)])
+    graph = c.build([host_graph(c, monkeypatch)])
     mixed = build_native(graph)
     assert not mixed.single_entry
     av = random_array(g, (1, 1, 17, 17), DType.f32)
