@@ -15,7 +15,8 @@ The contraction kernel (:mod:`tilefuse.kernel.lower_matmul`) takes f32 or f64 op
 A **conv2d** that ``passes/conv_lowering.py`` left (its weight computed at run time or passed
 as an argument, f64 or f16/bf16, more groups than it splits) becomes im2col (``pad``,
 ``window_patches``) contracted with the weight as an einsum over (pixels, taps, groups,
-channels): batched matmuls, one per group, in f32 for f16/bf16.
+channels): batched matmuls, one per group, in f32 for f16/bf16. An f16/bf16 **attention**
+runs the f32 attention kernel on widened inputs and rounds once, as its reference does.
 
 Run after :func:`~tilefuse.passes.decompose.decompose_composites` (an einsum's matmuls too).
 """
@@ -41,6 +42,8 @@ def legalize_matmuls(graph: Graph) -> tuple[Graph, bool]:
 
 
 def _needs(node: Node, inputs: tuple[Value, ...]) -> bool:
+    if node.op.name == "attention":  # the attention kernel is f32/f64
+        return node.outputs[0].dtype in (DType.f16, DType.bf16)
     if node.op.name == "conv2d":  # conv_lowering took the constant-weight f32 ones
         return all(isinstance(d, int) for v in (*inputs, *node.outputs) for d in v.shape) \
             and node.outputs[0].dtype.is_float
@@ -62,6 +65,10 @@ def _rule(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]) -> tuple
 
     if node.op.name == "conv2d":
         return (_conv(builder, em, node, inputs),)
+    if node.op.name == "attention":  # the reference widens f16/bf16 to f32 and rounds once
+        wide = [em("cast", v, dtype=DType.f32) for v in inputs]
+        y = builder.add1("attention", wide, dict(node.attrs), loc)
+        return (em("cast", y, dtype=out.dtype),)
 
     a, b = inputs
     a = a if a.dtype is out.dtype else em("cast", a, dtype=out.dtype)
