@@ -95,9 +95,12 @@ def test_batched_matmul_graph():
 @pytest.mark.parametrize("dtype", [DType.f32, DType.f64, DType.f16, DType.bf16, DType.i32,
                                    DType.i64])
 @pytest.mark.parametrize("a_shape,b_shape", [((7, 5), (5,)), ((5,), (5, 9)), ((5,), (5,)),
-                                             ((3, 7, 5), (5,)), ((2, 7, 5), (2, 5, 3))])
+                                             ((3, 7, 5), (5,)), ((2, 7, 5), (2, 5, 3)),
+                                             ((2, 1, 7, 5), (3, 5, 4)), ((4, 0), (0, 3)),
+                                             ((0, 5), (5, 3))])
 def test_every_matmul_runs_natively(a_shape, b_shape, dtype):
-    """1-D operands, f16/bf16 and integers: legalised (kernel/legalize.py), no host step."""
+    """1-D operands, broadcast batch dims, empty dims, f16/bf16 and integers: legalised
+    (kernel/legalize.py), no host step."""
     builder = GraphBuilder("mv")
     x = builder.input((a_shape, dtype), "x")
     v = builder.input((b_shape, dtype), "v")

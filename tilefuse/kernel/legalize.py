@@ -8,6 +8,8 @@ The contraction kernel (:mod:`tilefuse.kernel.lower_matmul`) takes f32 or f64 op
   result is reshaped back to the 1-D rule's shape (a GEMV is a matmul with M or N = 1);
 * **f16 / bf16** operands are cast to f32 and the product rounded once to the operand type:
   the reference accumulates in f32 and rounds once, so this is the same arithmetic;
+* **batch dims that broadcast** against each other (neither the output's nor all 1) are
+  broadcast first; a matmul with an **empty** dim is a fill of zeros (K = 0) or nothing;
 * **integers** have no matrix kernel: ``sum(a[..., M, K, 1] * b[..., 1, K, N], axis=-2)``, one
   reduction kernel with the multiply as its prologue (nothing M·K·N is written); the i64 sum is
   cast back to the operand type, which wraps exactly as the reference's integer matmul does.
@@ -50,8 +52,15 @@ def _needs(node: Node, inputs: tuple[Value, ...]) -> bool:
     if node.op.name != "matmul":
         return False
     a, b = inputs
-    return a.type.rank < 2 or b.type.rank < 2 or a.dtype is not b.dtype or \
-        a.dtype not in KERNEL_TYPES
+    if a.type.rank < 2 or b.type.rank < 2 or a.dtype is not b.dtype or \
+            a.dtype not in KERNEL_TYPES:
+        return True
+    shapes = (a.shape, b.shape, node.outputs[0].shape)
+    if not all(isinstance(d, int) for shape in shapes for d in shape):
+        return False
+    batch = tuple(node.outputs[0].shape[:-2])
+    return any(d == 0 for shape in shapes for d in shape) or any(
+        tuple(v.shape[:-2]) != batch and any(d != 1 for d in v.shape[:-2]) for v in (a, b))
 
 
 def _rule(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]) -> tuple[Value, ...] | None:
@@ -70,6 +79,8 @@ def _rule(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]) -> tuple
         y = builder.add1("attention", wide, dict(node.attrs), loc)
         return (em("cast", y, dtype=out.dtype),)
 
+    if any(d == 0 for v in (*inputs, out) for d in v.shape):  # nothing to multiply
+        return (em("full", shape=tuple(out.shape), value=0, dtype=out.dtype),)
     a, b = inputs
     a = a if a.dtype is out.dtype else em("cast", a, dtype=out.dtype)
     b = b if b.dtype is out.dtype else em("cast", b, dtype=out.dtype)
@@ -77,6 +88,13 @@ def _rule(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]) -> tuple
         a = em("expand_dims", a, axes=(0,))
     if b.type.rank == 1:
         b = em("expand_dims", b, axes=(1,))
+    kept = (inputs[0].type.rank > 1) + (inputs[1].type.rank > 1)  # M and N in the output
+    batch = tuple(out.shape[:len(out.shape) - kept])
+    for pos, v in enumerate((a, b)):  # batch dims broadcast against the other's: made whole
+        own = tuple(v.shape[:-2])
+        if own != batch and any(d != 1 for d in own):
+            full = em("broadcast_to", v, shape=(*batch, *v.shape[-2:]))
+            a, b = (full, b) if pos == 0 else (a, full)
     if out.dtype in (DType.f16, DType.bf16):
         a, b = em("cast", a, dtype=DType.f32), em("cast", b, dtype=DType.f32)
     if a.dtype in KERNEL_TYPES:
