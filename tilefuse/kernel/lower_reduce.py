@@ -24,8 +24,11 @@ The anchor's input F is walked in one of two ways, picked by its last (contiguou
 once. Accumulation is in the output's working type (f32 for f16/bf16, i64 for integer sums,
 f64 for integer means), as the references do. max/min propagate NaN. Arg-reductions keep the
 value and the index of the best element and take a new one only when it is strictly better or
-the first NaN (NumPy's rule: the first maximum, or the first NaN); in the reduced-last-axis walk
-they and ``prod`` (no horizontal product in the loop IR) run one element at a time. The index
+the first NaN (NumPy's rule: the first maximum, or the first NaN). Along a reduced last axis
+they are one vector pass (:meth:`_Lowering.arg_row_vector`: per lane the best value and the
+start of its vector run; the first index of the best value lies in the earliest such run,
+which is then scanned), or 8 interleaved scalar chains for rows shorter than two vectors;
+``prod`` (no horizontal product in the loop IR) runs one element at a time there. The index
 is the flat position over the reduced axes (over all of F for ``axis=None``).
 """
 
