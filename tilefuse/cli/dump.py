@@ -29,7 +29,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     quiet_torch_warnings()
-    model = load_model(args.model)
+    model = load_model(args.model, args.quantize)
     arrays = parse_inputs(model, args.input, args.seed)
     out: Path = args.output_dir
     if out.exists() and not out.is_dir():
