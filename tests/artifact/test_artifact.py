@@ -63,13 +63,27 @@ def test_jit_round_trip_is_bit_identical(tmp_path: Path, dtype: DType) -> None:
     assert loaded.executables[0].single_entry == in_process.single_entry
 
 
-def test_host_steps_round_trip(tmp_path: Path) -> None:
-    """Groups with no native lowering (a plain reduction) are saved as graph text and run on
-    the host after loading, between native kernels."""
+def _reductions_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Makes the reduction lowering fail, so that plain reductions are host steps (every kind
+    lowers natively now; the host path is what these tests are about)."""
+    import tilefuse.runtime.native as native
+    from tilefuse.errors import CompileError
+
+    def failing(*args: Any, **kwargs: Any) -> None:
+        raise CompileError("made to fail by the test")
+
+    monkeypatch.setattr(native, "lower_reduce", failing)
+
+
+def test_host_steps_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups with no native lowering (a plain reduction, made to fail) are saved as graph text
+    and run on the host after loading, between native kernels."""
     rng = np.random.default_rng(1)
     f = tilefuse.jit(lambda x: (x.max(0) + 1, np.argmax(x * 2, -1)))
     x = random_array(rng, (9, 11), DType.f32)
-    f(x)
+    with monkeypatch.context() as m:
+        _reductions_on_the_host(m)
+        f(x)
     assert f.lower(x).executable.fallbacks  # the case is what it claims
     loaded = tilefuse.load(tilefuse.save(f, tmp_path / "host.tilefuse"))
     x = random_array(rng, (9, 11), DType.f32)
@@ -140,7 +154,9 @@ def test_loading_runs_no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     shapes = [(6, 20), (20, 12), (12,)]
     f(*[random_array(rng, s, DType.f32) for s in shapes])
     f2 = tilefuse.jit(lambda x: (x.max(0) + 1,))
-    f2(random_array(rng, (5, 4), DType.f32))
+    with monkeypatch.context() as m:  # a host step in b
+        _reductions_on_the_host(m)
+        f2(random_array(rng, (5, 4), DType.f32))
     f3 = tilefuse.jit(lambda x, w: np.tanh(x @ w))
     f3(*[random_array(rng, s, DType.f32) for s in shapes[:2]])
     paths = [tilefuse.save(f, tmp_path / "a.tilefuse"), tilefuse.save(f2, tmp_path / "b.tilefuse"),

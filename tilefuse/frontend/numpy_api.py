@@ -74,6 +74,7 @@ _FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     np.sum: _sum, np.prod: _prod, np.mean: _mean, np.max: _max, np.amax: _max,
     np.min: _min, np.amin: _min, np.var: m.var, np.std: m.std,
     np.argmax: m.arg_reduction("argmax"), np.argmin: m.arg_reduction("argmin"),
+    np.cumsum: m.cumulative("cumsum", np.cumsum), np.cumprod: m.cumulative("cumprod", np.cumprod),
     np.where: m.where, np.clip: m.clip, np.round: m.round_, np.around: m.round_,
     np.dot: m.dot, np.einsum: m.einsum,
     np.reshape: s.reshape, np.ravel: s.ravel, np.transpose: s.transpose,

@@ -18,11 +18,12 @@ from tilefuse.ops import (
     nn,
     quant,
     reduction,
+    scan,
 )
 from tilefuse.ops.registry import AttrSpec, AttrType, OpDef, OpKind, Trait
 
 _MODULES = (elementwise, reduction, composite, contraction, movement, nn, attention, indexing,
-            foreign, quant)
+            foreign, quant, scan)
 
 
 def _gather() -> Mapping[str, OpDef]:

@@ -12,8 +12,9 @@ Building one (:class:`NativeExecutable`) runs, once per graph:
    disk cache (:mod:`tilefuse.runtime.kernel_cache`: a kernel compiled before, by any process,
    is loaded without running LLVM; ``TILEFUSE_CACHE=0`` turns that off);
 4. groups with no native lowering (movement, opaque, plain reductions, or a lowering that raised
-   CompileError) become host steps that run the ops' NumPy references. Each is logged on the
-   ``fallback`` topic with its reason and marked in the plan dump: nothing falls back silently;
+   CompileError) become host steps that run the ops' NumPy references. Each is a defect, logged
+   at WARNING on the ``fallback`` topic with its reason (once per kernel of a build), marked in
+   the plan dump and in ``tilefuse explain``: nothing falls back silently;
 5. place the intermediates (and scratch buffers such as a packed B) in one 64-byte aligned
    arena, from their liveness over the launch sequence (greedy best fit).
 
@@ -59,12 +60,16 @@ from tilefuse.kernel.fusion import (
     form_kernels,
     is_pointwise,
 )
+from tilefuse.kernel.legalize import legalize_matmuls
 from tilefuse.kernel.lower_attention import lower_attention
 from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
+from tilefuse.kernel.lower_gather import INDEX_ERROR, index_error, is_gather_group, lower_gather
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.lower_movement import lower_movement
 from tilefuse.kernel.lower_pool import is_pool_group, lower_pool
 from tilefuse.kernel.lower_qmatmul import compile_ir, is_quant_group, lower_quant_group
+from tilefuse.kernel.lower_reduce import is_reduce_group, lower_reduce
+from tilefuse.kernel.lower_scan import is_scan_group, lower_scan
 from tilefuse.kernel.plan_printer import print_plan, value_names
 from tilefuse.kernel.schedule import Schedule, as_cpu_target, default_schedule
 from tilefuse.log import get_logger
@@ -137,6 +142,9 @@ class _Pending:
     host: KernelGroup | None = None
     """Symbolic builds: the group specialised to one size binding, whose nodes a host
     fallback runs (``group``'s own nodes may hold symbols in their attributes)."""
+    checks: list[tuple[np.ndarray, Node]] = field(default_factory=list)
+    """Bad-index records (:data:`~tilefuse.kernel.lower_gather.INDEX_ERROR`) of its kernels
+    and the node each belongs to: checked after every call."""
 
     def scratch(self) -> list[Scratch]:
         found = (b for k in self.kernels for b in k.bindings.values() if isinstance(b, Scratch))
@@ -156,6 +164,13 @@ def _nbytes(value: Value, sizes: Sizes = {}) -> int:  # noqa: B006 (read only)
     return math.prod(bound_shape(value, sizes)) * value.dtype.itemsize
 
 
+def prepare_graph(graph: Graph) -> Graph:
+    """The graph kernel formation sees in a CPU build: composites decomposed, and matmuls the
+    contraction kernel does not take legalised (:mod:`tilefuse.kernel.legalize`)."""
+    decomposed, _ = decompose_composites(graph)
+    return legalize_matmuls(decomposed)[0]
+
+
 class _Builder:
     """Everything :class:`NativeExecutable` does once: plan, lower, compile, place buffers."""
 
@@ -169,7 +184,7 @@ class _Builder:
         self.target = target
         self.cache = cache
         self.schedules = schedules or ScheduleSource(target)
-        self.graph, _ = decompose_composites(graph)
+        self.graph = prepare_graph(graph)
         self.plan: KernelPlan = form_kernels(self.graph)
         self.names = value_names(self.graph)
         self.log = get_logger("fallback")
@@ -202,7 +217,9 @@ class _Builder:
         pending = _Pending(group)
         if is_quant_group(group):
             return self.lower_quant(pending)
-        if group.kind not in NATIVE_KINDS and not is_pool_group(group):
+        if group.kind not in NATIVE_KINDS and not is_pool_group(group) \
+                and not is_reduce_group(group) and not is_gather_group(group) \
+                and not is_scan_group(group):
             return self.fall_back(pending, f"no native lowering for {group.kind.value} "
                                   "kernels yet")
         try:
@@ -213,6 +230,10 @@ class _Builder:
                 made = self.lower_attention(group, pending.schedule)
             else:
                 made = [self.lower_generic(group, pending.schedule)]
+            for fn, bindings in made:  # a gather's bad-index record: an array of its own
+                if any(b.name == INDEX_ERROR for b in fn.buffers):
+                    bindings[INDEX_ERROR] = flags = np.zeros(2, np.int64)
+                    pending.checks.append((flags, group.nodes[0]))
             pending.kernels = [
                 _Kernel(fn, self.cache.compile(fn, pending.schedule,
                                                f"{self.graph.name}/{fn.name}"), bindings)
@@ -233,14 +254,21 @@ class _Builder:
             # loop, which the elementwise lowering emits with the remaps as index arithmetic.
             fn = lower_elementwise(group, default_schedule(
                 dataclasses.replace(group, kind=KernelKind.ELEMENTWISE), host_target()))
+        elif is_gather_group(group):
+            fn = lower_gather(group, schedule)
+        elif is_scan_group(group):
+            fn = lower_scan(group, schedule)
         elif group.kind is KernelKind.MOVEMENT:
             fn = lower_movement(group, schedule)
+        elif is_reduce_group(group):
+            fn = lower_reduce(group, schedule)
         else:
             fn = lower_group(group, schedule)
         buffers = kernel_buffers(group.inputs, group.outputs)
         bindings: dict[str, Binding] = {p.name: v for v, p in [*buffers.inputs.items(),
                                                                *buffers.outputs.items()]}
-        unknown = [b.name for b in fn.buffers if b.name not in bindings]
+        unknown = [b.name for b in fn.buffers if b.name not in bindings and
+                   b.name != INDEX_ERROR]
         if unknown:
             raise CompileError(f"kernel {fn.name} has buffers no group value is bound to: "
                                f"{', '.join(unknown)}")
@@ -277,8 +305,9 @@ class _Builder:
         group = pending.group
         ops = ", ".join(dict.fromkeys(n.op.name for n in group.nodes))
         pending.reason, pending.kernels = reason, []
-        self.log.debug("kernel %s (%s) runs on the host with the NumPy references: %s",
-                       group.name, ops, reason)
+        # A host step is a defect (issue 28): said at WARNING, once per kernel of a build.
+        self.log.warning("@%s: kernel %s (%s) runs on the host with the NumPy references: %s",
+                         self.graph.name, group.name, ops, reason)
         return pending
 
     def lower_contraction(self, group: KernelGroup, schedule: Schedule
@@ -555,6 +584,8 @@ class NativeExecutable:
         """The kernel plan this executable was built from (None: loaded from an artifact)."""
         self._finish(_launcher(self._steps, len(graph.inputs) + len(graph.outputs),
                                graph.name))
+        # gathers' bad-index records, checked after each call (kernel/lower_gather.py)
+        self._index_checks = tuple(c for p in pendings for c in p.checks)
 
     def parts(self) -> ExecutableParts:
         """What :meth:`from_parts` rebuilds this executable from (for :mod:`tilefuse.artifact`,
@@ -595,6 +626,7 @@ class NativeExecutable:
                               else (step.run, False) for step in self._steps)
         # With no host step, the whole sequence is one native entry (one Python→native call).
         self._launcher = launcher
+        self._index_checks: tuple[tuple[np.ndarray, Node], ...] = ()
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -648,6 +680,11 @@ class NativeExecutable:
             else:
                 for run, native in self._runners:
                     run(addresses if native else table)
+            for flags, node in self._index_checks:
+                if flags[0]:  # an index out of range: clamped, so nothing was harmed
+                    bad = int(flags[1])
+                    flags[:] = 0
+                    raise index_error(node, bad)
             for j, slot in self._copies:
                 outputs[j][...] = table[slot] if isinstance(slot, int) else slot
             self._returned[:] = outputs

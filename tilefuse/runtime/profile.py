@@ -136,6 +136,11 @@ def group_work(group: KernelGroup) -> tuple[float, float]:
             widest = max([_numel(v) for v in (*node.inputs, *node.outputs)], default=0)
             flops += op_cost(node) * widest
     moved = sum(_numel(v) * v.dtype.itemsize for v in (*group.inputs, *group.outputs))
+    if len(group.nodes) == 1 and group.nodes[0].op.name in ("take", "take_along_axis"):
+        # a gather reads the rows its indices name, not its whole table: no more elements
+        # than it writes (a 30k-row embedding table read for 37 tokens is 37 rows)
+        table, out = group.nodes[0].inputs[0], group.nodes[0].outputs[0]
+        moved -= max(0, _numel(table) - _numel(out)) * table.dtype.itemsize
     return flops, float(moved)
 
 
