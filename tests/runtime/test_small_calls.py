@@ -71,6 +71,7 @@ def test_addresses_follow_the_arrays_not_their_ids():
     c.resize(4096, refcheck=False)   # the buffer moves: the size says so
     assert cache.addresses([c, b])[0] == c.ctypes.data
     assert cache.addresses([c, b, a]) == [c.ctypes.data, b.ctypes.data, a.ctypes.data]
+    assert cache.addresses([a]) == [a.ctypes.data]   # another count: looked up afresh
 
 
 def test_a_call_reads_the_arrays_it_is_given_each_time():

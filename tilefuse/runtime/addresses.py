@@ -30,18 +30,19 @@ class AddressCache:
 
     def addresses(self, arrays: Sequence[np.ndarray]) -> list[int]:
         seen = self._seen
+        if len(arrays) != len(seen):
+            return [a.ctypes.data for a in arrays]
         out = []
         for i, a in enumerate(arrays):
-            hit = seen[i] if i < len(seen) else None
+            hit = seen[i]
             if hit is not None and hit[0]() is a and hit[2] == a.size:
                 out.append(hit[1])
                 continue
             address = a.ctypes.data
-            if i < len(seen):
-                try:
-                    seen[i] = (weakref.ref(a), address, a.size)
-                except TypeError:   # not weak-referenceable (a subclass with __slots__)
-                    seen[i] = None
+            try:
+                seen[i] = (weakref.ref(a), address, a.size)
+            except TypeError:   # not weak-referenceable (a subclass with __slots__)
+                seen[i] = None
             out.append(address)
         return out
 
