@@ -340,11 +340,13 @@ def recompute_everything(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("shape", SHAPES)
 def test_softmax_stores_exp_and_the_write_pass_reads_it(shape):
     """exp(x - max) is computed once per element, in the sum pass, which stores it into the
-    output row; the write pass reads it back and divides."""
+    output row; the write pass reads it back and multiplies by the sum's reciprocal, taken
+    once per row (a vector division per element cost about as much as the exp)."""
     (fn,) = check_rows(composite_graph("softmax", shape), seed=shape[-1] + 1)
     passes, writes = row_loops(fn)
     assert writes and all(count_op(w, XOp.EXP) == 0 and reads_output(w) for w in writes)
-    assert all(count_op(w, XOp.DIV) == 1 for w in writes)  # still a true division
+    assert all(count_op(w, XOp.DIV) == 0 and count_op(w, XOp.MUL) >= 1 for w in writes)
+    assert count_op(fn.body, XOp.DIV) >= 1   # 1 / sum, outside the row loops
     storing = [p for p in passes if any(isinstance(x, Store) for x in walk_stmts(p))]
     exps = re.findall(r"\bexp\(", str(fn))  # in the printed loop IR
     assert len(exps) == len(storing) == sum_loops(shape)
