@@ -93,7 +93,7 @@ def main() -> None:
         executable = fn.lower(*call_args).executable
         print(f"\n{label}: kernels of the launch sequence:")
         for step in executable.steps:
-            print(f"  {step.name}: {getattr(step, 'launches', '')}")
+            print(f"  {step.name}: {len(getattr(step, 'launches', ()))} launch(es)")
 
 
 if __name__ == "__main__":
