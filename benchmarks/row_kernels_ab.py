@@ -34,19 +34,20 @@ SHAPES = ((12, 512, 512), (8192, 77), (2048, 1000), (256, 4096))
 
 
 def _kernel(x: np.ndarray, old: bool) -> Callable[[np.ndarray, np.ndarray], None]:
+    """The softmax row kernel for ``x``; ``old``: built as before this branch (per-element
+    division, scalar tails, two-step exp scaling)."""
     [group] = form_kernels(decompose_composites(
         tilefuse.jit(w3_numpy).lower(x).optimized)[0]).groups
-    saved = lower_rows.reciprocal_divisions, math_lib.MathLib.__init__
+    saved = math_lib.MathLib.__init__
     if old:
-        lower_rows.reciprocal_divisions = lambda e, known: e
-
         def plain(self, module, *, scalef=False):
-            saved[1](self, module, scalef=False)
+            saved(self, module, scalef=False)
         math_lib.MathLib.__init__ = plain
     try:
-        return compile_kernel(lower_rows.lower_rows(group, default_schedule(group, host_target())))
+        return compile_kernel(lower_rows.lower_rows(
+            group, default_schedule(group, host_target()), cpu_tails=not old))
     finally:
-        lower_rows.reciprocal_divisions, math_lib.MathLib.__init__ = saved
+        math_lib.MathLib.__init__ = saved
 
 
 def _ort(x: np.ndarray) -> Callable[[], object]:
