@@ -225,6 +225,8 @@ class StreamProbe:
         split among the threads), the best of ``repeats`` passes."""
         flat = array.reshape(-1).view(np.int32)
         n = flat.size // self.threads // _BLOCK * _BLOCK
+        if n == 0:
+            return 0.0
         bufs = [(flat[t * n:(t + 1) * n], None) for t in range(self.threads)]
         return max(self.threads * 4 * n / self._run(bufs, False, 1) for _ in range(repeats))
 
