@@ -53,7 +53,7 @@ def test_traits() -> None:
     assert having(Trait.IDEMPOTENT) == {"abs", "relu", "floor", "ceil", "round"}
     assert having(Trait.INVOLUTION) == {"neg", "logical_not"}
     assert having(Trait.COMPOSITE) == COMPOSITES
-    assert having(Trait.MULTI_OUTPUT) == {"split", "topk", "onnx_node"}
+    assert having(Trait.MULTI_OUTPUT) == {"split", "topk", "onnx_node", "dynamic_quantize_u8"}
     assert all(OPS[n].decompose is not None for n in COMPOSITES)
 
 

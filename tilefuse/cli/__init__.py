@@ -1,6 +1,7 @@
 """The ``tilefuse`` command: run, bench, tune, dump and explain a model; look after the cache.
 
     tilefuse run model.onnx --input x=x.npy
+    tilefuse compile model.onnx -o model.tilefuse --target x86-64-v3
     tilefuse bench model.onnx --vs onnxruntime
     tilefuse tune model.onnx --trials 100
     tilefuse dump model.onnx -o dump/
@@ -19,12 +20,12 @@ import sys
 from collections.abc import Sequence
 
 import tilefuse
-from tilefuse.cli import bench, cache, dump, explain, run, tune
+from tilefuse.cli import bench, cache, compile, dump, explain, run, tune
 from tilefuse.cli.common import plain
 from tilefuse.cli.models import CliError
 from tilefuse.errors import TilefuseError
 
-SUBCOMMANDS = (run, bench, tune, dump, explain, cache)
+SUBCOMMANDS = (run, compile, bench, tune, dump, explain, cache)
 
 
 def build_parser() -> argparse.ArgumentParser:

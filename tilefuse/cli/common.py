@@ -45,6 +45,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an input from a .npy file, or NAME=2x768[:f32] for random values "
                         "(repeat per input; fixed-shape ONNX inputs not given are random)")
     parser.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    parser.add_argument("--quantize", default=None, metavar="MODE",
+                        help="quantize the weights of matrix products: int8, int4, int4:64, "
+                        "int4:32+zp (default: f32)")
 
 
 def show_progress(args: argparse.Namespace) -> bool | None:

@@ -158,6 +158,17 @@ def table(rows: list[KernelRow], call_seconds: float, peaks: Peaks) -> str:
     return "\n".join(lines)
 
 
+def quantized_kernels(graph: Any, rows: list[KernelRow]) -> str:
+    """Which kernels run quantized products and the weight bytes quantization saved."""
+    from tilefuse.ops.quant import WEIGHT_QUANTIZED
+    from tilefuse.passes.quantize import quantization_summary
+
+    summary = quantization_summary(graph)
+    names = [r.name for r in rows if any(op.name in r.ops.split("+") for op in WEIGHT_QUANTIZED)]
+    kernels = f" (kernels {', '.join(names)})" if names else ""
+    return f"quantization: {summary}{kernels}"
+
+
 def plot(rows: list[KernelRow], peaks: Peaks, path: Path) -> int:
     """Draws the roofline and the kernels that do FLOPs; returns how many it drew."""
     import matplotlib
@@ -217,7 +228,7 @@ def pass_figures() -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     quiet_torch_warnings()
-    model = load_model(args.model)
+    model = load_model(args.model, args.quantize)
     arrays = parse_inputs(model, args.input, args.seed)
     peaks = peaks_for(args)
     note(args, f"compiling {args.model} ...")
@@ -225,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
         lowered = model.lower(arrays)
     rows, call_seconds = kernel_rows(lowered, arrays, peaks, args.rounds, show_progress(args))
     print(table(rows, call_seconds, peaks))
+    print(quantized_kernels(lowered.optimized, rows))
     print(f"\ngraph passes (what each changed: nodes, kernels, bytes moved, rules fired):\n"
           f"{lowered.report}")
     if args.json is not None:

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ray is not None and args.in_process:
         raise CliError("--ray and --in-process exclude each other: candidates are measured "
                        "either on the Ray cluster or in this process")
-    model = load_model(args.model)
+    model = load_model(args.model, args.quantize)
     arrays = parse_inputs(model, args.input, args.seed)
     source = model.tune_source(arrays)
     runner: Runner

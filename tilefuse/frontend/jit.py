@@ -49,6 +49,7 @@ from tilefuse.graph.types import Sym
 from tilefuse.log import get_logger
 from tilefuse.passes.manager import run_pipeline
 from tilefuse.passes.pipeline import graph_pipeline
+from tilefuse.passes.quantize import parse_quantize, pipeline_for
 from tilefuse.runtime.dynamic import DynamicExecutable, SymbolConflict, SymbolGuardError
 from tilefuse.runtime.executable import Executable, build_executable, check_target
 
@@ -133,7 +134,7 @@ class JitFunction:
                  dump: str | Path | None = None, debug: bool = False,
                  static_argnames: Iterable[str] | str = (), dynamic: DynamicSpec = None,
                  max_recompiles: int = DEFAULT_MAX_RECOMPILES, reassociate: bool = False,
-                 fullgraph: bool = False):
+                 fullgraph: bool = False, quantize: Any = None):
         if not callable(fn):
             raise TraceError(f"jit needs a function, got {type(fn).__name__}")
         check_target(target)
@@ -144,7 +145,8 @@ class JitFunction:
         self._target = target
         self._dump = dump
         self._debug = debug
-        self._pipeline = graph_pipeline(reassociate=reassociate)
+        self._pipeline = pipeline_for(parse_quantize(quantize),
+                                      graph_pipeline(reassociate=reassociate))
         self._fullgraph = fullgraph
         self._names = ArgumentNames(fn, static_argnames)
         self._static_positions = self._names.static_positions
@@ -516,21 +518,22 @@ class JitFunction:
 def jit(fn: Callable[..., Any], *, target: str = ..., dump: str | Path | None = ...,
         debug: bool = ..., static_argnames: Iterable[str] | str = ...,
         dynamic: DynamicSpec = ..., max_recompiles: int = ..., reassociate: bool = ...,
-        fullgraph: bool = ...) -> JitFunction: ...
+        fullgraph: bool = ..., quantize: Any = ...) -> JitFunction: ...
 
 
 @overload
 def jit(fn: None = ..., *, target: str = ..., dump: str | Path | None = ...,
         debug: bool = ..., static_argnames: Iterable[str] | str = ...,
         dynamic: DynamicSpec = ..., max_recompiles: int = ..., reassociate: bool = ...,
-        fullgraph: bool = ...) -> Callable[[Callable[..., Any]], JitFunction]: ...
+        fullgraph: bool = ..., quantize: Any = ...
+        ) -> Callable[[Callable[..., Any]], JitFunction]: ...
 
 
 def jit(fn: Callable[..., Any] | None = None, *, target: str = "cpu",
         dump: str | Path | None = None, debug: bool = False,
         static_argnames: Iterable[str] | str = (), dynamic: DynamicSpec = None,
         max_recompiles: int = DEFAULT_MAX_RECOMPILES, reassociate: bool = False,
-        fullgraph: bool = False) -> Any:
+        fullgraph: bool = False, quantize: Any = None) -> Any:
     """Compiles a NumPy function: ``@jit`` or ``@jit(dump="dir", static_argnames=("n",))``.
 
     Arrays (and NumPy scalars) are traced; Python scalars, strings, None and tuples of those,
@@ -541,7 +544,9 @@ def jit(fn: Callable[..., Any] | None = None, *, target: str = "cpu",
     at its second size; see :mod:`tilefuse.frontend.dynamic_dims`); more than
     ``max_recompiles`` recompiles raise :class:`RecompileLimitError`. ``reassociate`` lets
     the compiler fold ``(x @ A) @ B`` with constant A, B into ``x @ (A @ B)`` (fewer FLOPs, but
-    an inf in ``x`` then gives ±inf where NumPy gives NaN).
+    an inf in ``x`` then gives ±inf where NumPy gives NaN). ``quantize`` ("int8", "int4",
+    "int4:64", "int4:32+zp"; :mod:`tilefuse.passes.quantize`) quantizes the constant weights
+    of matrix products and convolutions at build time.
 
     Python that needs a traced value (``if x.sum() > 0``, ``float(x)``, ``print(x)``, a NumPy
     function without a rule) is a graph break: the function runs as compiled regions with
@@ -552,7 +557,7 @@ def jit(fn: Callable[..., Any] | None = None, *, target: str = "cpu",
         return JitFunction(f, target=target, dump=dump, debug=debug,
                            static_argnames=static_argnames, dynamic=dynamic,
                            max_recompiles=max_recompiles, reassociate=reassociate,
-                           fullgraph=fullgraph)
+                           fullgraph=fullgraph, quantize=quantize)
 
     return wrap if fn is None else wrap(fn)
 

@@ -35,7 +35,7 @@ from tilefuse.onnx.importer import import_graph
 from tilefuse.onnx.model import ModelInfo, TensorSpec
 from tilefuse.onnx.tensors import OnnxError
 from tilefuse.passes.manager import run_pipeline
-from tilefuse.passes.pipeline import GRAPH_PIPELINE
+from tilefuse.passes.quantize import parse_quantize, pipeline_for
 from tilefuse.runtime.dynamic import DynamicExecutable
 from tilefuse.runtime.executable import build_executable, check_target
 
@@ -127,8 +127,9 @@ class OnnxModel:
     or a list of outputs; ``model.run(None, {"x": x})`` returns a list, as onnxruntime does."""
 
     def __init__(self, info: ModelInfo, *, target: str = "cpu",
-                 dump: str | Path | None = None):
+                 dump: str | Path | None = None, quantize: Any = None):
         check_target(target)
+        self._pipeline = pipeline_for(parse_quantize(quantize))
         self.info = info
         self._target = target
         self._dump = dump
@@ -247,11 +248,11 @@ class OnnxModel:
 
     def _build(self, graph: Graph, *, symbolic: bool = False) -> Lowered:
         dump_dir = resolve_dump_dir(self._dump)
-        optimized, report = run_pipeline(graph, GRAPH_PIPELINE, dump_dir=dump_dir)
+        optimized, report = run_pipeline(graph, self._pipeline, dump_dir=dump_dir)
         if symbolic:
             executable: Any = DynamicExecutable(
                 optimized, lambda g, at: build_executable(g, self._target, at),
-                optimize=lambda g: run_pipeline(g, GRAPH_PIPELINE)[0], dump_dir=dump_dir)
+                optimize=lambda g: run_pipeline(g, self._pipeline)[0], dump_dir=dump_dir)
         else:
             executable = build_executable(optimized, self._target, dump_dir)
         return Lowered(graph, optimized, report, executable)

@@ -16,12 +16,13 @@ from tilefuse.ops import (
     indexing,
     movement,
     nn,
+    quant,
     reduction,
 )
 from tilefuse.ops.registry import AttrSpec, AttrType, OpDef, OpKind, Trait
 
 _MODULES = (elementwise, reduction, composite, contraction, movement, nn, attention, indexing,
-            foreign)
+            foreign, quant)
 
 
 def _gather() -> Mapping[str, OpDef]:

@@ -30,14 +30,14 @@ import math
 import sys
 import threading
 from collections import ChainMap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tilefuse.codegen.jit import CompiledKernel, aligned_empty
+from tilefuse.codegen.jit import CompiledKernel, KernelSignature, aligned_empty
 from tilefuse.codegen.launcher import CompiledLauncher
 from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.dump import DumpWriter
@@ -64,11 +64,13 @@ from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.lower_movement import lower_movement
 from tilefuse.kernel.lower_pool import is_pool_group, lower_pool
+from tilefuse.kernel.lower_qmatmul import compile_ir, is_quant_group, lower_quant_group
 from tilefuse.kernel.plan_printer import print_plan, value_names
 from tilefuse.kernel.schedule import Schedule, as_cpu_target, default_schedule
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import Expr, LoopFunction
 from tilefuse.passes.decompose import decompose_composites
+from tilefuse.passes.quantize import quantization_summary
 from tilefuse.progress import BuildProgress
 from tilefuse.runtime.addresses import AddressCache
 from tilefuse.runtime.kernel_cache import KernelArtifact, KernelCache, KernelCacheStats
@@ -199,6 +201,8 @@ class _Builder:
     # ---------------------------------------------------------------- lowering
     def lower(self, group: KernelGroup) -> _Pending:
         pending = _Pending(group)
+        if is_quant_group(group):
+            return self.lower_quant(pending)
         if group.kind not in NATIVE_KINDS and not is_pool_group(group):
             return self.fall_back(pending, f"no native lowering for {group.kind.value} "
                                   "kernels yet")
@@ -297,6 +301,33 @@ class _Builder:
         if lowered.constant_b is not None:
             bindings[lowered.constant_b] = lowered.prepare_b(b_array)
         return [(fn, bindings) for fn in lowered.functions]
+
+    def lower_quant(self, pending: _Pending) -> _Pending:
+        """A quantized product (``qmatmul_i8``, ``matmul_w4``): hand-written IR kernels whose
+        weights are packed here once (:mod:`tilefuse.kernel.lower_qmatmul`)."""
+        group = pending.group
+        artifacts: dict[str, KernelArtifact] = {}
+
+        def compiler(text: str, signature: KernelSignature) -> CompiledKernel:
+            artifact = self.cache.compile_ir(
+                text, signature, f"{self.graph.name}/{signature.name}",
+                lambda: compile_ir(text, signature, self.target))
+            artifacts[signature.name] = artifact
+            return artifact.kernel
+
+        try:
+            made = lower_quant_group(group, self.constants, self.target, compiler)
+        except CompileError as err:
+            return self.fall_back(pending, f"quantized lowering failed: {err}")
+        node = group.nodes[0]
+        bindings: dict[str, Binding] = dict(made.constants)
+        bindings.update({name: node.inputs[i] for name, i in made.inputs.items()})
+        bindings.update({name: node.outputs[i] for name, i in made.outputs.items()})
+        for name, (nbytes, dtype) in made.scratch.items():
+            bindings[name] = Scratch(f"{group.name}.{name}", nbytes, dtype)
+        artifact = artifacts.get(made.fn.name) or KernelArtifact(made.kernel, made.ir)
+        pending.kernels = [_Kernel(made.fn, artifact, bindings)]
+        return pending
 
     def lower_attention(self, group: KernelGroup, schedule: Schedule
                         ) -> list[tuple[LoopFunction, dict[str, Binding]]]:
@@ -413,6 +444,9 @@ class _Builder:
                 origin = f" tuned, {tuned * 1e3:.3f} ms measured" if tuned is not None else ""
                 lines.append(f"  {step}: {group.name} native: {names}  [{pending.schedule}]"
                              + origin)
+        quantized = quantization_summary(self.graph)
+        if quantized.kernels:
+            lines += ["", f"quantization: {quantized}"]
         lines += ["", f"constants: {len(self.constants)} arrays evaluated at build time", "",
                   "memory plan: " + memory.report()]
         writer.write("kernels.plan", "\n".join(lines))
@@ -463,6 +497,21 @@ def _slot(binding: Binding, slots: Mapping[object, Slot]) -> Slot:
     return binding if isinstance(binding, np.ndarray) else slots[binding]
 
 
+@dataclass(frozen=True)
+class ExecutableParts:
+    """A built executable's parts: ``graph`` (its inputs and outputs give the call's
+    signature), the memory plan and the arena it placed, the launch sequence (whose fixed slots
+    are constants or views of ``arena``), input position -> alignment a kernel needs, and
+    (output position, slot) for every output copied out after the steps."""
+
+    graph: Graph
+    memory_plan: MemoryPlan
+    arena: np.ndarray
+    steps: tuple[Step, ...]
+    align: Mapping[int, int]
+    copies: tuple[tuple[int, Slot], ...]
+
+
 class NativeExecutable:
     """A graph compiled for this CPU (see the module docstring). ``executable(*arrays)``
     returns one fresh array per graph output.
@@ -499,14 +548,45 @@ class NativeExecutable:
         """How many kernels were loaded from the disk cache, compiled, stored."""
         self.memory_plan, slots, self._arena = build.place(pendings, sizes)
         self._steps = tuple(build.steps(slots, pendings, sizes))
-        self._inputs = tuple((v.name or f"#{i}", tuple(v.shape), v.dtype.np)
-                             for i, v in enumerate(graph.inputs))
         self._align = build.aligned_inputs(pendings)
-        self._addresses = AddressCache(len(graph.inputs))
-        self._outputs = tuple((tuple(v.shape), v.dtype.np) for v in graph.outputs)
         first = len(graph.inputs)
         self._copies = tuple((j, slots[v]) for j, v in enumerate(build.graph.outputs)
                              if not _is_index(slots[v], first + j))
+        self.kernel_plan: KernelPlan | None = build.plan
+        """The kernel plan this executable was built from (None: loaded from an artifact)."""
+        self._finish(_launcher(self._steps, len(graph.inputs) + len(graph.outputs),
+                               graph.name))
+
+    def parts(self) -> ExecutableParts:
+        """What :meth:`from_parts` rebuilds this executable from (for :mod:`tilefuse.artifact`,
+        which writes them to a file)."""
+        return ExecutableParts(self.graph, self.memory_plan, self._arena, self._steps,
+                               dict(self._align), self._copies)
+
+    @classmethod
+    def from_parts(cls, parts: ExecutableParts, launcher: Callable[[Sequence[int]], None]
+                   | None = None) -> NativeExecutable:
+        """An executable of already compiled kernels, placed buffers and a launch sequence (an
+        artifact being loaded): nothing is lowered or compiled here. ``launcher``, when given,
+        runs the whole (all-native) sequence from the call's addresses; else each step is
+        called in turn."""
+        made = cls.__new__(cls)
+        made.graph = parts.graph
+        made.cache_stats = KernelCacheStats(0, 0, 0, None)
+        made.kernel_plan = None
+        made.memory_plan, made._arena = parts.memory_plan, parts.arena
+        made._steps, made._align = tuple(parts.steps), dict(parts.align)
+        made._copies = tuple(parts.copies)
+        made._finish(launcher)
+        return made
+
+    def _finish(self, launcher: Callable[[Sequence[int]], None] | None) -> None:
+        """The call's tables, from the graph's signature and the steps."""
+        graph = self.graph
+        self._inputs = tuple((v.name or f"#{i}", tuple(v.shape), v.dtype.np)
+                             for i, v in enumerate(graph.inputs))
+        self._outputs = tuple((tuple(v.shape), v.dtype.np) for v in graph.outputs)
+        self._addresses = AddressCache(len(graph.inputs))   # the inputs' last data addresses
         self._returned: list[np.ndarray | None] = [None] * len(self._outputs)
         self._returned_at: list[int] = [0] * len(self._outputs)   # their data addresses
         self._strides = tuple(_c_strides(shape, np.dtype(dtype).itemsize)
@@ -516,8 +596,7 @@ class NativeExecutable:
         self._runners = tuple((step.run_addresses, True) if isinstance(step, NativeStep)
                               else (step.run, False) for step in self._steps)
         # With no host step, the whole sequence is one native entry (one Python→native call).
-        self._launcher = _launcher(self._steps, len(self._inputs) + len(self._outputs),
-                                   graph.name)
+        self._launcher = launcher
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:

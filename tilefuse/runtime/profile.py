@@ -29,6 +29,7 @@ from tilefuse.codegen.jit import aligned_empty
 from tilefuse.graph.ir import Value
 from tilefuse.kernel.fusion import KernelGroup, op_cost
 from tilefuse.ops.attention import attention_flops
+from tilefuse.ops.quant import INTEGER_PRODUCTS
 from tilefuse.ops.registry import OpKind
 from tilefuse.runtime.launch import HostStep, NativeStep
 from tilefuse.runtime.native import NativeExecutable
@@ -126,7 +127,7 @@ def group_work(group: KernelGroup) -> tuple[float, float]:
     """(FLOPs, bytes) ``group`` must do at least (module docstring)."""
     flops = 0.0
     for node in group.nodes:
-        if node.op.name == "matmul":
+        if node.op.name == "matmul" or node.op in INTEGER_PRODUCTS:
             k = int(node.inputs[0].shape[-1]) if node.inputs[0].type.rank else 1
             flops += 2.0 * _numel(node.outputs[0]) * k
         elif node.op.name == "attention":
