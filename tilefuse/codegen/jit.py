@@ -164,7 +164,7 @@ def llvm_ir_text(fn: LoopFunction, target: CpuTarget | None = None) -> str:
     """The unoptimised LLVM IR of ``fn`` (with the target's triple and data layout)."""
     target = target or host_target()
     tm = target_machine(target)
-    module = lower_to_llvm(fn)
+    module = lower_to_llvm(fn, target)
     module.triple = target.triple
     module.data_layout = str(tm.target_data)
     return str(module)

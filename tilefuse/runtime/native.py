@@ -77,6 +77,7 @@ from tilefuse.loop.ir import Expr, LoopFunction
 from tilefuse.passes.decompose import decompose_composites
 from tilefuse.passes.quantize import quantization_summary
 from tilefuse.progress import BuildProgress
+from tilefuse.runtime.addresses import AddressCache
 from tilefuse.runtime.kernel_cache import KernelArtifact, KernelCache, KernelCacheStats
 from tilefuse.runtime.launch import HostStep, KernelLaunch, NativeStep, Slot, Step
 from tilefuse.runtime.memory import BufferRequest, MemoryPlan, plan_memory
@@ -616,6 +617,7 @@ class NativeExecutable:
         self._inputs = tuple((v.name or f"#{i}", tuple(v.shape), v.dtype.np)
                              for i, v in enumerate(graph.inputs))
         self._outputs = tuple((tuple(v.shape), v.dtype.np) for v in graph.outputs)
+        self._addresses = AddressCache(len(graph.inputs))   # the inputs' last data addresses
         self._returned: list[np.ndarray | None] = [None] * len(self._outputs)
         self._returned_at: list[int] = [0] * len(self._outputs)   # their data addresses
         self._strides = tuple(_c_strides(shape, np.dtype(dtype).itemsize)
@@ -665,16 +667,20 @@ class NativeExecutable:
         """The call for a caller whose own guard already proved count, dtypes, shapes and
         C-contiguity (``tilefuse.jit``: its cache key holds the shapes and dtypes, and it makes
         every argument contiguous); only alignment, which no key holds, is checked here."""
+        addresses = self._addresses.addresses(arrays)
         for i, align in self._align.items():
-            if arrays[i].ctypes.data % align:
+            if addresses[i] % align:
                 raise GuardError(f"input {self._inputs[i][0]} must be {align}-byte aligned")
-        return self._run(arrays)
+        return self._run(arrays, addresses)
 
-    def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def _run(self, arrays: Sequence[np.ndarray], given: list[int] | None = None
+             ) -> list[np.ndarray]:
+        """``given``: the arrays' addresses, when the caller has them already."""
         with self._lock:
             outputs = [self._output(j) for j in range(len(self._outputs))]
             table = [*arrays, *outputs]
-            addresses = [a.ctypes.data for a in arrays] + self._returned_at
+            addresses = (given if given is not None else self._addresses.addresses(arrays)) \
+                + self._returned_at
             if self._launcher is not None:
                 self._launcher(addresses)
             else:
