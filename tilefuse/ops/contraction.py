@@ -17,6 +17,7 @@ from tilefuse.dtypes import NUMERIC_TYPES, promote_all
 from tilefuse.errors import AttrError, ShapeError
 from tilefuse.graph.ir import Attrs
 from tilefuse.graph.types import Dim, Shape, broadcast_dims, broadcast_shapes, format_shape
+from tilefuse.ops import vjp
 from tilefuse.ops.registry import AttrType, OpDef, OpKind, attr
 from tilefuse.ops.rules import as_dtype, dtype_of, promoted, quiet, work_dtype
 
@@ -195,6 +196,7 @@ def _einsum(*arrays: np.ndarray, equation: str) -> np.ndarray:
 
 EINSUM = OpDef("einsum", OpKind.CONTRACTION, None, _einsum_rule, promoted,
                _contract_ref(_einsum), attrs=(attr("equation", AttrType.STR),),
-               accepts=NUMERIC_TYPES, doc="np.einsum on operands promoted to one dtype")
+               accepts=NUMERIC_TYPES, vjp=vjp.einsum_vjp,
+               doc="np.einsum on operands promoted to one dtype")
 
 DEFINITIONS: tuple[OpDef, ...] = (MATMUL, EINSUM)
