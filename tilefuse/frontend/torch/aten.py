@@ -25,6 +25,7 @@ from torch import fx
 
 from tilefuse.dtypes import DType
 from tilefuse.frontend.torch.aten_attention import sdpa_converters
+from tilefuse.frontend.torch.aten_training import training_converters
 from tilefuse.frontend.torch.convert import (
     Converter,
     Lowering,
@@ -594,6 +595,7 @@ def _table() -> Mapping[Any, Converter]:
         operator.getitem: _getitem,
     })
     table.update(sdpa_converters())   # the fused SDPA ops of traced CUDA tensors
+    table.update(training_converters())   # backward ops of training graphs
     for view in (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
                  aten.unsqueeze.default, aten.squeeze.dims, aten.squeeze.dim,
                  aten.squeeze.default, aten.flatten.using_ints):

@@ -1,0 +1,178 @@
+"""Training graphs: forward and backward compiled by tilefuse through AOTAutograd.
+
+When Dynamo hands the backend a graph with grad mode on and an input that requires grad,
+:func:`compile_training` gives it to ``aot_module_simplified``, which traces the joint
+forward-backward graph with the core-ATen decompositions, and splits it with a partition
+function (torch's min-cut rematerialisation partitioner: it decides what the forward saves for
+the backward and recomputes cheap elementwise values in the backward instead of saving them).
+Each half is then compiled like an inference graph (:class:`SpecializedGraph`: traced to core
+ATen per input signature, partitioned, each supported region one tilefuse executable).
+
+**Parameters are inputs.** Nothing is frozen: the parameters are runtime inputs of the forward
+graph, so an optimiser step that updates them in place is seen by the next call (inference
+freezes them, see :mod:`~tilefuse.frontend.torch.backend`).
+
+**Fallbacks are never silent.** An op tilefuse cannot compile runs in torch inside the graph,
+and :func:`warn_fallbacks` logs one WARNING per graph naming it and the reasons, for training
+and inference graphs alike. The partition's choice (values saved, values recomputed, bytes of
+saved activations) is kept in :attr:`TrainingGraph.report` and written to the dump as
+``partition.txt``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+
+from tilefuse.log import get_logger
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_fallbacks(name: str, fallbacks: Sequence[tuple[str, str]], what: str = "graph"
+                   ) -> None:
+    """One WARNING per graph ``name`` that runs some ops in torch: which and why."""
+    if not fallbacks:
+        return
+    with _warned_lock:
+        if name in _warned:
+            return
+        _warned.add(name)
+    ops: dict[str, str] = {}
+    for op, reason in fallbacks:
+        ops.setdefault(op, reason)
+    shown = "; ".join(f"{op} ({reason})" for op, reason in ops.items())
+    get_logger("fallback").warning("torch fallback in %s %s: %d op(s) run in torch: %s",
+                                   what, name, len(fallbacks), shown)
+
+
+def warn_whole_graph(name: str, reason: str) -> None:
+    """One WARNING when a whole graph runs in torch."""
+    with _warned_lock:
+        if name in _warned:
+            return
+        _warned.add(name)
+    get_logger("fallback").warning("torch fallback: graph %s runs entirely in torch: %s",
+                                   name, reason)
+
+
+@dataclass
+class PartitionChoice:
+    """What the forward/backward partition saved and recomputed."""
+
+    saved: list[str] = field(default_factory=list)
+    saved_bytes: int = 0
+    recomputed: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return (f"saved for backward: {len(self.saved)} values, {self.saved_bytes} bytes\n"
+                f"  {', '.join(self.saved) or '-'}\n"
+                f"recomputed in backward: {len(self.recomputed)} ops\n"
+                f"  {', '.join(self.recomputed) or '-'}")
+
+
+def _tensor_bytes(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        try:
+            return int(val.numel()) * val.element_size()
+        except Exception:  # symbolic sizes
+            return 0
+    return 0
+
+
+def _describe_partition(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int
+                        ) -> PartitionChoice:
+    """The saved values (forward outputs past the user's) and the backward's recomputed ops
+    (compute nodes whose names also appear in the forward: the partitioner copies them)."""
+    choice = PartitionChoice()
+    outs = fw.graph.output_node().args[0]
+    for node in list(outs)[num_fwd_outputs:]:
+        if isinstance(node, fx.Node):
+            choice.saved.append(node.name)
+            choice.saved_bytes += _tensor_bytes(node)
+    forward_ops = {n.name for n in fw.graph.nodes if n.op == "call_function"}
+    choice.recomputed = [n.name for n in bw.graph.nodes
+                         if n.op == "call_function" and n.name in forward_ops]
+    return choice
+
+
+class TrainingGraph:
+    """A Dynamo graph compiled for training. Calls go to AOTAutograd's function, whose
+    forward and backward are :class:`SpecializedGraph`\\ s; ``forward`` and ``backward`` hold
+    them (None until built), ``choice`` what the partition saved and recomputed."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], options: Any,
+                 name: str):
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        from tilefuse.frontend.torch.aten_training import training_decompositions
+        from tilefuse.frontend.torch.backend import _DECOMPOSITIONS
+
+        self.name = name
+        self.options = options
+        self.forward: Any = None
+        self.backward: Any = None
+        self.choice: PartitionChoice | None = None
+        self._fn = aot_module_simplified(gm, list(example_inputs),
+                                         fw_compiler=self._compiler("forward"),
+                                         bw_compiler=self._compiler("backward"),
+                                         partition_fn=self._partition,
+                                         decompositions={**_DECOMPOSITIONS,
+                                                         **training_decompositions()})
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+    def _partition(self, joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
+                   **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        fw, bw = min_cut_rematerialization_partition(joint, joint_inputs,
+                                                     num_fwd_outputs=num_fwd_outputs, **kwargs)
+        self.choice = _describe_partition(fw, bw, num_fwd_outputs)
+        get_logger("fallback").debug("%s partition: %s", self.name, self.choice)
+        if self.options.dump is not None:
+            from tilefuse.dump import DumpWriter
+            DumpWriter(Path(self.options.dump) / self.name).write(
+                "partition.txt", f"{self.choice}\n")
+        return fw, bw
+
+    def _compiler(self, half: str) -> Callable[..., Any]:
+        def compile_half(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+            from torch._functorch.aot_autograd import make_boxed_func
+
+            from tilefuse.frontend.torch.backend import SpecializedGraph
+
+            options = self.options
+            if options.dump is not None:
+                options = type(options)(Path(options.dump) / self.name / half, options.target,
+                                        options.debug)
+            compiled = SpecializedGraph(gm, {}, options)
+            setattr(self, half, compiled)
+            return make_boxed_func(compiled)
+        return compile_half
+
+
+def needs_training(example_inputs: Sequence[Any]) -> bool:
+    """Whether Dynamo's graph must be differentiable: grad mode on and a tensor input that
+    requires grad."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+
+
+def compile_training(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Any,
+                     name: str) -> Callable[..., Any]:
+    """The backend's training path (see the module docstring)."""
+    return TrainingGraph(gm, example_inputs, options, name)
+
+
+__all__ = ["PartitionChoice", "TrainingGraph", "compile_training", "needs_training",
+           "warn_fallbacks", "warn_whole_graph"]
