@@ -12,6 +12,8 @@ is left here:
   view/amax/argmax and an elementwise select on the indices. torch's semantics are kept
   exactly: the index is the first maximum of its window, and the gradient goes to that element
   only. Other geometries keep torch's own decomposition (a scatter), which runs in torch.
+- ``gather`` converts to ``take_along_axis``; ``scatter.value`` (nll_loss's backward) and
+  ``embedding_dense_backward`` decompose into one-hot selects and products (no scatter).
 """
 
 from __future__ import annotations
@@ -52,9 +54,22 @@ def _convolution_backward(lw: Lowering, node: fx.Node) -> Result:
     return tuple(v if want else None for v, want in zip((gx, gw, gb), mask))
 
 
+def _gather(lw: Lowering, node: fx.Node) -> Result:
+    """gather(x, dim, index) as take_along_axis, when index matches x off ``dim`` (torch's
+    gather also reads a leading block when index is smaller there, which tilefuse does not)."""
+    x, index = lw.tensor(node.args[0]), lw.tensor(node.args[2])
+    dim = int(node.args[1]) % max(len(x.shape), 1)
+    if len(x.shape) != len(index.shape) or any(
+            a != b for i, (a, b) in enumerate(zip(x.shape, index.shape)) if i != dim):
+        raise Unsupported(f"gather of index {list(index.shape)} smaller than x "
+                          f"{list(x.shape)} off dim {dim} is not supported", op=lw.op)
+    return lw.add("take_along_axis", [x, index], axis=dim)
+
+
 def training_converters() -> Mapping[Any, Converter]:
     """The converters this module adds to the ATen table."""
-    return {aten.convolution_backward.default: _convolution_backward}
+    return {aten.convolution_backward.default: _convolution_backward,
+            aten.gather.default: _gather}
 
 
 # ---- max pooling: torch-level decompositions -------------------------------------------------
@@ -113,10 +128,48 @@ def _max_pool_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: Any, st
     return torch.where(up(indices) == where, up(grad), zero)
 
 
+# ---- scatters as one-hot selects and products -----------------------------------------------
+
+
+def _one_hot(index: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    """``index`` compared with ``arange(n)`` on a new axis right after ``dim``."""
+    shape = [1] * (index.dim() + 1)
+    shape[dim + 1] = n
+    wrapped = torch.where(index < 0, index + n, index)
+    return wrapped.unsqueeze(dim + 1) == torch.arange(n, device=index.device).view(shape)
+
+
+def _scatter_value(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -> Any:
+    """scatter(x, dim, index, value) where index covers x off ``dim`` (nll_loss's backward):
+    a select on whether any index hits each position."""
+    dim = dim % max(x.dim(), 1)
+    if index.dim() != x.dim() or any(index.shape[i] != x.shape[i]
+                                     for i in range(x.dim()) if i != dim):
+        return NotImplemented
+    hit = _one_hot(index, x.shape[dim], dim).any(dim)
+    return torch.where(hit, torch.full((), value, dtype=x.dtype, device=x.device), x)
+
+
+def _embedding_backward(grad: torch.Tensor, indices: torch.Tensor, num_weights: int,
+                        padding_idx: int, scale_grad_by_freq: bool) -> Any:
+    """The embedding's weight gradient as one product: one-hot(indices)ᵀ · grad (what an
+    index_put with accumulate computes, without a scatter)."""
+    if scale_grad_by_freq or not isinstance(num_weights, int):
+        return NotImplemented
+    flat = indices.reshape(-1)
+    hot = _one_hot(flat, num_weights, 0)                       # [tokens, num_weights]
+    if padding_idx >= 0:
+        hot = hot & (flat != padding_idx).unsqueeze(1)
+    rows = grad.reshape(flat.shape[0], grad.shape[-1])
+    return hot.to(grad.dtype).t() @ rows
+
+
 def training_decompositions() -> dict[Any, Any]:
     """Decompositions for AOTAutograd's joint graph on top of core ATen's."""
     return {aten.max_pool2d_with_indices.default: _max_pool_forward,
-            aten.max_pool2d_with_indices_backward.default: _max_pool_backward}
+            aten.max_pool2d_with_indices_backward.default: _max_pool_backward,
+            aten.scatter.value: _scatter_value,
+            aten.embedding_dense_backward.default: _embedding_backward}
 
 
 __all__ = ["training_converters", "training_decompositions"]

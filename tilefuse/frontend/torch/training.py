@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tilefuse.log import get_logger
 
@@ -121,12 +122,15 @@ class TrainingGraph:
         self.forward: Any = None
         self.backward: Any = None
         self.choice: PartitionChoice | None = None
-        self._fn = aot_module_simplified(gm, list(example_inputs),
-                                         fw_compiler=self._compiler("forward"),
-                                         bw_compiler=self._compiler("backward"),
-                                         partition_fn=self._partition,
-                                         decompositions={**_DECOMPOSITIONS,
-                                                         **training_decompositions()})
+        # the math attention (matmuls and a softmax), differentiated by autograd, rather than
+        # the fused CPU flash kernel whose backward op tilefuse does not convert
+        with sdpa_kernel([SDPBackend.MATH]):
+            self._fn = aot_module_simplified(gm, list(example_inputs),
+                                             fw_compiler=self._compiler("forward"),
+                                             bw_compiler=self._compiler("backward"),
+                                             partition_fn=self._partition,
+                                             decompositions={**_DECOMPOSITIONS,
+                                                             **training_decompositions()})
 
     def __call__(self, *args: Any) -> Any:
         return self._fn(*args)
