@@ -12,6 +12,7 @@ is left here:
   view/amax/argmax and an elementwise select on the indices. torch's semantics are kept
   exactly: the index is the first maximum of its window, and the gradient goes to that element
   only. Other geometries keep torch's own decomposition (a scatter), which runs in torch.
+- ``prims.fma`` and the functional ``copy`` (optimizer steps) convert to plain ops.
 - ``gather`` converts to ``take_along_axis``; ``scatter.value`` (nll_loss's backward) and
   ``embedding_dense_backward`` decompose into one-hot selects and products (no scatter).
 """
@@ -66,10 +67,27 @@ def _gather(lw: Lowering, node: fx.Node) -> Result:
     return lw.add("take_along_axis", [x, index], axis=dim)
 
 
+def _fma(lw: Lowering, node: fx.Node) -> Result:
+    """prims.fma(a, b, c) = a·b + c (the optimizers' update of the second moment)."""
+    out = lw.out_type.dtype
+    a, b, c = (lw.operand(x, out) for x in node.args[:3])
+    return lw.add("add", [lw.add("mul", [a, b]), c])
+
+
+def _copy(lw: Lowering, node: fx.Node) -> Result:
+    """The functional aten.copy(self, src): src broadcast to self's shape, in its dtype."""
+    out = lw.out_type
+    src = lw.cast(lw.tensor(node.args[1]), out.dtype)
+    if tuple(src.shape) == tuple(out.shape):
+        return src
+    return lw.add("broadcast_to", [src], shape=tuple(out.shape))
+
+
 def training_converters() -> Mapping[Any, Converter]:
     """The converters this module adds to the ATen table."""
     return {aten.convolution_backward.default: _convolution_backward,
-            aten.gather.default: _gather}
+            aten.gather.default: _gather, torch.ops.prims.fma.default: _fma,
+            aten.copy.default: _copy}
 
 
 # ---- max pooling: torch-level decompositions -------------------------------------------------

@@ -54,7 +54,7 @@ from torch.utils import _pytree as pytree
 
 from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import TilefuseError
-from tilefuse.frontend.torch import training
+from tilefuse.frontend.torch import optimizer, training
 from tilefuse.frontend.torch.convert import tensors_on
 from tilefuse.frontend.torch.partition import (
     CompiledPartition,
@@ -264,6 +264,9 @@ def tilefuse_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
     options = Options.parse(kwargs.get("options"))
     if training.needs_training(example_inputs):  # forward and backward through AOTAutograd
         return training.compile_training(gm, example_inputs, options, graph_name(gm))
+    state = optimizer.stateful_attributes(gm)   # an optimizer step: state updated in place
+    if state:
+        return optimizer.compile_stateful(gm, state, options)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = {i: v for i, (n, v) in enumerate(zip(placeholders, example_inputs))
                  if isinstance(v, torch.Tensor) and _is_parameter_or_buffer(n, v)}

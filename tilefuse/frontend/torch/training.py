@@ -34,12 +34,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tilefuse.log import get_logger
 
 _warned: set[str] = set()
+WRITE_BACKS = ("aten.copy_.default",)
+"""Ops that only write a functionalized result back into a mutated input: not fallbacks."""
 _warned_lock = threading.Lock()
 
 
 def warn_fallbacks(name: str, fallbacks: Sequence[tuple[str, str]], what: str = "graph"
                    ) -> None:
     """One WARNING per graph ``name`` that runs some ops in torch: which and why."""
+    fallbacks = [f for f in fallbacks if f[0] not in WRITE_BACKS]
     if not fallbacks:
         return
     with _warned_lock:
