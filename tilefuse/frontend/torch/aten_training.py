@@ -9,9 +9,10 @@ is left here:
   the input, im2col patches times the gradient for the weight, a sum for the bias.
 - ``max_pool2d_with_indices`` and its backward, when the windows tile the input (stride =
   kernel, no padding or dilation, sizes divisible: the usual 2×2 pooling), decompose into
-  view/amax/argmax and an elementwise select on the indices. torch's semantics are kept
-  exactly: the index is the first maximum of its window, and the gradient goes to that element
-  only. Other geometries keep torch's own decomposition (a scatter), which runs in torch.
+  view/amax, a chain of selects for the index, and an elementwise select on the indices in the
+  backward. torch's semantics are kept: the index is the first maximum of its window (for
+  windows without NaN), and the gradient goes to that element only. Other geometries keep
+  torch's own decomposition (a scatter), which runs in torch.
 - ``prims.fma`` and the functional ``copy`` (optimizer steps) convert to plain ops.
 - ``gather`` converts to ``take_along_axis``; ``scatter.value`` (nll_loss's backward) and
   ``embedding_dense_backward`` decompose into one-hot selects and products (no scatter).
@@ -122,7 +123,11 @@ def _max_pool_forward(x: torch.Tensor, kernel_size: Any, stride: Any = (), paddi
     ho, wo = h // kh, w // kw
     windows = x.reshape(*lead, ho, kh, wo, kw).transpose(-3, -2).reshape(*lead, ho, wo, kh * kw)
     values = windows.amax(-1)
-    k = windows.argmax(-1)
+    # the first tap equal to the maximum, as a chain of selects from the last tap back (all
+    # elementwise, so it fuses; an argmax would be a reduction kernel)
+    k = torch.full_like(values, kh * kw - 1, dtype=torch.int64)
+    for tap in range(kh * kw - 2, -1, -1):
+        k = torch.where(windows[..., tap] == values, tap, k)
     rows = torch.arange(ho, device=x.device).view(ho, 1) * kh
     cols = torch.arange(wo, device=x.device).view(1, wo) * kw
     return values, (rows + torch.div(k, kw, rounding_mode="floor")) * w + cols + k % kw
