@@ -13,7 +13,7 @@ is left here:
   backward. torch's semantics are kept: the index is the first maximum of its window (for
   windows without NaN), and the gradient goes to that element only. Other geometries keep
   torch's own decomposition (a scatter), which runs in torch.
-- ``prims.fma`` and the functional ``copy`` (optimizer steps) convert to plain ops.
+- the functional ``copy`` (optimizer steps) converts to a cast/broadcast.
 - ``gather`` converts to ``take_along_axis``; ``scatter.value`` (nll_loss's backward) and
   ``embedding_dense_backward`` decompose into one-hot selects and products (no scatter).
 """
@@ -68,13 +68,6 @@ def _gather(lw: Lowering, node: fx.Node) -> Result:
     return lw.add("take_along_axis", [x, index], axis=dim)
 
 
-def _fma(lw: Lowering, node: fx.Node) -> Result:
-    """prims.fma(a, b, c) = a·b + c (the optimizers' update of the second moment)."""
-    out = lw.out_type.dtype
-    a, b, c = (lw.operand(x, out) for x in node.args[:3])
-    return lw.add("add", [lw.add("mul", [a, b]), c])
-
-
 def _copy(lw: Lowering, node: fx.Node) -> Result:
     """The functional aten.copy(self, src): src broadcast to self's shape, in its dtype."""
     out = lw.out_type
@@ -87,8 +80,7 @@ def _copy(lw: Lowering, node: fx.Node) -> Result:
 def training_converters() -> Mapping[Any, Converter]:
     """The converters this module adds to the ATen table."""
     return {aten.convolution_backward.default: _convolution_backward,
-            aten.gather.default: _gather, torch.ops.prims.fma.default: _fma,
-            aten.copy.default: _copy}
+            aten.gather.default: _gather, aten.copy.default: _copy}
 
 
 # ---- max pooling: torch-level decompositions -------------------------------------------------
@@ -169,7 +161,14 @@ def _scatter_value(x: torch.Tensor, dim: int, index: torch.Tensor, value: Any) -
     if index.dim() != x.dim() or any(index.shape[i] != x.shape[i]
                                      for i in range(x.dim()) if i != dim):
         return NotImplemented
-    hit = _one_hot(index, x.shape[dim], dim).any(dim)
+    if index.shape[dim] == 1:   # one index per row (nll_loss): a plain compare, no reduction
+        shape = [1] * x.dim()
+        shape[dim] = x.shape[dim]
+        n = x.shape[dim]
+        wrapped = torch.where(index < 0, index + n, index)
+        hit = wrapped == torch.arange(n, device=x.device).view(shape)
+    else:
+        hit = _one_hot(index, x.shape[dim], dim).any(dim)
     return torch.where(hit, torch.full((), value, dtype=x.dtype, device=x.device), x)
 
 
@@ -179,12 +178,15 @@ def _embedding_backward(grad: torch.Tensor, indices: torch.Tensor, num_weights: 
     index_put with accumulate computes, without a scatter)."""
     if scale_grad_by_freq or not isinstance(num_weights, int):
         return NotImplemented
-    flat = indices.reshape(-1)
-    hot = _one_hot(flat, num_weights, 0)                       # [tokens, num_weights]
+    flat = indices.reshape(1, -1)
+    wrapped = torch.where(flat < 0, flat + num_weights, flat)
+    # [num_weights, tokens], built in the orientation the product reads (a transposed one-hot
+    # would move the matmul's lane axis)
+    hot = torch.arange(num_weights, device=grad.device).view(num_weights, 1) == wrapped
     if padding_idx >= 0:
-        hot = hot & (flat != padding_idx).unsqueeze(1)
-    rows = grad.reshape(flat.shape[0], grad.shape[-1])
-    return hot.to(grad.dtype).t() @ rows
+        hot = hot & (flat != padding_idx)
+    rows = grad.reshape(flat.shape[1], grad.shape[-1])
+    return hot.to(grad.dtype) @ rows
 
 
 def training_decompositions() -> dict[Any, Any]:

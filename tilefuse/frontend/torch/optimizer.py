@@ -55,6 +55,19 @@ def stateful_attributes(gm: fx.GraphModule) -> list[fx.Node]:
     return attrs
 
 
+def _expand_fma(graph: fx.Graph) -> None:
+    """``prims.fma(a, b, c)`` (Dynamo's form of ``addcmul_``; the op is registered only once
+    Inductor's prims are imported, so no converter can name it) as ``a * b + c``."""
+    for node in list(graph.nodes):
+        if node.op == "call_function" and str(node.target) == "prims.fma.default":
+            a, b, c = node.args
+            with graph.inserting_before(node):
+                product = graph.call_function(torch.mul, (a, b))
+                total = graph.call_function(torch.add, (product, c))
+            node.replace_all_uses_with(total)
+            graph.erase_node(node)
+
+
 def compile_stateful(gm: fx.GraphModule, attrs: Sequence[fx.Node], options: Any
                      ) -> Callable[..., Any]:
     """``gm`` with the tensors of ``attrs`` as trailing runtime inputs, compiled; the result
@@ -67,6 +80,7 @@ def compile_stateful(gm: fx.GraphModule, attrs: Sequence[fx.Node], options: Any
     out = graph.graph_copy(gm.graph, copies)
     graph.output(out)
     attrs = [copies[n] for n in attrs]
+    _expand_fma(graph)
     last = [n for n in graph.nodes if n.op == "placeholder"]
     anchor = last[-1] if last else None
     for i, node in enumerate(attrs):
