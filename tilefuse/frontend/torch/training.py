@@ -69,16 +69,23 @@ def warn_whole_graph(name: str, reason: str) -> None:
 
 @dataclass
 class PartitionChoice:
-    """What the forward/backward partition saved and recomputed."""
+    """What the forward/backward partition saved and recomputed: saved activations (computed
+    by the forward, kept for the backward: the memory a step holds), inputs the backward reads
+    (parameters, batch: no extra memory), and forward ops the backward recomputes instead of
+    saving their results, with those results' bytes."""
 
     saved: list[str] = field(default_factory=list)
     saved_bytes: int = 0
+    inputs: list[str] = field(default_factory=list)
     recomputed: list[str] = field(default_factory=list)
+    recomputed_bytes: int = 0
 
     def __str__(self) -> str:
-        return (f"saved for backward: {len(self.saved)} values, {self.saved_bytes} bytes\n"
+        return (f"saved activations: {len(self.saved)} values, {self.saved_bytes} bytes\n"
                 f"  {', '.join(self.saved) or '-'}\n"
-                f"recomputed in backward: {len(self.recomputed)} ops\n"
+                f"inputs read by the backward: {', '.join(self.inputs) or '-'}\n"
+                f"recomputed in the backward instead of saved: {len(self.recomputed)} ops, "
+                f"{self.recomputed_bytes} bytes not saved\n"
                 f"  {', '.join(self.recomputed) or '-'}")
 
 
@@ -95,16 +102,23 @@ def _tensor_bytes(node: fx.Node) -> int:
 def _describe_partition(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int
                         ) -> PartitionChoice:
     """The saved values (forward outputs past the user's) and the backward's recomputed ops
-    (compute nodes whose names also appear in the forward: the partitioner copies them)."""
+    (compute nodes of the backward that the forward also has, by name: the partitioner copies
+    them from the joint graph)."""
     choice = PartitionChoice()
     outs = fw.graph.output_node().args[0]
     for node in list(outs)[num_fwd_outputs:]:
-        if isinstance(node, fx.Node):
+        if not isinstance(node, fx.Node):
+            continue
+        if node.op == "placeholder":
+            choice.inputs.append(node.name)
+        else:
             choice.saved.append(node.name)
             choice.saved_bytes += _tensor_bytes(node)
     forward_ops = {n.name for n in fw.graph.nodes if n.op == "call_function"}
-    choice.recomputed = [n.name for n in bw.graph.nodes
-                         if n.op == "call_function" and n.name in forward_ops]
+    for node in bw.graph.nodes:
+        if node.op == "call_function" and node.name in forward_ops:
+            choice.recomputed.append(node.name)
+            choice.recomputed_bytes += _tensor_bytes(node)
     return choice
 
 
