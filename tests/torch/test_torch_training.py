@@ -174,3 +174,17 @@ def test_compiled_optimizer_step_matches_eager(make, caplog: pytest.LogCaptureFi
     _no_fallback(caplog)
     reports = [p.read_text() for p in tmp_path.rglob("partitions.txt")]
     assert reports and all("tilefuse_" in r for r in reports)   # the update is compiled
+
+
+def test_training_with_changing_batch_size() -> None:
+    """Dynamo makes the graph dynamic at the second size; each half specialises per shape."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(6, 11), nn.SiLU(), nn.Linear(11, 2))
+    twin = copy.deepcopy(model)
+    fn = torch.compile(twin, backend=tt.backend)
+    for rows in (4, 7, 3, 4):
+        x = torch.randn(rows, 6)
+        model(x).square().sum().backward()
+        fn(x).square().sum().backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
