@@ -207,6 +207,7 @@ def compile_traced(traced: fx.GraphModule, frozen: Mapping[int, torch.Tensor],
     if dump is not None:
         write_report(dump, traced, report)
     training.warn_fallbacks(graph_name(traced), report.fallbacks)
+    training.warn_host_steps(graph_name(traced), traced)
     return report
 
 

@@ -57,6 +57,26 @@ def warn_fallbacks(name: str, fallbacks: Sequence[tuple[str, str]], what: str = 
                                    what, name, len(fallbacks), shown)
 
 
+def warn_host_steps(name: str, gm: fx.GraphModule) -> None:
+    """One WARNING per graph ``name`` whose compiled regions run kernels on the host with the
+    NumPy references (``runtime/native.py`` logs each at DEBUG): which ops and why."""
+    steps: dict[str, str] = {}
+    for module in gm.modules():
+        executable = getattr(module, "executable", None)
+        for kernel, reason in getattr(executable, "fallbacks", None) or ():
+            steps.setdefault(reason, kernel)
+    if not steps:
+        return
+    key = f"{name}/host"
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    shown = "; ".join(f"{kernel}: {reason}" for reason, kernel in steps.items())
+    get_logger("fallback").warning("host fallback in graph %s: kernels run with the NumPy "
+                                   "references (one per reason): %s", name, shown)
+
+
 def warn_whole_graph(name: str, reason: str) -> None:
     """One WARNING when a whole graph runs in torch."""
     with _warned_lock:
@@ -196,4 +216,4 @@ def compile_training(gm: fx.GraphModule, example_inputs: Sequence[Any], options:
 
 
 __all__ = ["PartitionChoice", "TrainingGraph", "compile_training", "needs_training",
-           "warn_fallbacks", "warn_whole_graph"]
+           "warn_fallbacks", "warn_host_steps", "warn_whole_graph"]
