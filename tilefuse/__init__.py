@@ -43,4 +43,8 @@ def __getattr__(name: str) -> object:
         from tilefuse.tune.api import tune
 
         return tune
+    if name in ("save", "load"):  # tilefuse.artifact: compiled models in .tilefuse files
+        from tilefuse import artifact
+
+        return getattr(artifact, name)
     raise AttributeError(f"module 'tilefuse' has no attribute {name!r}")

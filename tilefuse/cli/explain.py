@@ -99,14 +99,14 @@ def kernel_rows(lowered: Any, arrays: list[Any], peaks: Peaks, rounds: int,
                 progress: bool | None) -> tuple[list[KernelRow], float]:
     """One row per step of the launch sequence, and a whole call's median seconds."""
     from tilefuse.kernel.fusion import form_kernels
-    from tilefuse.passes.decompose import decompose_composites
-    from tilefuse.runtime.native import NativeExecutable
+    from tilefuse.runtime.native import NativeExecutable, prepare_graph
     from tilefuse.runtime.profile import group_work, profile_steps
 
     executable = lowered.executable
     if not isinstance(executable, NativeExecutable):
         raise CliError(f"explain needs the native CPU executable, got {type(executable).__name__}")
-    groups = {g.name: g for g in form_kernels(decompose_composites(lowered.optimized)[0]).groups}
+    plan = executable.kernel_plan or form_kernels(prepare_graph(lowered.optimized))
+    groups = {g.name: g for g in plan.groups}
     with Bar("timing kernels", rounds, show=progress) as bar:
         profile = profile_steps(executable, arrays, rounds=rounds, on_round=bar.step)
     rows = []
@@ -151,6 +151,17 @@ def table(rows: list[KernelRow], call_seconds: float, peaks: Peaks) -> str:
     lines.append(f"a whole call: {format_seconds(call_seconds)} (kernels run one by one: "
                  f"{format_seconds(total)})")
     return "\n".join(lines)
+
+
+def quantized_kernels(graph: Any, rows: list[KernelRow]) -> str:
+    """Which kernels run quantized products and the weight bytes quantization saved."""
+    from tilefuse.ops.quant import WEIGHT_QUANTIZED
+    from tilefuse.passes.quantize import quantization_summary
+
+    summary = quantization_summary(graph)
+    names = [r.name for r in rows if any(op.name in r.ops.split("+") for op in WEIGHT_QUANTIZED)]
+    kernels = f" (kernels {', '.join(names)})" if names else ""
+    return f"quantization: {summary}{kernels}"
 
 
 def plot(rows: list[KernelRow], peaks: Peaks, path: Path) -> int:
@@ -207,7 +218,7 @@ def pass_figures() -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     quiet_torch_warnings()
-    model = load_model(args.model)
+    model = load_model(args.model, args.quantize)
     arrays = parse_inputs(model, args.input, args.seed)
     peaks = peaks_for(args)
     note(args, f"compiling {args.model} ...")
@@ -215,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         lowered = model.lower(arrays)
     rows, call_seconds = kernel_rows(lowered, arrays, peaks, args.rounds, show_progress(args))
     print(table(rows, call_seconds, peaks))
+    print(quantized_kernels(lowered.optimized, rows))
     print(f"\ngraph passes (what each changed: nodes, kernels, bytes moved, rules fired):\n"
           f"{lowered.report}")
     if args.json is not None:

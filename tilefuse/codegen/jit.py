@@ -213,7 +213,7 @@ def load_kernel(obj: bytes, signature: KernelSignature, *, target: CpuTarget | N
     except RuntimeError as exc:
         raise CompileError(f"could not load object code of kernel {signature.name}: {exc}") \
             from exc
-    return CompiledKernel(signature, engine, target, ir_text)
+    return CompiledKernel(signature, engine, target, ir_text, obj)
 
 
 def kernel_from_bytes(blob: bytes, *, target: CpuTarget | None = None) -> CompiledKernel:

@@ -18,6 +18,7 @@ import logging
 import re
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from tilefuse.onnx.importer import import_graph
 from tilefuse.onnx.model import ModelInfo, TensorSpec
 from tilefuse.onnx.tensors import OnnxError
 from tilefuse.passes.manager import run_pipeline
-from tilefuse.passes.pipeline import GRAPH_PIPELINE
+from tilefuse.passes.quantize import parse_quantize, pipeline_for
 from tilefuse.runtime.dynamic import DynamicExecutable
 from tilefuse.runtime.executable import build_executable, check_target
 
@@ -99,13 +100,36 @@ def _shown(spec: TensorSpec) -> str:
     return f"{spec.dtype.value if spec.dtype else '?'}[{dims}]"
 
 
+_ORT_TYPES = {"f64": "double", "f32": "float", "f16": "float16", "bf16": "bfloat16",
+              "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8",
+              "bool": "bool"}
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """An input or output as onnxruntime's ``get_inputs()`` describes it: ``name``, ``shape``
+    (ints, dim_param names, None for unknown dims) and ``type`` (``"tensor(float)"``), so code
+    written against onnxruntime finds the names and shapes where it looks for them."""
+
+    name: str
+    shape: list[int | str | None]
+    type: str
+
+    @classmethod
+    def of(cls, spec: TensorSpec) -> NodeArg:
+        dtype = _ORT_TYPES.get(str(spec.dtype), "undefined") if spec.dtype else "undefined"
+        return cls(spec.name, list(spec.dims) if spec.dims is not None else [],
+                   f"tensor({dtype})")
+
+
 class OnnxModel:
     """A model from :func:`tilefuse.onnx.load`. ``model(*arrays)`` returns the single output
     or a list of outputs; ``model.run(None, {"x": x})`` returns a list, as onnxruntime does."""
 
     def __init__(self, info: ModelInfo, *, target: str = "cpu",
-                 dump: str | Path | None = None):
+                 dump: str | Path | None = None, quantize: Any = None):
         check_target(target)
+        self._pipeline = pipeline_for(parse_quantize(quantize))
         self.info = info
         self._target = target
         self._dump = dump
@@ -127,6 +151,14 @@ class OnnxModel:
     @property
     def output_names(self) -> list[str]:
         return [s.name for s in self.info.outputs]
+
+    def get_inputs(self) -> list[NodeArg]:
+        """onnxruntime's ``InferenceSession.get_inputs()``: name, shape and type per input."""
+        return [NodeArg.of(s) for s in self.info.inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        """onnxruntime's ``InferenceSession.get_outputs()``."""
+        return [NodeArg.of(s) for s in self.info.outputs]
 
     def is_static(self) -> bool:
         return all(s.dims is not None and all(isinstance(d, int) for d in s.dims)
@@ -216,11 +248,11 @@ class OnnxModel:
 
     def _build(self, graph: Graph, *, symbolic: bool = False) -> Lowered:
         dump_dir = resolve_dump_dir(self._dump)
-        optimized, report = run_pipeline(graph, GRAPH_PIPELINE, dump_dir=dump_dir)
+        optimized, report = run_pipeline(graph, self._pipeline, dump_dir=dump_dir)
         if symbolic:
             executable: Any = DynamicExecutable(
                 optimized, lambda g, at: build_executable(g, self._target, at),
-                optimize=lambda g: run_pipeline(g, GRAPH_PIPELINE)[0], dump_dir=dump_dir)
+                optimize=lambda g: run_pipeline(g, self._pipeline)[0], dump_dir=dump_dir)
         else:
             executable = build_executable(optimized, self._target, dump_dir)
         return Lowered(graph, optimized, report, executable)

@@ -33,7 +33,9 @@ weights. Ops that run in torch are logged once per graph at WARNING on ``fallbac
 
 **Options** (``torch.compile(m, backend="tilefuse", options={...})`` or keywords of
 :func:`compile_exported`): ``dump`` (directory; default ``$TILEFUSE_DUMP``), ``target``
-(``"cpu"`` or ``"reference"``), ``debug`` (verify after every pass).
+(``"cpu"``, ``"cuda"`` or ``"reference"``; by default the device the inputs live on:
+:mod:`tilefuse.frontend.torch.device`), ``debug`` (verify after every pass), ``quantize``
+(``"int8"``, ``"int4"``, ...: the weights of matrix products, :mod:`tilefuse.passes.quantize`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import TilefuseError
 from tilefuse.frontend.torch import optimizer, training
 from tilefuse.frontend.torch.convert import tensors_on
+from tilefuse.frontend.torch.device import follow_data
 from tilefuse.frontend.torch.partition import (
     CompiledPartition,
     PartitionReport,
@@ -66,12 +69,12 @@ from tilefuse.frontend.torch.symbolic import is_symbolic_graph, trace_symbolic
 from tilefuse.graph.ir import Graph
 from tilefuse.log import get_logger
 from tilefuse.passes.manager import run_pipeline
-from tilefuse.passes.pipeline import GRAPH_PIPELINE
+from tilefuse.passes.quantize import QuantizeOptions, parse_quantize, pipeline_for
 from tilefuse.runtime.dynamic import DynamicExecutable, is_symbolic
 from tilefuse.runtime.executable import Executable, build_executable, check_target
 
 _DECOMPOSITIONS = core_aten_decompositions()
-KNOWN_OPTIONS = ("dump", "target", "debug")
+KNOWN_OPTIONS = ("dump", "target", "debug", "quantize")
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class Options:
     dump: Path | None = None
     target: str = "cpu"
     debug: bool = False
+    quantize: QuantizeOptions | None = None
 
     @staticmethod
     def parse(given: Mapping[str, Any] | None) -> Options:
@@ -91,7 +95,8 @@ class Options:
                                 f"(known: {', '.join(KNOWN_OPTIONS)})")
         target = str(given.get("target", "cpu"))
         check_target(target)
-        return Options(resolve_dump_dir(given.get("dump")), target, bool(given.get("debug")))
+        return Options(resolve_dump_dir(given.get("dump")), target, bool(given.get("debug")),
+                       parse_quantize(given.get("quantize")))
 
 
 Key = tuple[Any, ...]
@@ -114,6 +119,8 @@ class SpecializedGraph:
         self._lock = threading.Lock()
         self._name = graph_name(gm)
         self.reports: list[PartitionReport] = []
+        self.traced: dict[Key, fx.GraphModule] = {}
+        """The partitioned graph of each compiled signature (what tilefuse.save reads)."""
 
     def __call__(self, *args: Any) -> Any:
         key = self._key(args)
@@ -144,6 +151,7 @@ class SpecializedGraph:
             dump = None if self._options.dump is None else \
                 self._options.dump / self._name / f"s{len(self._cache)}"
             self.reports.append(compile_traced(traced, self._constants, self._options, dump))
+            self.traced[key] = traced
             self._cache[key] = direct_call(traced) or traced
             return self._cache[key]
 
@@ -215,7 +223,8 @@ def _compiler(options: Options, dump: Path | None) -> Callable[[Graph, str], Exe
     """One region's build: a static graph as one executable, a graph with symbolic input dims
     as one DynamicExecutable (one native build for every size on "cpu")."""
     def optimize(graph: Graph, where: Path | None = None) -> Graph:
-        return run_pipeline(graph, GRAPH_PIPELINE, dump_dir=where, debug=options.debug)[0]
+        return run_pipeline(graph, pipeline_for(options.quantize), dump_dir=where,
+                            debug=options.debug)[0]
 
     def compile_graph(graph: Graph, name: str) -> Executable:
         where = None if dump is None else dump / name
@@ -262,7 +271,8 @@ def tilefuse_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
 
     Returns a callable taking and returning torch tensors. See the module docstring for what is
     compiled, what runs in torch and which options exist."""
-    options = Options.parse(kwargs.get("options"))
+    options = follow_data(Options.parse(kwargs.get("options")), kwargs.get("options"),
+                          example_inputs)
     if training.needs_training(example_inputs):  # forward and backward through AOTAutograd
         return training.compile_training(gm, example_inputs, options, graph_name(gm))
     state = optimizer.stateful_attributes(gm)   # an optimizer step: state updated in place
@@ -326,7 +336,8 @@ class CompiledExported:
 
 
 def compile_exported(ep: torch.export.ExportedProgram, *, dump: str | Path | None = None,
-                     target: str = "cpu", debug: bool = False) -> CompiledExported:
+                     target: str = "cpu", debug: bool = False,
+                     quantize: str | None = None) -> CompiledExported:
     """Compiles an exported program (``torch.export.export(model, args)``) for inference:
     decomposed to core ATen, parameters, buffers and constants frozen, unsupported ops run in
     torch. The result takes and returns torch tensors."""
@@ -334,7 +345,7 @@ def compile_exported(ep: torch.export.ExportedProgram, *, dump: str | Path | Non
         raise TilefuseError(f"compile_exported needs a torch.export.ExportedProgram, got "
                             f"{type(ep).__name__}")
     return CompiledExported(ep, Options.parse({"dump": dump, "target": target,
-                                               "debug": debug}))
+                                               "debug": debug, "quantize": quantize}))
 
 
 __all__ = ["CompiledExported", "Options", "SpecializedGraph", "SymbolicGraph", "compile_exported",

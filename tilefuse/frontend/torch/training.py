@@ -21,6 +21,7 @@ saved activations) is kept in :attr:`TrainingGraph.report` and written to the du
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -194,8 +195,7 @@ class TrainingGraph:
 
             options = self.options
             if options.dump is not None:
-                options = type(options)(Path(options.dump) / self.name / half, options.target,
-                                        options.debug)
+                options = dataclasses.replace(options, dump=Path(options.dump) / self.name / half)
             compiled = SpecializedGraph(gm, {}, options)
             setattr(self, half, compiled)
             return make_boxed_func(compiled)
