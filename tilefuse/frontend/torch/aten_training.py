@@ -14,7 +14,8 @@ is left here:
   windows without NaN), and the gradient goes to that element only. Other geometries keep
   torch's own decomposition (a scatter), which runs in torch.
 - the functional ``copy`` (optimizer steps) converts to a cast/broadcast.
-- ``gather`` converts to ``take_along_axis``; ``scatter.value`` (nll_loss's backward) and
+- (``gather``, nll_loss's forward, converts in :mod:`~tilefuse.frontend.torch.aten_index`.)
+- ``scatter.value`` (nll_loss's backward) and
   ``embedding_dense_backward`` decompose into one-hot selects and products (no scatter).
 """
 
@@ -56,18 +57,6 @@ def _convolution_backward(lw: Lowering, node: fx.Node) -> Result:
     return tuple(v if want else None for v, want in zip((gx, gw, gb), mask))
 
 
-def _gather(lw: Lowering, node: fx.Node) -> Result:
-    """gather(x, dim, index) as take_along_axis, when index matches x off ``dim`` (torch's
-    gather also reads a leading block when index is smaller there, which tilefuse does not)."""
-    x, index = lw.tensor(node.args[0]), lw.tensor(node.args[2])
-    dim = int(node.args[1]) % max(len(x.shape), 1)
-    if len(x.shape) != len(index.shape) or any(
-            a != b for i, (a, b) in enumerate(zip(x.shape, index.shape)) if i != dim):
-        raise Unsupported(f"gather of index {list(index.shape)} smaller than x "
-                          f"{list(x.shape)} off dim {dim} is not supported", op=lw.op)
-    return lw.add("take_along_axis", [x, index], axis=dim)
-
-
 def _copy(lw: Lowering, node: fx.Node) -> Result:
     """The functional aten.copy(self, src): src broadcast to self's shape, in its dtype."""
     out = lw.out_type
@@ -80,7 +69,7 @@ def _copy(lw: Lowering, node: fx.Node) -> Result:
 def training_converters() -> Mapping[Any, Converter]:
     """The converters this module adds to the ATen table."""
     return {aten.convolution_backward.default: _convolution_backward,
-            aten.gather.default: _gather, aten.copy.default: _copy}
+            aten.copy.default: _copy}
 
 
 # ---- max pooling: torch-level decompositions -------------------------------------------------
