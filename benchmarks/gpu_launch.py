@@ -4,7 +4,8 @@
 
 Rows: (1) host microseconds per call of ``tilefuse.jit(fn, target="cuda")`` on torch CUDA
 tensors for a tiny function (the Python work per call: keying, checks, output allocation,
-the copies into the captured buffers and one ``cuGraphLaunch``), with CUDA graphs and with
+the copies into the captured buffers and one ``cuGraphLaunch``; ``run_device`` alone is the
+replay's own share), with CUDA graphs and with
 ``TILEFUSE_CUDA_GRAPHS=0`` (step-by-step launches), next to torch eager's call of the same
 function; (2) the issue's logsumexp over 8192x8192 f32 with the data on the device (CUDA events,
 median of rounds), tilefuse against torch, and the same through NumPy (copy in and out per call).
@@ -82,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         want = torch.tanh(x * 2.0 + y).sum(-1)
         rows[f"tiny_max_abs_err_graphs{graphs}"] = float((out - want).abs().max())
         rows[f"tiny_host_us_graphs{graphs}"] = round(host_us(lambda j=jitted: j(x, y)), 2)
+        ex = next(iter(jitted._cache.values())).executable
+        ptrs, outs = [x.data_ptr(), y.data_ptr()], [out.data_ptr()]
+        rows[f"tiny_run_device_us_graphs{graphs}"] = round(
+            host_us(lambda e=ex: e.run_device(ptrs, outs, 0)), 2)
     os.environ["TILEFUSE_CUDA_GRAPHS"] = "1"
     rows["tiny_host_us_torch_eager"] = round(host_us(lambda: torch.tanh(x * 2.0 + y).sum(-1)), 2)
 

@@ -189,7 +189,7 @@ class FakeDriver:
     def cuGraphGetNodes(self, graph: int, n: int) -> tuple[int, list[Any], int]:
         return 0, [], len(self.graphs[graph])
 
-    def cuGraphInstantiateWithFlags(self, graph: int, flags: int) -> tuple[int, int]:
+    def cuGraphInstantiate(self, graph: int, flags: int) -> tuple[int, int]:
         return 0, graph
 
     def cuGraphDestroy(self, graph: int) -> tuple[int]:

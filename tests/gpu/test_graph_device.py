@@ -63,5 +63,6 @@ def test_half_precision_and_side_stream() -> None:
             ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
             got = jitted(ta, tb)
         stream.synchronize()
-        want = (a.astype(np.float32) * b.astype(np.float32)).sum(axis=1)
-        assert_close(got.float().cpu().numpy(), want, reduction=True, msg=f"call {call}")
+        want = (a.astype(np.float32) * b.astype(np.float32)).sum(axis=1).astype(np.float16)
+        assert got.dtype == torch.float16
+        assert_close(got.cpu().numpy(), want, reduction=True, msg=f"call {call}")

@@ -23,11 +23,20 @@ from tilefuse.graph.ir import Graph, Value
 DLPACK_CUDA = 2
 
 
+_TORCH_TYPES: set[type] = set()
+
+
 def is_device_array(value: Any) -> bool:
-    """Whether ``value`` is a CUDA array of another library (DLPack's device says so)."""
+    """Whether ``value`` is a CUDA array of another library (DLPack's device says so; a torch
+    tensor type seen once is asked ``is_cuda``, which is cheaper)."""
+    if type(value) in _TORCH_TYPES:
+        return bool(value.is_cuda)
     probe = getattr(value, "__dlpack_device__", None)
     if probe is None or type(value).__module__ == "numpy":
         return False
+    if type(value).__module__.startswith("torch") and hasattr(value, "is_cuda"):
+        _TORCH_TYPES.add(type(value))
+        return bool(value.is_cuda)
     try:
         return int(probe()[0]) == DLPACK_CUDA
     except Exception:  # a torch CPU tensor says 1; anything odd is not a device array
@@ -49,9 +58,9 @@ class _Torch:
             (lambda: torch.cuda.current_stream(0).cuda_stream)
 
     def check(self, a: Any, v: Value) -> str | None:
-        if a.device != self.device:
+        if a.get_device() != 0:
             return f"lives on {a.device}, the cuda target runs on cuda:0"
-        if self.dtypes.get(v.dtype) != a.dtype or tuple(a.shape) != v.shape:
+        if self.dtypes.get(v.dtype) != a.dtype or a.shape != v.shape:
             return f"is {a.dtype}{list(a.shape)}, the compiled graph takes {v.type}"
         if not a.is_contiguous():
             return "is not contiguous (pass .contiguous())"

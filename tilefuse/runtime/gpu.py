@@ -395,7 +395,7 @@ class CudaExecutable:
         self._capture = False
         try:
             graph = CudaGraph(self.context, self._record)
-        except CudaError as err:
+        except (CudaError, AttributeError, TypeError) as err:  # an older/newer cuda-python
             get_logger("fallback").warning(
                 "%s: CUDA graph capture failed (%s): each call launches its %d steps one by "
                 "one", self.graph.name, err, len(self.program.steps))
