@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         ex = next(iter(jitted._cache.values())).executable
         ptrs, outs = [x.data_ptr(), y.data_ptr()], [out.data_ptr()]
         rows[f"tiny_run_device_us_graphs{graphs}"] = round(
-            host_us(lambda e=ex: e.run_device(ptrs, outs, 0)), 2)
+            host_us(lambda e=ex, p=ptrs, o=outs: e.run_device(p, o, 0)), 2)
     os.environ["TILEFUSE_CUDA_GRAPHS"] = "1"
     rows["tiny_host_us_torch_eager"] = round(host_us(lambda: torch.tanh(x * 2.0 + y).sum(-1)), 2)
 
