@@ -157,11 +157,14 @@ def test_jit_device_arrays_stay_on_the_device(fake: FakeDriver, fake_kind: FakeK
         assert all(isinstance(g, FakeDeviceArray) for g in got), call
         for g, w in zip(got, f(x, y), strict=True):
             assert_close(g.array, w, reduction=True, msg=f"call {call}")
+    by_name = jitted(FakeDeviceArray(x), y=FakeDeviceArray(y))   # a keyword argument
+    assert_close(by_name[0].array, f(x, y)[0], reduction=True)
     host = jitted(x, y)   # NumPy in, NumPy out: the same compiled entry
     assert all(type(h) is np.ndarray for h in host)
     assert_close(host[0], f(x, y)[0])
-    assert fake_kind.streams == 3 and fake.calls["cuGraphLaunch"] == 3
-    assert len(jitted._cache) == 1   # device and NumPy calls share one compiled entry
+    # replays: calls 2 and 3 and the NumPy call (the keyword entry ran its first call only)
+    assert fake_kind.streams == 4 and fake.calls["cuGraphLaunch"] == 3
+    assert len(jitted._cache) == 2   # positional and keyword y are two keys; NumPy shares one
 
 
 def test_device_array_errors(fake: FakeDriver, fake_kind: FakeKind) -> None:

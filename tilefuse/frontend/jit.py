@@ -177,7 +177,7 @@ class JitFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         device = None
-        if self._target == "cuda" and not all(type(a) is np.ndarray for a in args):
+        if self._target == "cuda" and (kwargs or not all(type(a) is np.ndarray for a in args)):
             device = (args, kwargs)   # device arrays: keyed and traced through stand-ins
             args, kwargs = device_standins(args, kwargs)
             if args is device[0] and kwargs is device[1]:
@@ -555,7 +555,12 @@ def jit(fn: Callable[..., Any] | None = None, *, target: str = "cpu",
 
     Arrays (and NumPy scalars) are traced; Python scalars, strings, None and tuples of those,
     and the arguments named in ``static_argnames``, are static: each new value compiles anew.
-    Lists are rejected. ``target`` is "cpu" or "reference"; ``dump`` (or ``$TILEFUSE_DUMP``)
+    Lists are rejected. ``target`` is "cpu", "reference" or "cuda". Under "cuda", torch CUDA
+    tensors and CuPy arrays are read in place and the results are fresh arrays of the same
+    library on the device (queued on its current stream); NumPy arrays are copied in once per
+    call and the results come back as NumPy (see :mod:`tilefuse.runtime.device_arrays` and
+    :mod:`tilefuse.runtime.cuda_graph`: after its first call a specialisation replays as one
+    CUDA graph). ``dump`` (or ``$TILEFUSE_DUMP``)
     writes the graph after each pass; ``debug`` verifies the graph after every pass.
     ``dynamic`` says which array dims are symbolic (default: automatic, a dim becomes dynamic
     at its second size; see :mod:`tilefuse.frontend.dynamic_dims`); more than
