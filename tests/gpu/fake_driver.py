@@ -169,6 +169,9 @@ class FakeDriver:
     def cuEventCreate(self, flags: int) -> tuple[int, int]:
         return 0, self._handle()
 
+    def cuEventDestroy(self, event: Any) -> tuple[int]:
+        return (0,)
+
     def cuEventRecord(self, event: Any, stream: Any) -> tuple[int]:
         return (0,)
 

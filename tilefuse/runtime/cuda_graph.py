@@ -117,6 +117,13 @@ class GraphReplay:
             self._raw_handles = (_handle(context.context), _handle(self._done),
                                  _handle(graph.exec))
 
+    def __del__(self) -> None:
+        try:
+            with self.context:
+                _call("cuEventDestroy", self._done)
+        except Exception:  # interpreter shutdown: the driver may be gone already
+            pass
+
     def _fail(self, name: str, result: Any) -> None:
         status = result[0] if isinstance(result, tuple) else result
         raise CudaError(f"CUDA {name} failed during a graph replay: "
