@@ -50,6 +50,7 @@ from tilefuse.log import get_logger
 from tilefuse.passes.manager import run_pipeline
 from tilefuse.passes.pipeline import graph_pipeline
 from tilefuse.passes.quantize import parse_quantize, pipeline_for
+from tilefuse.runtime.device_arrays import device_standins
 from tilefuse.runtime.dynamic import DynamicExecutable, SymbolConflict, SymbolGuardError
 from tilefuse.runtime.executable import Executable, build_executable, check_target
 
@@ -126,6 +127,11 @@ class _Entry:
             arrays += [_contiguous(kwargs[k]) for k in self.keywords]
         return self.pack(self.executable.run_trusted(arrays))
 
+    def run_device(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call on device arrays (target cuda): results of the same library, on the device."""
+        arrays = [args[i] for i in self.positions] + [kwargs[k] for k in self.keywords]
+        return self.pack(self.executable.run_arrays(arrays))  # type: ignore[attr-defined]
+
 
 class JitFunction:
     """A function compiled by :func:`jit`. Call it like the original function."""
@@ -170,6 +176,12 @@ class JitFunction:
     # ---- calls -----------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        device = None
+        if self._target == "cuda" and (kwargs or not all(type(a) is np.ndarray for a in args)):
+            device = (args, kwargs)   # device arrays: keyed and traced through stand-ins
+            args, kwargs = device_standins(args, kwargs)
+            if args is device[0] and kwargs is device[1]:
+                device = None
         try:
             key = self._key(args, kwargs)
         except InlineCall:  # called on tracers from inside another trace: trace through
@@ -182,6 +194,11 @@ class JitFunction:
             entry = self._miss(key, args, kwargs)
         else:
             self._hits += 1
+        if device is not None:
+            if not isinstance(entry, _Entry):
+                raise TraceError(f"{self._qualname} has graph breaks: device arrays are only "
+                                 f"taken by functions traced whole (pass NumPy arrays)")
+            return entry.run_device(*device)
         try:
             return entry.run(args, kwargs)
         except (SymbolConflict, SymbolGuardError) as err:  # raised before any native code
@@ -538,7 +555,12 @@ def jit(fn: Callable[..., Any] | None = None, *, target: str = "cpu",
 
     Arrays (and NumPy scalars) are traced; Python scalars, strings, None and tuples of those,
     and the arguments named in ``static_argnames``, are static: each new value compiles anew.
-    Lists are rejected. ``target`` is "cpu" or "reference"; ``dump`` (or ``$TILEFUSE_DUMP``)
+    Lists are rejected. ``target`` is "cpu", "reference" or "cuda". Under "cuda", torch CUDA
+    tensors and CuPy arrays are read in place and the results are fresh arrays of the same
+    library on the device (queued on its current stream); NumPy arrays are copied in once per
+    call and the results come back as NumPy (see :mod:`tilefuse.runtime.device_arrays` and
+    :mod:`tilefuse.runtime.cuda_graph`: after its first call a specialisation replays as one
+    CUDA graph). ``dump`` (or ``$TILEFUSE_DUMP``)
     writes the graph after each pass; ``debug`` verifies the graph after every pass.
     ``dynamic`` says which array dims are symbolic (default: automatic, a dim becomes dynamic
     at its second size; see :mod:`tilefuse.frontend.dynamic_dims`); more than

@@ -21,6 +21,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from tilefuse.dtypes import DType
 from tilefuse.runtime.cuda_driver import CudaContext, CudaError
@@ -73,7 +74,8 @@ def _library() -> ctypes.CDLL:
 
 
 class Cublas:
-    """One cuBLAS handle bound to ``context``, launching on the legacy default stream."""
+    """One cuBLAS handle bound to ``context``, launching on the legacy default stream (or the
+    stream of :meth:`set_stream`)."""
 
     def __init__(self, context: CudaContext, workspace_bytes: int = WORKSPACE_BYTES):
         self.context = context
@@ -89,6 +91,13 @@ class Cublas:
                 self._check("cublasSetWorkspace_v2", self.lib.cublasSetWorkspace_v2(
                     self.handle, ctypes.c_void_p(self.workspace.ptr),
                     ctypes.c_size_t(workspace_bytes)))
+
+    def set_stream(self, stream: Any) -> None:
+        """Launches from now on go to ``stream`` (a driver stream handle or int; 0 is the legacy
+        default stream): a CUDA graph is captured on a stream of its own."""
+        with self._lock, self.context:
+            self._check("cublasSetStream_v2",
+                        self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(int(stream))))
 
     @staticmethod
     def _check(call: str, status: int) -> None:

@@ -128,6 +128,20 @@ class CudaContext:
         with self:
             _call("cuCtxSynchronize")
 
+    # ---------------------------------------------------------------- streams and events
+    def stream(self) -> Any:
+        """A new non-blocking stream (not ordered with the legacy default stream): CUDA graphs
+        are captured on one (:mod:`tilefuse.runtime.cuda_graph`)."""
+        driver = _driver()
+        with self:
+            return _call("cuStreamCreate", driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
+
+    def event(self) -> Any:
+        """A new event without timing (cheap to record and wait on)."""
+        driver = _driver()
+        with self:
+            return _call("cuEventCreate", driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+
     # ---------------------------------------------------------------- code
     def load_ptx(self, ptx: str) -> CudaModule:
         with self:
@@ -135,14 +149,15 @@ class CudaContext:
         return CudaModule(self, module)
 
     def launch(self, function: Any, grid: int, block: int, args: Sequence[int],
-               scalars: Sequence[int] = ()) -> None:
+               scalars: Sequence[int] = (), stream: Any = 0) -> None:
         """Launches ``function`` on a 1-D grid; ``args`` are device pointers, ``scalars``
-        i64 values (in the kernel's parameter order: buffers, then scalars)."""
+        i64 values (in the kernel's parameter order: buffers, then scalars); ``stream`` 0 is
+        the legacy default stream."""
         values = [ctypes.c_void_p(a) for a in args] + [ctypes.c_int64(s) for s in scalars]
         params = (ctypes.c_void_p * len(values))(
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
         with self:
-            _call("cuLaunchKernel", function, grid, 1, 1, block, 1, 1, 0, 0,
+            _call("cuLaunchKernel", function, grid, 1, 1, block, 1, 1, 0, stream,
                   ctypes.addressof(params), 0)
 
     def resident_blocks(self, function: Any, block: int) -> int:

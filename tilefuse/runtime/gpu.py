@@ -57,7 +57,9 @@ from tilefuse.loop.ir import LoopFunction
 from tilefuse.loop.printer import format_function
 from tilefuse.passes.decompose import decompose_composites
 from tilefuse.runtime.cublas import CUBLAS_DTYPES, Cublas, GemmShape
-from tilefuse.runtime.cuda_driver import CudaContext, DeviceBuffer
+from tilefuse.runtime.cuda_driver import CudaContext, CudaError, DeviceBuffer
+from tilefuse.runtime.cuda_graph import CudaGraph, GraphReplay, graphs_enabled
+from tilefuse.runtime.device_arrays import device_kind
 from tilefuse.runtime.dynamic import SymbolBinder
 from tilefuse.runtime.gpu_prepare import prepare_for_gpu
 from tilefuse.runtime.memory import MemoryPlan, plan_from_liveness, value_names
@@ -373,6 +375,46 @@ class CudaExecutable:
                      if isinstance(s, GemmStep) and s.mma is not None}
         for v in self.graph.inputs:
             self._buffers.setdefault(v, self.context.alloc(_nbytes(v)))
+        self._replay: GraphReplay | None = None
+        self._capture = graphs_enabled()
+        if self._capture and any(isinstance(s, HostGroup) for s in program.steps):
+            self._capture = False
+            get_logger("fallback").warning(
+                "%s: not replayed as a CUDA graph (it has host steps): each call launches its "
+                "%d steps one by one", self.graph.name, len(program.steps))
+
+    @property
+    def graph_nodes(self) -> int | None:
+        """Nodes of the CUDA graph a call replays (None: not captured, or not yet)."""
+        return None if self._replay is None else self._replay.graph.nodes
+
+    def _after_first_call(self) -> None:
+        """Captures the steps as one CUDA graph (:mod:`tilefuse.runtime.cuda_graph`) once a
+        call has run them step by step; a capture the driver refuses is logged and not
+        tried again (calls keep launching step by step)."""
+        self._capture = False
+        try:
+            graph = CudaGraph(self.context, self._record)
+        except (CudaError, AttributeError, TypeError) as err:  # an older/newer cuda-python
+            get_logger("fallback").warning(
+                "%s: CUDA graph capture failed (%s): each call launches its %d steps one by "
+                "one", self.graph.name, err, len(self.program.steps))
+            return
+        self._replay = GraphReplay(self.context, graph,
+                                   [self._buffers[v] for v in self.graph.inputs],
+                                   [self._buffer(v) for v in self.graph.outputs])
+        get_logger("fallback").info("%s: %d steps captured as a CUDA graph of %d nodes",
+                                    self.graph.name, len(self.program.steps), graph.nodes)
+
+    def _record(self, stream: Any) -> None:
+        if self._cublas is None:
+            self.launch_all(stream)
+            return
+        self._cublas.set_stream(stream)
+        try:
+            self.launch_all(stream)
+        finally:
+            self._cublas.set_stream(0)
 
     def __repr__(self) -> str:
         return f"CudaExecutable(@{self.graph.name} on {self.context.info.name})"
@@ -462,6 +504,10 @@ class CudaExecutable:
 
     def run_trusted(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         with self._lock:
+            if self._replay is not None:
+                outs = [np.empty(v.shape, v.dtype.np) for v in self.graph.outputs]
+                self._replay.run_host(arrays, outs)
+                return outs
             for value, a in zip(self.graph.inputs, arrays):
                 self._buffers[value].copy_from(a)
             self.launch_all()
@@ -472,30 +518,49 @@ class CudaExecutable:
                 else:
                     host = np.empty(value.shape, value.dtype.np)
                     outs.append(self._buffer(value).copy_to(host))
+            if self._capture:
+                self._after_first_call()
             return outs
 
     device = "cuda"
     """Where the executable's memory lives: callers with device tensors use
     :meth:`run_device`."""
 
-    def run_device(self, inputs: Sequence[int], outputs: Sequence[int]) -> None:
+    def run_device(self, inputs: Sequence[int], outputs: Sequence[int],
+                   stream: Any = 0) -> None:
         """One call on device memory the caller owns (torch CUDA tensors, say): ``inputs`` and
         ``outputs`` are device pointers to C-contiguous buffers of the graph's input and
-        output types; inputs are read in place, no host copy is made. Launches go to the
-        legacy default stream, which orders them after the caller's earlier work there."""
+        output types; no host copy is made. Replayed as a CUDA graph (inputs copied device to
+        device into its buffers), it is queued on ``stream`` without waiting; step by step
+        (the first call, or a program with host steps) inputs are read in place and launches
+        go to the legacy default stream, which orders them after the caller's earlier work
+        there."""
         if len(inputs) != len(self.graph.inputs) or len(outputs) != len(self.graph.outputs):
             raise GuardError(f"{self.graph.name}: run_device takes {len(self.graph.inputs)} "
                              f"input and {len(self.graph.outputs)} output pointers")
         with self._lock:
+            if self._replay is not None:
+                self._replay.run_device(inputs, outputs, stream)
+                return
             self._bound = dict(zip(self.graph.inputs, inputs))
             try:
                 self.launch_all()
+                for value, ptr in zip(self.graph.outputs, outputs):
+                    self.context.copy_device(ptr, self._bound_ptr(value), _nbytes(value))
             finally:
                 self._bound = {}
-            for value, ptr in zip(self.graph.outputs, outputs):
-                source = self._bound_ptr(value) if value in self.graph.inputs else \
-                    self._buffer(value).ptr
-                self.context.copy_device(ptr, source, _nbytes(value))
+            if self._capture:
+                self._after_first_call()
+
+    def run_arrays(self, arrays: Sequence[Any]) -> list[Any]:
+        """One call on device arrays (torch CUDA tensors, CuPy arrays: anything
+        :mod:`tilefuse.runtime.device_arrays` reads); results are fresh arrays of the same
+        library on the same device, queued on its current stream (nothing waits)."""
+        kind = device_kind(arrays, self.graph)
+        outs = [kind.empty(v) for v in self.graph.outputs]
+        self.run_device([kind.pointer(a) for a in arrays], [kind.pointer(o) for o in outs],
+                        kind.stream())
+        return outs
 
     def _bound_ptr(self, value: Value) -> int:
         found = self._bound.get(value)
@@ -505,24 +570,26 @@ class CudaExecutable:
         self._check(arrays)
         return self.run_trusted([np.ascontiguousarray(a) for a in arrays])
 
-    def launch_all(self) -> None:
-        """Every step once, on the device's default stream (host steps synchronise)."""
+    def launch_all(self, stream: Any = 0) -> None:
+        """Every step once, on ``stream`` (0: the device's default stream; host steps
+        synchronise). cuBLAS launches on its handle's stream (:meth:`Cublas.set_stream`)."""
         for step in self.program.steps:
             if isinstance(step, GpuKernel):
                 _, function = self._functions[step.fn.name]
                 self.context.launch(function, self._grids[step.fn.name], step.block,
-                                    [self._bound_ptr(v) for v in step.bindings])
+                                    [self._bound_ptr(v) for v in step.bindings], stream=stream)
             elif isinstance(step, FusedStep):
                 kernel, function = self._fused[id(step)]
                 self.context.launch(function, kernel.grid, kernel.block,
-                                    [self._bound_ptr(v) for v in step.bindings])
+                                    [self._bound_ptr(v) for v in step.bindings], stream=stream)
             elif isinstance(step, GemmStep):
                 assert self._cublas is not None
                 args = [self._bound_ptr(step.a), self._bound_ptr(step.b),
                         self._buffer(step.out).ptr]
                 generated = self._mma.get(id(step))
                 if generated is not None and step.mma is not None:
-                    self.context.launch(generated, step.mma.grid, step.mma.block, args)
+                    self.context.launch(generated, step.mma.grid, step.mma.block, args,
+                                        stream=stream)
                 else:
                     self._cublas.gemm(step.shape, *args)
             else:
