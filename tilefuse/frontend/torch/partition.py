@@ -151,8 +151,10 @@ class CompiledPartition(torch.nn.Module):
         device = inputs[0].device if inputs else torch.device("cuda")
         outs = [torch.empty(tuple(v.shape), dtype=DTYPE_TO_TORCH[v.dtype], device=device)
                 for v in graph.outputs]
+        # Queued on torch's current stream, so torch's own work on these tensors orders with it.
+        stream = torch.cuda.current_stream(device).cuda_stream
         self.executable.run_device([t.data_ptr() for t in inputs],  # type: ignore[attr-defined]
-                                   [o.data_ptr() for o in outs])
+                                   [o.data_ptr() for o in outs], stream)
         return outs[0] if self.single else tuple(outs)
 
 
