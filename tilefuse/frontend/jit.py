@@ -30,6 +30,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from tilefuse.driver import CompileOptions, compile_graph, optimize
 from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import CompileError, GuardError, TilefuseError, TraceError
 from tilefuse.frontend.arguments import (
@@ -45,12 +46,11 @@ from tilefuse.frontend.dynamic_dims import DynamicDims, DynamicSpec, changed_dim
 from tilefuse.graph.ir import Graph
 from tilefuse.graph.types import Sym
 from tilefuse.log import get_logger
-from tilefuse.passes.manager import run_pipeline
-from tilefuse.passes.pipeline import GRAPH_PIPELINE
 from tilefuse.runtime.dynamic import DynamicExecutable, SymbolConflict, SymbolGuardError
-from tilefuse.runtime.executable import Executable, build_executable, check_target
+from tilefuse.runtime.executable import Executable
+from tilefuse.target import Target
 
-Key = tuple[str, tuple[KeyPart, ...], tuple[tuple[str, KeyPart], ...]]
+Key = tuple[Target, tuple[KeyPart, ...], tuple[tuple[str, KeyPart], ...]]
 
 DEFAULT_MAX_RECOMPILES = 8
 """Recompiles of one jitted function (compiles after the first) before RecompileLimitError."""
@@ -127,18 +127,17 @@ class _Entry:
 class JitFunction:
     """A function compiled by :func:`jit`. Call it like the original function."""
 
-    def __init__(self, fn: Callable[..., Any], *, target: str = "cpu",
+    def __init__(self, fn: Callable[..., Any], *, target: str | Target = "cpu",
                  dump: str | Path | None = None, debug: bool = False,
                  static_argnames: Iterable[str] | str = (), dynamic: DynamicSpec = None,
                  max_recompiles: int = DEFAULT_MAX_RECOMPILES):
         if not callable(fn):
             raise TraceError(f"jit needs a function, got {type(fn).__name__}")
-        check_target(target)
         if isinstance(static_argnames, str):
             static_argnames = (static_argnames,)
         functools.update_wrapper(self, fn)
         self._fn = fn
-        self._target = target
+        self._target = Target.parse(target)  # TargetError (a CompileError) naming it
         self._dump = dump
         self._debug = debug
         self._names = ArgumentNames(fn, static_argnames)
@@ -154,7 +153,7 @@ class JitFunction:
 
     def __repr__(self) -> str:
         return f"<tilefuse.jit of {getattr(self._fn, '__qualname__', self._fn)} " \
-               f"(target {self._target!r}, {len(self._cache)} entries)>"
+               f"(target {str(self._target)!r}, {len(self._cache)} entries)>"
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """As a method: the instance becomes the first argument (name it in static_argnames)."""
@@ -260,19 +259,13 @@ class JitFunction:
 
     def _compile(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
         dump_dir = resolve_dump_dir(self._dump)
-        captured, optimized, report = self._trace_and_optimize(key, args, kwargs, dump_dir)
-        if _key_symbols(key):
-            executable: Executable = DynamicExecutable(
-                optimized, lambda g, where: build_executable(g, self._target, where),
-                optimize=self._optimize_specialized, dump_dir=dump_dir)  # type: ignore[assignment]
-        else:
-            executable = build_executable(optimized, self._target, dump_dir)
-        return _Entry(key, captured, optimized, report, executable)
-
-    def _optimize_specialized(self, graph: Graph) -> Graph:
-        """The pipeline again on a graph whose symbols were replaced by sizes (so that a
-        specialisation is what a static compile of those sizes builds)."""
-        return run_pipeline(graph, GRAPH_PIPELINE, debug=self._debug)[0]
+        captured = capture(self._fn, self._names, args, kwargs, key[1], key[2])
+        # The compile driver: graph pipeline, kernels, schedules, lowering, codegen; an entry
+        # with symbolic dims gets a DynamicExecutable whose specialisations run the pipeline
+        # again on their static graphs.
+        compiled = compile_graph(captured.graph, self._target,
+                                 CompileOptions(dump_dir=dump_dir, debug=self._debug))
+        return _Entry(key, captured, compiled.optimized, compiled.report, compiled.executable)
 
     # ---- dynamic dims ----------------------------------------------------------------------
 
@@ -369,8 +362,8 @@ class JitFunction:
     def _trace_and_optimize(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
                             dump_dir: Path | None) -> tuple[Captured, Graph, Any]:
         captured = capture(self._fn, self._names, args, kwargs, key[1], key[2])
-        optimized, report = run_pipeline(captured.graph, GRAPH_PIPELINE, dump_dir=dump_dir,
-                                         debug=self._debug)
+        optimized, report = optimize(captured.graph,
+                                     CompileOptions(dump_dir=dump_dir, debug=self._debug))
         return captured, optimized, report
 
     # ---- introspection ---------------------------------------------------------------------
@@ -435,19 +428,19 @@ class JitFunction:
 
 
 @overload
-def jit(fn: Callable[..., Any], *, target: str = ..., dump: str | Path | None = ...,
+def jit(fn: Callable[..., Any], *, target: str | Target = ..., dump: str | Path | None = ...,
         debug: bool = ..., static_argnames: Iterable[str] | str = ...,
         dynamic: DynamicSpec = ..., max_recompiles: int = ...) -> JitFunction: ...
 
 
 @overload
-def jit(fn: None = ..., *, target: str = ..., dump: str | Path | None = ...,
+def jit(fn: None = ..., *, target: str | Target = ..., dump: str | Path | None = ...,
         debug: bool = ..., static_argnames: Iterable[str] | str = ...,
         dynamic: DynamicSpec = ..., max_recompiles: int = ...
         ) -> Callable[[Callable[..., Any]], JitFunction]: ...
 
 
-def jit(fn: Callable[..., Any] | None = None, *, target: str = "cpu",
+def jit(fn: Callable[..., Any] | None = None, *, target: str | Target = "cpu",
         dump: str | Path | None = None, debug: bool = False,
         static_argnames: Iterable[str] | str = (), dynamic: DynamicSpec = None,
         max_recompiles: int = DEFAULT_MAX_RECOMPILES) -> Any:

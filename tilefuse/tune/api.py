@@ -222,10 +222,9 @@ def graph_of(source: Any, args: Sequence[Any]) -> Graph:
 
 def optimize_graph(graph: Graph) -> Graph:
     """``graph`` through the pass pipeline builds run (what they compile)."""
-    from tilefuse.passes.manager import run_pipeline
-    from tilefuse.passes.pipeline import GRAPH_PIPELINE
+    from tilefuse.driver import optimize
 
-    return run_pipeline(graph, GRAPH_PIPELINE)[0]
+    return optimize(graph)[0]
 
 
 def _is_model_proto(source: Any) -> bool:

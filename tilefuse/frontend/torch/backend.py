@@ -52,6 +52,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
+from tilefuse.driver import CompileOptions, compile
 from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import TilefuseError
 from tilefuse.frontend.torch.convert import tensors_on
@@ -64,10 +65,8 @@ from tilefuse.frontend.torch.partition import (
 from tilefuse.frontend.torch.symbolic import is_symbolic_graph, trace_symbolic
 from tilefuse.graph.ir import Graph
 from tilefuse.log import get_logger
-from tilefuse.passes.manager import run_pipeline
-from tilefuse.passes.pipeline import GRAPH_PIPELINE
-from tilefuse.runtime.dynamic import DynamicExecutable, is_symbolic
-from tilefuse.runtime.executable import Executable, build_executable, check_target
+from tilefuse.runtime.executable import Executable
+from tilefuse.target import Target
 
 _DECOMPOSITIONS = core_aten_decompositions()
 KNOWN_OPTIONS = ("dump", "target", "debug")
@@ -88,8 +87,7 @@ class Options:
         if unknown:
             raise TilefuseError(f"unknown tilefuse option(s) {', '.join(unknown)} "
                                 f"(known: {', '.join(KNOWN_OPTIONS)})")
-        target = str(given.get("target", "cpu"))
-        check_target(target)
+        target = str(Target.parse(str(given.get("target", "cpu"))))  # TargetError naming it
         return Options(resolve_dump_dir(given.get("dump")), target, bool(given.get("debug")))
 
 
@@ -211,17 +209,9 @@ def compile_traced(traced: fx.GraphModule, frozen: Mapping[int, torch.Tensor],
 def _compiler(options: Options, dump: Path | None) -> Callable[[Graph, str], Executable]:
     """One region's build: a static graph as one executable, a graph with symbolic input dims
     as one DynamicExecutable (one native build for every size on "cpu")."""
-    def optimize(graph: Graph, where: Path | None = None) -> Graph:
-        return run_pipeline(graph, GRAPH_PIPELINE, dump_dir=where, debug=options.debug)[0]
-
     def compile_graph(graph: Graph, name: str) -> Executable:
         where = None if dump is None else dump / name
-        optimized = optimize(graph, where)
-        if is_symbolic(optimized):
-            return DynamicExecutable(  # type: ignore[return-value]
-                optimized, lambda g, at: build_executable(g, options.target, at),
-                optimize=optimize, dump_dir=where)
-        return build_executable(optimized, options.target, where)
+        return compile(graph, options.target, CompileOptions(dump_dir=where, debug=options.debug))
     return compile_graph
 
 
