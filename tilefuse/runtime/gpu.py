@@ -55,8 +55,8 @@ from tilefuse.runtime.cublas import Cublas, GemmShape
 from tilefuse.runtime.cuda_driver import CudaContext, DeviceBuffer
 from tilefuse.runtime.dynamic import SymbolBinder
 from tilefuse.runtime.memory import MemoryPlan, plan_from_liveness, value_names
-from tilefuse.tune.database import TuningDatabase
-from tilefuse.tune.gpu import tuned_target
+from tilefuse.schedules.database import TuningDatabase
+from tilefuse.schedules.gpu import tuned_target
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,8 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
                       database: TuningDatabase | None = None,
                       plan: KernelPlan | None = None) -> GpuProgram:
     """Plans, lowers and compiles ``graph`` to PTX (see the module docstring); a kernel with
-    a schedule measured in ``database`` (:mod:`tilefuse.tune.gpu`) is built with it."""
+    a schedule measured in ``database`` (looked up by :mod:`tilefuse.schedules.gpu`) is built
+    with it."""
     for v in [*graph.inputs, *(o for n in graph.nodes for o in n.outputs)]:
         if not is_static(v.shape):
             raise CompileError(f"the cuda target needs static shapes, got {v.type}")

@@ -28,8 +28,8 @@ from tilefuse.kernel.schedule import Schedule
 from tilefuse.runtime.kernel_cache import KernelCache
 from tilefuse.runtime.profile import step_calls
 from tilefuse.runtime.schedules import ForcedSchedules
+from tilefuse.schedules.database import TuneKey, TuningDatabase
 from tilefuse.testing import random_array
-from tilefuse.tune.database import TuneKey, TuningDatabase
 from tilefuse.tune.task import TuneError
 from tilefuse.tune.tuner import paired_gain
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilefuse.dtypes import DType
-from tilefuse.tune.database import TuningDatabase
+from tilefuse.schedules.database import TuningDatabase
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ cache), so what is timed is exactly what a build with that schedule runs: the sa
 B packing, arena and launcher, called through ``run_trusted`` as ``tilefuse.jit`` calls it.
 :meth:`TuneTask.loop_functions` only lowers (for the cost model's features, no compiling).
 
-The task also gives the group's fingerprint (:mod:`tilefuse.tune.fingerprint`, the key builds
+The task also gives the group's fingerprint (:mod:`tilefuse.schedules.fingerprint`, the key builds
 look up) and its reference outputs (the ops' NumPy references, node by node).
 """
 
@@ -45,9 +45,9 @@ from tilefuse.runtime.kernel_cache import KernelCache
 from tilefuse.runtime.native import NativeExecutable
 from tilefuse.runtime.profile import group_work
 from tilefuse.runtime.schedules import ForcedSchedules
+from tilefuse.schedules.fingerprint import group_fingerprint
 from tilefuse.target import Target
 from tilefuse.testing import random_array
-from tilefuse.tune.fingerprint import group_fingerprint
 
 TUNABLE_KINDS = frozenset({KernelKind.CONTRACTION, KernelKind.ELEMENTWISE,
                            KernelKind.ROW_REDUCTION, KernelKind.ATTENTION})
@@ -164,7 +164,8 @@ class TuneTask:
         return iteration_axes(self.group)
 
     def fingerprint(self) -> str:
-        """The database key's kernel part (:func:`~tilefuse.tune.fingerprint.group_fingerprint`)."""
+        """The database key's kernel part
+        (:func:`~tilefuse.schedules.fingerprint.group_fingerprint`)."""
         return self._fingerprint
 
     def random_inputs(self, rng: np.random.Generator) -> dict[Value, np.ndarray]:
