@@ -199,7 +199,7 @@ def compile_traced(traced: fx.GraphModule, frozen: Mapping[int, torch.Tensor],
     placeholder positions to the tensors frozen into the compiled code."""
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     constants = {placeholders[i]: t.detach() for i, t in frozen.items()}
-    with tensors_on("cuda" if options.target == "cuda" else "cpu"):
+    with tensors_on("cuda" if options.target.startswith("cuda") else "cpu"):
         report = partition_and_compile(traced, constants, _compiler(options, dump))
     if dump is not None:
         write_report(dump, traced, report)
