@@ -1,7 +1,8 @@
 """Graph passes and the pass manager. :data:`GRAPH_PIPELINE` is the one list that runs.
 
-Every name is imported on first use: the pipeline imports equality saturation (egglog), which
-``import tilefuse`` does not load.
+The pipeline and the pass manager are imported on first use: the pipeline imports equality
+saturation (egglog), which ``import tilefuse`` does not load. The single passes are imported
+here (their names are also their modules' names, which a lazy import would shadow).
 """
 
 from __future__ import annotations
@@ -9,18 +10,21 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_WHERE = {
-    "simplify_algebra": "algebra", "cse": "cse", "dce": "dce",
-    "decompose_composites": "decompose",
+from tilefuse.passes.algebra import simplify_algebra
+from tilefuse.passes.cse import cse
+from tilefuse.passes.dce import dce
+from tilefuse.passes.decompose import decompose_composites
+from tilefuse.passes.shape_infer import shape_infer, specialize
+
+_LAZY = {
     "Pass": "manager", "PassRecord": "manager", "PassSpec": "manager",
     "PipelineReport": "manager", "run_pipeline": "manager",
     "GRAPH_PIPELINE": "pipeline",
-    "shape_infer": "shape_infer", "specialize": "shape_infer",
 }
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
+    module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
