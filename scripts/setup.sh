@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Creates (or reuses) the project's virtual environment in .venv and installs tilefuse into it with
-# the development tools and the optional parts (onnx, onnxruntime as the ONNX peer, torch 2.13.0
-# CPU, LightGBM for the tuner's cost model, transformers for the model zoo), so that their tests run rather than skip. Safe to run again; a fresh machine needs only
-# Python 3.11+ and access to PyPI.
+# Creates (or reuses) the project's virtual environment in .venv and installs tilefuse into it.
+# By default with every extra: the development tools and the optional parts (onnx, onnxruntime as
+# the ONNX peer, torch 2.13.0 CPU, LightGBM and Ray for the tuner, transformers for the model zoo,
+# matplotlib for plots), so that every test runs rather than skips. TILEFUSE_EXTRAS chooses the
+# extras instead ("" for tilefuse alone: what scripts/demo.sh needs). Safe to run again; a fresh
+# machine needs only Python 3.11+ and access to PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,4 +12,5 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[dev,onnx,torch,tune,models]"
+EXTRAS=${TILEFUSE_EXTRAS-dev,onnx,torch,tune,models,plot}
+.venv/bin/python -m pip install --quiet -e ".${EXTRAS:+[$EXTRAS]}"

@@ -51,4 +51,8 @@ def __getattr__(name: str) -> object:
         from tilefuse.target import Target
 
         return Target
+    if name in ("save", "load"):  # tilefuse.artifact: compiled models in .tilefuse files
+        from tilefuse import artifact
+
+        return getattr(artifact, name)
     raise AttributeError(f"module 'tilefuse' has no attribute {name!r}")

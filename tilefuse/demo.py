@@ -53,7 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump", type=Path, default=None,
                         help="directory for the stage dumps (default: a temporary directory)")
     args = parser.parse_args(argv)
-    dump_dir = args.dump or Path(tempfile.mkdtemp(prefix="tilefuse-demo-"))
+    if args.dump is not None:
+        return _run(args.dump)
+    with tempfile.TemporaryDirectory(prefix="tilefuse-demo-") as folder:  # removed afterwards
+        return _run(Path(folder))
+
+
+def _run(dump_dir: Path) -> int:
+    """The demo, dumping into ``dump_dir``."""
 
     _section("1. the NumPy function")
     print(inspect.getsource(ffn))

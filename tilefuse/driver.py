@@ -7,7 +7,8 @@ each, as ``passes/pipeline.py`` lists the graph passes):
 
 1. **graph**: the graph pipeline (:data:`tilefuse.passes.pipeline.GRAPH_PIPELINE`), unless the
    caller hands over a graph it optimised itself (``CompileOptions(optimize=False)``);
-2. **kernels**: kernel formation (:func:`plan_kernels`: decompose composites, then
+2. **kernels**: kernel formation (:func:`plan_kernels`: :func:`prepare` decomposes composites
+   and legalises what the kernels do not take, then
    :func:`~tilefuse.kernel.fusion.form_kernels`; no other module calls either);
 3. **schedules**: each kernel's schedule, from the tuning database or the default rule
    (:class:`~tilefuse.runtime.schedules.ScheduleSource`; the tuner and the fuzzer force theirs);
@@ -49,8 +50,8 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("graph", "the graph pipeline: shape_infer, decompose, algebra, conv_lowering, dce, "
                    "cse, constant_fold, eqsat, constant_fold, dce, attention, dce"),
-    Stage("kernels", "decompose composites (attention the GPU kernel does not take first), "
-                     "form kernel groups"),
+    Stage("kernels", "decompose composites, legalise matmuls (cuda: GPU preparation, unfuse "
+                     "attention), form kernel groups"),
     Stage("schedules", "per kernel: the tuning database's fastest schedule, else the default "
                        "rule"),
     Stage("lowering", "each kernel group to loop IR (or a host step, logged, with its reason)"),
@@ -75,6 +76,9 @@ class CompileOptions:
     optimize: bool = True
     schedules: Any = None
     cache: Any = None
+    pipeline: tuple[Any, ...] | None = None
+    """The graph pipeline to run (None: ``GRAPH_PIPELINE``; quantisation and reassociation
+    make their own, ``passes/quantize.py``, ``passes/pipeline.py``)."""
 
 
 @dataclass(frozen=True)
@@ -130,22 +134,34 @@ def optimize(graph: Graph, options: CompileOptions | None = None
     from tilefuse.passes.pipeline import GRAPH_PIPELINE
 
     options = options or CompileOptions()
-    return run_pipeline(graph, GRAPH_PIPELINE, dump_dir=options.dump_dir, debug=options.debug)
+    return run_pipeline(graph, options.pipeline or GRAPH_PIPELINE, dump_dir=options.dump_dir,
+                        debug=options.debug)
 
 
-def plan_kernels(graph: Graph, target: Target | str = "cpu") -> KernelPlan:
-    """Stage 2, kernel formation: composites decomposed (for cuda, after the attentions the
-    fused GPU kernel does not take are unfused), then kernel groups. ``plan.graph`` is the
-    decomposed graph the groups' nodes belong to."""
-    from tilefuse.kernel.fusion import form_kernels
+def prepare(graph: Graph, target: Target | str = "cpu") -> Graph:
+    """The graph kernel formation sees: composites decomposed; on CPU targets the matmuls the
+    contraction kernel does not take legalised (:mod:`tilefuse.kernel.legalize`); for cuda,
+    first the GPU's own preparation (:mod:`tilefuse.runtime.gpu_prepare`) and the attentions
+    the fused GPU kernel does not take unfused."""
     from tilefuse.passes.decompose import decompose_composites
 
     if Target.parse(target).is_cuda:
         from tilefuse.kernel.lower_gpu_attention import unfuse_attention
+        from tilefuse.runtime.gpu_prepare import prepare_for_gpu
 
-        graph = unfuse_attention(graph)
+        return decompose_composites(unfuse_attention(prepare_for_gpu(graph)))[0]
+    from tilefuse.kernel.legalize import legalize_matmuls
+
     decomposed, _ = decompose_composites(graph)
-    return form_kernels(decomposed)
+    return legalize_matmuls(decomposed)[0]
+
+
+def plan_kernels(graph: Graph, target: Target | str = "cpu") -> KernelPlan:
+    """Stage 2, kernel formation: the graph :func:`prepare` d for ``target``, then kernel
+    groups. ``plan.graph`` is the prepared graph the groups' nodes belong to."""
+    from tilefuse.kernel.fusion import form_kernels
+
+    return form_kernels(prepare(graph, target))
 
 
 def build(graph: Graph, target: Target | str = "cpu",
@@ -187,4 +203,4 @@ def _path(where: Path | str | None) -> Path | None:
 
 
 __all__ = ["STAGES", "CompileOptions", "Compiled", "Stage", "build", "compile", "compile_graph",
-           "optimize", "plan_kernels"]
+           "optimize", "plan_kernels", "prepare"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from typing import TextIO
 
 
@@ -53,4 +54,33 @@ class StatusLine:
             self._open = False
 
 
-__all__ = ["StatusLine"]
+BUILD_DELAY = 1.0
+"""Seconds a build runs before :class:`BuildProgress` shows it."""
+
+
+class BuildProgress:
+    """``building NAME: 12/40 kernels`` for one build (ONNX load, a first torch call, the
+    command line's compiles): on a terminal only, and only once the build has taken more than
+    ``delay`` seconds, so quick builds and logs stay quiet. Used as a context manager around
+    the loop over kernels, calling :meth:`step` after each."""
+
+    def __init__(self, what: str, total: int, *, delay: float | None = None,
+                 stream: TextIO | None = None):
+        self.what, self.total, self.done = what, total, 0
+        self.delay = BUILD_DELAY if delay is None else delay
+        self.start = time.perf_counter()
+        self.line = StatusLine(None, stream)
+
+    def step(self, count: int = 1) -> None:
+        self.done += count
+        if self.line.in_place and time.perf_counter() - self.start > self.delay:
+            self.line.update(f"building {self.what}: {self.done}/{self.total} kernels")
+
+    def __enter__(self) -> BuildProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.line.close()
+
+
+__all__ = ["BUILD_DELAY", "BuildProgress", "StatusLine"]

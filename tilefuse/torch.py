@@ -22,10 +22,11 @@ def backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
 
 
 def compile_exported(ep: Any, *, dump: str | Path | None = None, target: str = "cpu",
-                     debug: bool = False) -> Any:
-    """Compiles a ``torch.export.ExportedProgram``; the result takes and returns tensors."""
+                     debug: bool = False, quantize: str | None = None) -> Any:
+    """Compiles a ``torch.export.ExportedProgram``; the result takes and returns tensors.
+    ``quantize`` ("int8", "int4", ...) quantizes the weights of its matrix products."""
     from tilefuse.frontend.torch.backend import compile_exported as compile_ep
-    return compile_ep(ep, dump=dump, target=target, debug=debug)
+    return compile_ep(ep, dump=dump, target=target, debug=debug, quantize=quantize)
 
 
 __all__ = ["backend", "compile_exported"]

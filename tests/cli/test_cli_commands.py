@@ -157,3 +157,10 @@ def test_run_output_file_matches_reference_after_cache_hit(small_onnx, x_file, w
         out = tmp_path / attempt
         assert main(["run", str(small_onnx), "--input", f"x={path}", "-o", str(out)]) == 0
         assert_close(np.load(out / "out.npy"), reference(x, *weights), reduction=True)
+
+
+def test_dump_onnx_for_cuda_writes_ptx(small_onnx, tmp_path, capsys):
+    out = tmp_path / "dump-cuda"
+    assert main(["dump", str(small_onnx), "--target", "cuda", "-o", str(out)]) == 0
+    assert "on nvptx64-nvidia-cuda" in (out / "partition.txt").read_text()
+    assert list((out / "kernels").glob("*.ptx"))

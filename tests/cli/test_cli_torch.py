@@ -55,3 +55,14 @@ def test_dump_torch_module(torch_module, tmp_path):
     out = tmp_path / "dump"
     assert main(["dump", f"{torch_module}:Small", "--input", "x=5x13", "-o", str(out)]) == 0
     assert (out / "kernels.plan").is_file() and list((out / "kernels").glob("*.s"))
+
+
+def test_dump_torch_module_for_cuda_needs_no_gpu(torch_module, tmp_path, capsys):
+    out = tmp_path / "dump-cuda"
+    assert main(["dump", f"{torch_module}:Small", "--input", "x=5x13", "--target", "cuda",
+                 "-o", str(out)]) == 0
+    partition = (out / "partition.txt").read_text()
+    assert "nvptx64-nvidia-cuda sm_90" in partition and ", 0 on the host" in partition
+    assert "cublas " in partition
+    assert list((out / "kernels").glob("*.ptx")) and (out / "00-captured.graph").is_file()
+    assert "partition.txt" in capsys.readouterr().out

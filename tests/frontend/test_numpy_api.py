@@ -120,6 +120,8 @@ REDUCTIONS = {
     "var": lambda x: (np.var(x, axis=0), x.var(axis=(1, 2), ddof=1), np.std(x, axis=2)),
     "argmax": lambda x: (np.argmax(x), np.argmax(x, axis=1), x.argmax(axis=-1, keepdims=True)),
     "argmin": lambda x: (np.argmin(x, axis=2), x.argmin()),
+    "cumsum": lambda x: (np.cumsum(x), np.cumsum(x, axis=1), np.cumsum(x, axis=-1)),
+    "cumprod": lambda x: (np.cumprod(x, axis=0), np.cumprod(x)),
     "ufunc.reduce": lambda x: (np.add.reduce(x), np.maximum.reduce(x, axis=2),
                                np.multiply.reduce(x, axis=(0, 1))),
 }

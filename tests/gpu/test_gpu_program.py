@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections import ChainMap
 
 import numpy as np
 import pytest
@@ -17,9 +16,8 @@ from tilefuse.codegen.llvm_nvptx import check_gpu_kernel, compile_ptx
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
 from tilefuse.graph.builder import GraphBuilder
-from tilefuse.graph.interpreter import interpret, run_node
+from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph, Value
-from tilefuse.loop import interp as loop_interp
 from tilefuse.loop.ir import (
     For,
     LoopFunction,
@@ -33,7 +31,8 @@ from tilefuse.loop.ir import (
     walk_stmts,
 )
 from tilefuse.runtime.cuda_driver import cuda_available
-from tilefuse.runtime.gpu import GemmStep, GpuKernel, GpuProgram, build_gpu_program
+from tilefuse.runtime.gpu import GemmStep, GpuKernel, build_gpu_program
+from tilefuse.runtime.gpu_simulate import simulate
 from tilefuse.testing import assert_close, random_array
 
 F32 = DType.f32
@@ -97,8 +96,8 @@ def ffn_graph(m: int, k: int, n: int) -> Graph:
 
 
 def batched_graph(batch: int, m: int, k: int, n: int) -> Graph:
-    """exp(a @ b) * 0.5 with both operands batched, then a column sum (a plain reduction: no
-    GPU lowering, so a host step)."""
+    """exp(a @ b) * 0.5 with both operands batched, then a column sum (a plain reduction: a
+    thread per output on the GPU)."""
     b = GraphBuilder("bmm")
     a = b.input(((batch, m, k), F32), "a")
     w = b.input(((batch, k, n), F32), "w")
@@ -127,23 +126,6 @@ GRAPHS = {
     "ffn_bias_vectors": (lambda: ffn_graph(7, 16, 12), True),
     "bmm": (lambda: batched_graph(3, 5, 16, 7), True),
 }
-
-
-def simulate(program: GpuProgram, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """Runs ``program`` on the host: kernels through the loop-IR interpreter."""
-    env: ChainMap = ChainMap({}, program.constants)
-    env.update(zip(program.graph.inputs, arrays))
-    for step in program.steps:
-        if isinstance(step, GpuKernel):
-            for v in step.group.outputs:
-                env[v] = np.empty(v.shape, v.dtype.np)
-            loop_interp.interpret(step.fn, *[env[v].reshape(-1) for v in step.bindings])
-        elif isinstance(step, GemmStep):
-            env[step.out] = np.matmul(env[step.a], env[step.b]).astype(step.out.dtype.np)
-        else:
-            for node in step.group.nodes:
-                env.update(zip(node.outputs, run_node(node, [env[v] for v in node.inputs])))
-    return [np.asarray(env[v]) for v in program.graph.outputs]
 
 
 def _inputs(graph: Graph, seed: int) -> list[np.ndarray]:
@@ -202,14 +184,15 @@ def test_bias_broadcast_along_rows_keeps_vector_loads() -> None:
     assert "ld.global.v4" not in odd.ptx  # 9 % 4: a run would cross a row
 
 
-def test_batched_product_strides_and_a_host_step() -> None:
+def test_batched_product_strides_and_a_device_reduction() -> None:
     program = build_gpu_program(batched_graph(3, 5, 16, 7))
     gemm = program.steps[0]
     assert isinstance(gemm, GemmStep)
     assert (gemm.shape.batch, gemm.shape.stride_a, gemm.shape.stride_b) == (3, 5 * 16, 16 * 7)
-    host = [s for s in program.steps if type(s).__name__ == "HostGroup"]
-    assert host and host[0].group.kind.value == "reduction"
-    assert "download(s)" in program.partition_text()
+    reduction = [s for s in program.steps if isinstance(s, GpuKernel)
+                 and s.group.kind.value == "reduction"]
+    assert reduction and not [s for s in program.steps if type(s).__name__ == "HostGroup"]
+    assert "copies per call\nnone" in program.partition_text()
 
 
 def test_shared_weight_folds_the_batch_into_m() -> None:

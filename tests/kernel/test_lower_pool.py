@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from tilefuse.dtypes import DType
-from tilefuse.errors import CompileError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph
@@ -75,12 +74,15 @@ def test_max_pool_propagates_nan():
     assert np.isnan(got[0, 0, 0, 0]) and not np.isnan(got[0, 0, 1:, 1:]).any()
 
 
-def test_window_too_large_keeps_host_fallback():
+@pytest.mark.parametrize("op,attrs", [
+    ("max_pool2d", {"stride": (1, 1), "padding": (0, 0, 0, 0)}),
+    ("max_pool2d", {"stride": (2, 3), "padding": (1, 2, 0, 3)}),
+    ("avg_pool2d", {"stride": (1, 2), "padding": (2, 1, 2, 1), "count_include_pad": False}),
+    ("avg_pool2d", {"stride": (1, 1), "padding": (1, 1, 1, 1), "count_include_pad": True})])
+def test_a_window_over_the_unroll_limit_loops_over_its_taps(op, attrs):
     side = int(MAX_WINDOW ** 0.5) + 1
-    graph = pool_graph("max_pool2d", (1, 1, side, side), DType.f32,
-                       {"kernel": (side, side), "stride": (1, 1), "padding": (0, 0, 0, 0)})
+    graph = pool_graph(op, (2, 3, side + 4, side + 1), DType.f32,
+                       {"kernel": (side, side), **attrs})
     (group,) = form_kernels(graph).groups
-    with pytest.raises(CompileError, match="taps"):
-        lower_pool(group)
-    exe = build_native(graph)
-    assert len(exe.fallbacks) == 1
+    assert "for a" in str(lower_pool(group))  # a loop over the taps, not unrolled
+    check(graph)

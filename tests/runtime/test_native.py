@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tilefuse.dtypes import DType
-from tilefuse.errors import GuardError
+from tilefuse.errors import CompileError, GuardError, ShapeError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph, Value
@@ -63,7 +63,8 @@ def test_gelu_matmul_bias_is_one_native_kernel(m, k, n):
 
 
 def test_weight_from_an_input_is_packed_at_run_time():
-    exe = check(ffn_graph(13, 35, 17, weight_input=True), reduction=True)
+    # M = 40: several register blocks (M within one is read in place: test_small_calls.py)
+    exe = check(ffn_graph(40, 35, 17, weight_input=True), reduction=True)
     assert exe.fallbacks == []
     [step] = native_steps(exe)
     assert len(step.launches) == 2  # packing kernel, then the matmul
@@ -92,16 +93,36 @@ def test_batched_matmul_graph():
     assert exe.fallbacks == []
 
 
-def test_vector_operand_falls_back(caplog):
+@pytest.mark.parametrize("dtype", [DType.f32, DType.f64, DType.f16, DType.bf16, DType.i32,
+                                   DType.i64])
+@pytest.mark.parametrize("a_shape,b_shape", [((7, 5), (5,)), ((5,), (5, 9)), ((5,), (5,)),
+                                             ((3, 7, 5), (5,)), ((2, 7, 5), (2, 5, 3)),
+                                             ((2, 1, 7, 5), (3, 5, 4)), ((4, 0), (0, 3)),
+                                             ((0, 5), (5, 3))])
+def test_every_matmul_runs_natively(a_shape, b_shape, dtype):
+    """1-D operands, broadcast batch dims, empty dims, f16/bf16 and integers: legalised
+    (kernel/legalize.py), no host step."""
     builder = GraphBuilder("mv")
-    x = builder.input(((7, 5), F32), "x")
-    v = builder.input(((5,), F32), "v")
-    graph = builder.build([builder.add1("matmul", [x, v])])
-    with caplog.at_level(logging.DEBUG, logger="tilefuse.fallback"):
-        exe = check(graph, reduction=True)
-    [(_, reason)] = exe.fallbacks
-    assert "1-D" in reason
-    assert any("1-D" in r.getMessage() for r in caplog.records)
+    x = builder.input((a_shape, dtype), "x")
+    v = builder.input((b_shape, dtype), "v")
+    exe = check(builder.build([builder.add1("matmul", [x, v])]), reduction=True)
+    assert exe.fallbacks == []
+
+
+@pytest.mark.parametrize("dtype", [DType.f32, DType.f64, DType.f16])
+@pytest.mark.parametrize("groups,attrs", [
+    (1, {}), (1, {"stride": (2, 1), "padding": (1, 0, 2, 1), "dilation": (1, 2)}),
+    (2, {"padding": (1, 1, 1, 1)}), (6, {"stride": (2, 2), "padding": (0, 1, 1, 0)})])
+def test_a_conv_with_a_runtime_weight_runs_natively(groups, attrs, dtype):
+    """conv_lowering takes constant f32 weights only; the rest is legalised (im2col and one
+    batched matmul over the groups), so no conv is a host step."""
+    builder = GraphBuilder("conv")
+    x = builder.input(((2, 6, 9, 11), dtype), "x")
+    w = builder.input(((12, 6 // groups, 3, 2), dtype), "w")
+    bias = builder.input(((12,), dtype), "b")
+    graph = builder.build([builder.add1("conv2d", [x, w, bias], {"groups": groups, **attrs})])
+    exe = check(graph, reduction=True)
+    assert exe.fallbacks == []
 
 
 def test_groups_of_constants_are_folded_at_build_time():
@@ -142,18 +163,51 @@ def test_elementwise_chain():
     assert len(exe.steps) == 1
 
 
-def test_take_falls_back_to_the_host_and_says_so(caplog):
-    builder = GraphBuilder("take")
-    x = builder.input(((7, 5), F32), "x")
-    idx = constant(builder, np.array([4, 0, 2], dtype=np.int64))
-    joined = builder.add1("take", [builder.add1("exp", [x]), idx], {"axis": 1})
-    graph = builder.build([builder.add1("tanh", [joined])])
-    with caplog.at_level(logging.DEBUG, logger="tilefuse.fallback"):
+def host_graph(builder: GraphBuilder, monkeypatch: pytest.MonkeyPatch) -> Value:
+    """exp -> a 3x3 max pool -> neg, with the pool lowering made to fail (every kernel kind
+    lowers natively now): the host fallback's path, on a graph built with ``builder``."""
+    import tilefuse.runtime.native as native
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise CompileError("made to fail by the test")
+
+    monkeypatch.setattr(native, "lower_pool", failing)
+    x = builder.input(((1, 1, 17, 17), F32), "x")
+    pooled = builder.add1("max_pool2d", [builder.add1("exp", [x])],
+                          {"kernel": (3, 3), "stride": (1, 1), "padding": (0, 0, 0, 0)})
+    return builder.add1("neg", [pooled])
+
+
+def test_a_host_step_says_so_at_warning(caplog, monkeypatch):
+    builder = GraphBuilder("pooled")
+    graph = builder.build([host_graph(builder, monkeypatch)])
+    with caplog.at_level(logging.WARNING, logger="tilefuse.fallback"):
         exe = check(graph)
     assert [s for s in exe.steps if isinstance(s, HostStep)]
     records = [r for r in caplog.records if r.name == "tilefuse.fallback"]
-    assert records and any("take" in r.getMessage() for r in records)
+    assert len(records) == 1 and records[0].levelno == logging.WARNING
+    assert "max_pool2d" in records[0].getMessage() and "@pooled" in records[0].getMessage()
     assert exe.fallbacks and all(reason for _, reason in exe.fallbacks)
+
+
+def test_take_runs_natively_and_a_bad_index_raises_the_reference_error():
+    builder = GraphBuilder("take")
+    x = builder.input(((7, 5), F32), "x")
+    idx = builder.input(((3,), DType.i64), "idx")
+    joined = builder.add1("take", [builder.add1("exp", [x]), idx], {"axis": 1})
+    graph = builder.build([builder.add1("tanh", [joined])])
+    exe = build_native(graph)
+    assert exe.fallbacks == [] and exe.single_entry
+    xv = random_array(np.random.default_rng(4), (7, 5), F32)
+    for good in ([4, 0, -1], [-5, 4, 2]):
+        got, = exe(xv, np.array(good, np.int64))
+        assert_close(got, np.tanh(np.take(np.exp(xv), good, axis=1)))
+    with pytest.raises(ShapeError, match="take: index 5 is out of range for axis 1 of size 5"):
+        exe(xv, np.array([0, 5, 1], np.int64))
+    with pytest.raises(ShapeError, match="index -6"):
+        exe(xv, np.array([-6, 0, 1], np.int64))
+    got, = exe(xv, np.array([1, 2, 3], np.int64))  # still usable after the error
+    assert_close(got, np.tanh(np.take(np.exp(xv), [1, 2, 3], axis=1)))
 
 
 def test_multi_output_graph_and_outputs_never_alias():
@@ -211,12 +265,9 @@ def test_dump_files(tmp_path):
     assert any("vfmadd" in p.read_text() for p in kernels.glob("*.s"))
 
 
-def test_fallback_is_marked_in_the_plan_dump(tmp_path):
-    builder = GraphBuilder("take")
-    x = builder.input(((4, 5), F32), "x")
-    idx = constant(builder, np.array([3, 1], dtype=np.int64))
-    graph = builder.build([builder.add1("take", [x, idx], {"axis": 0})])
-    build_native(graph, tmp_path)
+def test_fallback_is_marked_in_the_plan_dump(tmp_path, monkeypatch):
+    builder = GraphBuilder("pooled")
+    build_native(builder.build([host_graph(builder, monkeypatch)]), tmp_path)
     assert "HOST FALLBACK" in (tmp_path / "kernels.plan").read_text()
 
 
@@ -247,7 +298,7 @@ def test_outputs_reuse_released_buffers_only():
     assert_close(fresh, np.exp(last_in))
 
 
-def test_all_native_sequences_run_through_one_entry_and_host_steps_do_not():
+def test_all_native_sequences_run_through_one_entry_and_host_steps_do_not(monkeypatch):
     b = GraphBuilder("mlp")
     x = b.input(((1, 33), DType.f32), "x")
     g = np.random.default_rng(21)
@@ -263,14 +314,12 @@ def test_all_native_sequences_run_through_one_entry_and_host_steps_do_not():
         for got, want in zip(exe(xv), interpret(graph, xv), strict=True):
             assert_close(got, want, reduction=True)
 
-    c = GraphBuilder("take")
-    a = c.input(((3, 4), DType.f32), "a")
-    idx = constant(c, np.array([2, 0], dtype=np.int64))
-    taken = c.add1("take", [c.add1("exp", [a]), idx], {"axis": 0})
-    mixed = build_native(c.build([c.add1("neg", [taken])]))
+    c = GraphBuilder("pooled")
+    graph = c.build([host_graph(c, monkeypatch)])
+    mixed = build_native(graph)
     assert not mixed.single_entry
-    av = random_array(g, (3, 4), DType.f32)
-    assert_close(mixed(av)[0], -np.take(np.exp(av), [2, 0], axis=0))
+    av = random_array(g, (1, 1, 17, 17), DType.f32)
+    assert_close(mixed(av)[0], interpret(graph, av)[0])
 
 
 @pytest.mark.parametrize("a_shape,b_shape", [((0, 5), (5, 3)), ((4, 0), (0, 3)), ((4, 5), (5, 0))])

@@ -53,6 +53,9 @@ OPINFO_OVERRIDES: dict[str, tuple[str, ...]] = {
     "aten.relu.default": ("nn.functional.relu",),
     "aten.avg_pool2d.default": ("nn.functional.avg_pool2d",),
     "aten.empty.memory_format": (),
+    **{f"aten.bitwise_{name}.{kind}": () for name, kind in
+       (("and", "Tensor"), ("or", "Tensor"), ("xor", "Tensor"), ("and", "Scalar"),
+        ("or", "Scalar"), ("not", "default"))},
 }
 """ATen overload → OpInfo entries (``name`` or ``name.variant``) where the aten name is not
 enough."""
@@ -64,6 +67,12 @@ NO_OPINFO: dict[str, str] = {
     "aten.lift_fresh_copy.default": "no OpInfo (internal, from torch.tensor constants)",
     "aten.empty.memory_format": "OpInfo 'empty' exists, but its values are undefined: "
                                 "there is nothing to compare with eager",
+    "aten.index.Tensor": "no OpInfo named index (advanced indexing reaches it through "
+                         "__getitem__); tested in tests/cross/test_aten_index.py",
+    **{f"aten.bitwise_{name}.{kind}": "OpInfo samples here are float32, which bitwise ops "
+       "refuse; the bool forms (the only ones converted) are in tests/cross/test_aten_index.py"
+       for name, kind in (("and", "Tensor"), ("or", "Tensor"), ("xor", "Tensor"),
+                          ("and", "Scalar"), ("or", "Scalar"), ("not", "default"))},
     **{f"aten._scaled_dot_product_{kind}_attention{extra}.default":
        "the fused SDPA kernels' op, which only CUDA traces give (CPU traces decompose SDPA); "
        "converted in tests/gpu/test_attention.py"

@@ -1,6 +1,7 @@
 """The ``tilefuse`` command: run, bench, tune, dump and explain a model; look after the cache.
 
     tilefuse run model.onnx --input x=x.npy
+    tilefuse compile model.onnx -o model.tilefuse --target x86-64-v3
     tilefuse bench model.onnx --vs onnxruntime
     tilefuse tune model.onnx --trials 100
     tilefuse dump model.onnx -o dump/
@@ -18,19 +19,23 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tilefuse.cli import bench, cache, dump, explain, run, tune
+import tilefuse
+from tilefuse.cli import bench, cache, compile, dump, explain, run, tune
+from tilefuse.cli.common import plain
 from tilefuse.cli.models import CliError
 from tilefuse.errors import TilefuseError
 
-SUBCOMMANDS = (run, bench, tune, dump, explain, cache)
+SUBCOMMANDS = (run, compile, bench, tune, dump, explain, cache)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="tilefuse", description=__doc__.split("\n\n")[0],
+        prog="tilefuse", description=plain(__doc__.split("\n\n")[0]),
         epilog="MODEL is a .onnx file, module:function (a NumPy function) or module:attr "
         "(a torch.nn.Module; module:factory() calls a function returning one). "
         "`tilefuse SUBCOMMAND --help` shows an example of each.")
+    parser.add_argument("--version", action="version",
+                        version=f"tilefuse {tilefuse.__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="show the Python traceback of an error")
     parser.add_argument("--progress", action="store_true",

@@ -235,7 +235,7 @@ def parse_peers(text: str) -> list[str] | None:
 def run(args: argparse.Namespace) -> int:
     quiet_openmp_waits()  # before torch loads its OpenMP runtime; see benchmarks/run.py
     quiet_torch_warnings()
-    model = load_model(args.model)
+    model = load_model(args.model, args.quantize)
     wanted = parse_peers(args.vs)
     arrays = parse_inputs(model, args.input, args.seed)
     note(args, f"compiling {args.model} and its peers ...")

@@ -4,8 +4,17 @@ options, and where the dump and tuning database go."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Any
+
+_ROLE = re.compile(r":(?:func|class|mod|meth|attr|data|exc):`~?([^`]+)`")
+
+
+def plain(text: str) -> str:
+    """Help text from a docstring: Sphinx roles and double backquotes dropped (``--help`` is
+    read in a terminal, not rendered)."""
+    return _ROLE.sub(r"\1", text).replace("``", "")
 
 
 def _common() -> argparse.ArgumentParser:
@@ -22,8 +31,9 @@ def _common() -> argparse.ArgumentParser:
 def subparser(sub: Any, name: str, summary: str, example: str,
               details: str = "") -> argparse.ArgumentParser:
     """A subcommand's parser; ``example`` is shown at the end of its ``--help``."""
-    parser = sub.add_parser(name, help=summary, description=f"{summary}\n\n{details}".strip(),
-                            epilog=f"example:\n{example}", parents=[_common()],
+    parser = sub.add_parser(name, help=plain(summary),
+                            description=plain(f"{summary}\n\n{details}".strip()),
+                            epilog=plain(f"example:\n{example}"), parents=[_common()],
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     return parser
 
@@ -35,6 +45,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an input from a .npy file, or NAME=2x768[:f32] for random values "
                         "(repeat per input; fixed-shape ONNX inputs not given are random)")
     parser.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    parser.add_argument("--quantize", default=None, metavar="MODE",
+                        help="quantize the weights of matrix products: int8, int4, int4:64, "
+                        "int4:32+zp (default: f32)")
 
 
 def show_progress(args: argparse.Namespace) -> bool | None:
@@ -48,4 +61,4 @@ def note(args: argparse.Namespace, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-__all__ = ["add_model_arguments", "note", "show_progress", "subparser"]
+__all__ = ["add_model_arguments", "note", "plain", "show_progress", "subparser"]

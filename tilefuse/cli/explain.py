@@ -4,7 +4,8 @@ that is to the machine's roofline bound.
 For each step of the compiled launch sequence: FLOPs and compulsory bytes
 (:func:`tilefuse.runtime.profile.group_work`), measured median time
 (:func:`tilefuse.runtime.profile.profile_steps`, in place in the real executable), the roofline
-bound ``max(FLOPs / peak FLOP/s, bytes / peak bytes/s)``, which of the two bounds it, and the
+bound ``max(FLOPs / peak FLOP/s, bytes / bytes/s of the cache level the bytes fit in, DRAM past
+L3)``, which bounds it (compute, or L1/L2/L3/DRAM), and the
 percent of the bound reached (100% = at the roofline). The peaks are the tuner's
 (:class:`tilefuse.tune.roofline.MeasuredRoofline`: NumPy's sgemm and a large copy, measured once
 and kept in the tuning database) unless ``--peak-gflops``/``--peak-gbps`` give them.
@@ -105,7 +106,8 @@ def kernel_rows(lowered: Any, arrays: list[Any], peaks: Peaks, rounds: int,
     executable = lowered.executable
     if not isinstance(executable, NativeExecutable):
         raise CliError(f"explain needs the native CPU executable, got {type(executable).__name__}")
-    groups = {g.name: g for g in plan_kernels(lowered.optimized).groups}
+    plan = executable.kernel_plan or plan_kernels(lowered.optimized)
+    groups = {g.name: g for g in plan.groups}
     with Bar("timing kernels", rounds, show=progress) as bar:
         profile = profile_steps(executable, arrays, rounds=rounds, on_round=bar.step)
     rows = []
@@ -114,11 +116,12 @@ def kernel_rows(lowered: Any, arrays: list[Any], peaks: Peaks, rounds: int,
         if group is None:
             raise CliError(f"kernel {step.name} of the executable is not in the kernel plan")
         flops, nbytes = group_work(group)
-        compute, memory = flops / peaks.flops, nbytes / peaks.bytes
+        level = peaks.level_for(nbytes)   # the cache level the working set fits in
+        compute, memory = flops / peaks.flops, nbytes / level.bandwidth
         rows.append(KernelRow(step.name, group.kind.value,
                               "+".join(n.op.name for n in group.nodes), flops, nbytes,
                               step.seconds, max(compute, memory),
-                              "compute" if compute >= memory else "memory", step.native,
+                              "compute" if compute >= memory else level.name, step.native,
                               "" if step.native else f"HOST FALLBACK: {step.reason}"))
     return rows, profile.call_seconds
 
@@ -133,7 +136,10 @@ def _si(value: float, unit: str) -> str:
 def table(rows: list[KernelRow], call_seconds: float, peaks: Peaks) -> str:
     head = (f"{'kernel':<6} {'kind':<14} {'FLOPs':>10} {'bytes':>10} {'time':>10} "
             f"{'bound':>10} {'bound by':>8} {'% bound':>7}  ops")
-    lines = [f"peaks: {peaks.flops / 1e9:.1f} GFLOP/s, {peaks.bytes / 1e9:.1f} GB/s", head,
+    levels = "".join(f"; {lv.name} (<= {_si(lv.capacity, 'B')}) {lv.bandwidth / 1e9:.0f} GB/s"
+                     for lv in peaks.levels)
+    lines = [f"peaks: {peaks.flops / 1e9:.1f} GFLOP/s, {peaks.bytes / 1e9:.1f} GB/s"
+             + (f" DRAM{levels}" if levels else ""), head,
              "-" * len(head)]
     for r in sorted(rows, key=lambda r: -r.seconds):
         ops = r.ops if len(r.ops) <= 48 else r.ops[:45] + "..."
@@ -152,6 +158,17 @@ def table(rows: list[KernelRow], call_seconds: float, peaks: Peaks) -> str:
     return "\n".join(lines)
 
 
+def quantized_kernels(graph: Any, rows: list[KernelRow]) -> str:
+    """Which kernels run quantized products and the weight bytes quantization saved."""
+    from tilefuse.ops.quant import WEIGHT_QUANTIZED
+    from tilefuse.passes.quantize import quantization_summary
+
+    summary = quantization_summary(graph)
+    names = [r.name for r in rows if any(op.name in r.ops.split("+") for op in WEIGHT_QUANTIZED)]
+    kernels = f" (kernels {', '.join(names)})" if names else ""
+    return f"quantization: {summary}{kernels}"
+
+
 def plot(rows: list[KernelRow], peaks: Peaks, path: Path) -> int:
     """Draws the roofline and the kernels that do FLOPs; returns how many it drew."""
     import matplotlib
@@ -166,7 +183,12 @@ def plot(rows: list[KernelRow], peaks: Peaks, path: Path) -> int:
     xs = [low * (high / low) ** (i / 200) for i in range(201)]
     fig, ax = plt.subplots(figsize=(8, 5))
     ax.loglog(xs, [min(peaks.flops, peaks.bytes * x) / 1e9 for x in xs], color="black",
-              label=f"roofline ({peaks.flops / 1e9:.0f} GFLOP/s, {peaks.bytes / 1e9:.0f} GB/s)")
+              label=f"roofline ({peaks.flops / 1e9:.0f} GFLOP/s, DRAM "
+                    f"{peaks.bytes / 1e9:.0f} GB/s)")
+    for level in peaks.levels:   # the cache levels' roofs, dashed
+        ax.loglog(xs, [min(peaks.flops, level.bandwidth * x) / 1e9 for x in xs], "--",
+                  alpha=0.6, label=f"{level.name} roof ({level.bandwidth / 1e9:.0f} GB/s, "
+                                   f"working set <= {_si(level.capacity, 'B')})")
     for r in drawn:
         ax.loglog([r.intensity], [r.flops / r.seconds / 1e9], "o")
         ax.annotate(f"{r.name} {r.percent_of_bound:.0f}%", (r.intensity, r.flops / r.seconds / 1e9),
@@ -206,7 +228,7 @@ def pass_figures() -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     quiet_torch_warnings()
-    model = load_model(args.model)
+    model = load_model(args.model, args.quantize)
     arrays = parse_inputs(model, args.input, args.seed)
     peaks = peaks_for(args)
     note(args, f"compiling {args.model} ...")
@@ -214,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
         lowered = model.lower(arrays)
     rows, call_seconds = kernel_rows(lowered, arrays, peaks, args.rounds, show_progress(args))
     print(table(rows, call_seconds, peaks))
+    print(quantized_kernels(lowered.optimized, rows))
     print(f"\ngraph passes (what each changed: nodes, kernels, bytes moved, rules fired):\n"
           f"{lowered.report}")
     if args.json is not None:

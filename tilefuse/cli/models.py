@@ -66,6 +66,7 @@ class Model(abc.ABC):
 
     def __init__(self, spec: str):
         self.spec = spec
+        self.quantize: str | None = None   # ``--quantize``: passed to every build
 
     @abc.abstractmethod
     def inputs(self) -> list[InputSpec]:
@@ -83,6 +84,10 @@ class Model(abc.ABC):
     @abc.abstractmethod
     def tune_source(self, arrays: list[np.ndarray]) -> Any:
         """What :func:`tilefuse.tune.tune` takes for this model (called with ``arrays``)."""
+
+    def graph(self, arrays: list[np.ndarray]) -> Any:
+        """The captured graph for ``arrays`` (before the pipeline), for cross-compilation."""
+        return self.lower(arrays).captured
 
 
 # ---- ONNX ------------------------------------------------------------------------------------
@@ -108,7 +113,7 @@ class OnnxFile(Model):
     def _load(self, dump: Path | None) -> Any:
         from tilefuse import onnx
 
-        return onnx.load(str(self.path), dump=dump)
+        return onnx.load(str(self.path), dump=dump, quantize=self.quantize)
 
     def compile(self, dump: Path | None = None) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
         model = self._load(dump)
@@ -149,18 +154,23 @@ class NumpyFunction(Model):
     def compile(self, dump: Path | None = None) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
         from tilefuse.frontend.jit import jit
 
-        jitted = jit(self.fn, dump=dump)
+        jitted = jit(self.fn, dump=dump, quantize=self.quantize)
         return lambda arrays: _as_list(jitted(*arrays))
 
     def lower(self, arrays: list[np.ndarray], dump: Path | None = None) -> Lowered:
         from tilefuse.frontend.jit import jit
 
-        jitted = jit(self.fn, dump=dump)
+        jitted = jit(self.fn, dump=dump, quantize=self.quantize)
         jitted(*arrays)  # compiles (lower alone traces but does not build)
         return jitted.lower(*arrays)
 
     def tune_source(self, arrays: list[np.ndarray]) -> Any:
         return self.fn
+
+    def graph(self, arrays: list[np.ndarray]) -> Any:
+        from tilefuse.frontend.jit import jit
+
+        return jit(self.fn).lower(*arrays).captured
 
 
 # ---- torch modules ---------------------------------------------------------------------------
@@ -184,7 +194,9 @@ class TorchModule(Model):
 
         import tilefuse.torch
 
-        options = {"dump": str(dump)} if dump is not None else {}
+        options: dict[str, Any] = {"dump": str(dump)} if dump is not None else {}
+        if self.quantize:
+            options["quantize"] = self.quantize
         compiled = torch.compile(self.module, backend=tilefuse.torch.backend, options=options)
 
         def call(arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -193,23 +205,29 @@ class TorchModule(Model):
             return [t.numpy() for t in (out if isinstance(out, tuple | list) else [out])]
         return call
 
-    def _graph(self, arrays: list[np.ndarray]) -> Any:
-        from tilefuse.zoo import torch_graph
+    def _pipeline(self) -> Any:
+        from tilefuse.passes.quantize import parse_quantize, pipeline_for
 
-        return torch_graph(self.module, arrays, name=_identifier(self.spec))
+        return pipeline_for(parse_quantize(self.quantize))
 
     def lower(self, arrays: list[np.ndarray], dump: Path | None = None) -> Lowered:
         """The whole module as one tilefuse graph (every ATen op must convert; ``run`` and
         ``bench`` go through ``torch.compile``, which can leave unsupported ops to torch)."""
         from tilefuse.driver import CompileOptions, compile_graph
 
-        compiled = compile_graph(self._graph(arrays), "cpu", CompileOptions(dump_dir=dump))
+        compiled = compile_graph(self.graph(arrays), "cpu",
+                                 CompileOptions(dump_dir=dump, pipeline=self._pipeline()))
         return Lowered(compiled.graph, compiled.optimized, compiled.report, compiled.executable)
 
     def tune_source(self, arrays: list[np.ndarray]) -> Any:
-        from tilefuse.driver import optimize
+        from tilefuse.driver import CompileOptions, optimize
 
-        return optimize(self._graph(arrays))[0]
+        return optimize(self.graph(arrays), CompileOptions(pipeline=self._pipeline()))[0]
+
+    def graph(self, arrays: list[np.ndarray]) -> Any:
+        from tilefuse.zoo import torch_graph
+
+        return torch_graph(self.module, arrays, name=_identifier(self.spec))
 
 
 def _identifier(text: str) -> str:
@@ -230,8 +248,33 @@ def _torch_if_loaded() -> Any:
     return sys.modules.get("torch")
 
 
-def load_model(spec: str) -> Model:
-    """The MODEL named by ``spec`` (module docstring)."""
+def _importable_from_cwd() -> None:
+    """``module:function`` finds ``module.py`` in the current directory, as ``python -m`` does
+    (the ``tilefuse`` script's own directory is on ``sys.path`` instead)."""
+    import sys
+
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or ".") == cwd for p in sys.path):
+        sys.path.insert(0, cwd)
+    importlib.invalidate_caches()
+
+
+def load_model(spec: str, quantize: str | None = None) -> Model:
+    """The MODEL named by ``spec`` (module docstring), built with ``quantize`` when given."""
+    model = _load_model(spec)
+    if quantize:
+        from tilefuse.passes.quantize import parse_quantize
+
+        parse_quantize(quantize)   # a bad value fails here, before any build
+        model.quantize = quantize
+    return model
+
+
+def _load_model(spec: str) -> Model:
+    if spec.endswith(".tilefuse"):  # a compiled artifact (tilefuse compile)
+        from tilefuse.cli.compile import ArtifactFile
+
+        return ArtifactFile(spec)
     if spec.endswith(".onnx") or (os.path.sep in spec and ":" not in spec):
         return OnnxFile(spec)
     module_name, colon, attr = spec.partition(":")
@@ -239,6 +282,7 @@ def load_model(spec: str) -> Model:
         raise CliError(f"MODEL must be a .onnx file or module:function, got {spec!r}")
     call = attr.endswith("()")
     attr = attr.removesuffix("()")
+    _importable_from_cwd()
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:

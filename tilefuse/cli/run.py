@@ -49,7 +49,7 @@ def summary(array: np.ndarray) -> str:
 
 def run(args: argparse.Namespace) -> int:
     quiet_torch_warnings()
-    model = load_model(args.model)
+    model = load_model(args.model, args.quantize)
     arrays = parse_inputs(model, args.input, args.seed)
     note(args, f"compiling {args.model} ...")
     outputs = model.compile()(arrays)

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from tilefuse.cli.common import add_model_arguments, show_progress, subparser
-from tilefuse.cli.models import load_model, parse_inputs, quiet_torch_warnings
+from tilefuse.cli.models import CliError, load_model, parse_inputs, quiet_torch_warnings
 
 EXAMPLE = """  tilefuse tune model.onnx --trials 200 --time-budget 300
+  tilefuse tune model.onnx --trials 400 --ray auto        # on the Ray cluster of this machine
   tilefuse tune mypkg.layers:ffn --input x=512x768 --trials 50 --db /tmp/tune.sqlite
   TILEFUSE_TUNE_DB=/tmp/tune.sqlite tilefuse bench mypkg.layers:ffn --input x=512x768"""
 
@@ -36,6 +37,10 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--in-process", action="store_true",
                         help="measure in this process (faster to start, no isolation from a "
                         "crashing candidate)")
+    parser.add_argument("--ray", metavar="ADDRESS", default=None,
+                        help="measure on a Ray cluster: 'auto' (the one `ray start` runs on this "
+                        "machine) or its address, host:port (needs ray: the tune extra; its "
+                        "workers must import tilefuse)")
     parser.set_defaults(func=run)
 
 
@@ -44,10 +49,19 @@ def run(args: argparse.Namespace) -> int:
     from tilefuse.tune.runner import InProcessRunner, LocalRunner, Runner
 
     quiet_torch_warnings()
-    model = load_model(args.model)
+    if args.ray is not None and args.in_process:
+        raise CliError("--ray and --in-process exclude each other: candidates are measured "
+                       "either on the Ray cluster or in this process")
+    model = load_model(args.model, args.quantize)
     arrays = parse_inputs(model, args.input, args.seed)
     source = model.tune_source(arrays)
-    runner: Runner = InProcessRunner() if args.in_process else LocalRunner()
+    runner: Runner
+    if args.ray is not None:
+        from tilefuse.tune.runner_ray import RayRunner
+
+        runner = RayRunner(address=args.ray)
+    else:
+        runner = InProcessRunner() if args.in_process else LocalRunner()
     with runner:
         report = tune(source, *arrays, trials=args.trials, time_budget=args.time_budget,
                       db=args.db, runner=runner, progress=show_progress(args),

@@ -164,7 +164,7 @@ def llvm_ir_text(fn: LoopFunction, target: CpuTarget | None = None) -> str:
     """The unoptimised LLVM IR of ``fn`` (with the target's triple and data layout)."""
     target = target or host_target()
     tm = target_machine(target)
-    module = lower_to_llvm(fn)
+    module = lower_to_llvm(fn, target)
     module.triple = target.triple
     module.data_layout = str(tm.target_data)
     return str(module)
@@ -213,7 +213,7 @@ def load_kernel(obj: bytes, signature: KernelSignature, *, target: CpuTarget | N
     except RuntimeError as exc:
         raise CompileError(f"could not load object code of kernel {signature.name}: {exc}") \
             from exc
-    return CompiledKernel(signature, engine, target, ir_text)
+    return CompiledKernel(signature, engine, target, ir_text, obj)
 
 
 def kernel_from_bytes(blob: bytes, *, target: CpuTarget | None = None) -> CompiledKernel:

@@ -47,6 +47,7 @@ from tilefuse.codegen.llvm_types import (
 )
 from tilefuse.codegen.math_lib import MathLib
 from tilefuse.codegen.pool import SYMBOL as POOL_SYMBOL
+from tilefuse.codegen.target import CpuTarget
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError, TilefuseError
 from tilefuse.loop.ir import (
@@ -74,12 +75,13 @@ from tilefuse.loop.verify import verify
 Value = ir.Value
 
 
-def lower_to_llvm(fn: LoopFunction) -> ir.Module:
-    """The LLVM module for ``fn`` (verified first; CompileError if lowering fails)."""
+def lower_to_llvm(fn: LoopFunction, target: CpuTarget | None = None) -> ir.Module:
+    """The LLVM module for ``fn`` (verified first; CompileError if lowering fails); ``target``
+    lets the math library use its instructions (AVX-512's vscalef), else the IR is generic."""
     verify(fn)
     module = ir.Module(name=fn.name)
     try:
-        LoopLowering(fn, module).lower()
+        LoopLowering(fn, module, scalef=target is not None and target.has("avx512f")).lower()
     except TilefuseError:
         raise
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, AssertionError) as exc:
@@ -115,10 +117,10 @@ class LoopLowering:
     ops_class: type[LLVMOps] = LLVMOps
     """The scalar-op protocol implementation (a target may refine its math)."""
 
-    def __init__(self, fn: LoopFunction, module: ir.Module):
+    def __init__(self, fn: LoopFunction, module: ir.Module, *, scalef: bool = False):
         self.fn = fn
         self.module = module
-        self.math = MathLib(module)
+        self.math = MathLib(module, scalef=scalef)
         self.outlined = 0
 
     def lower(self) -> None:

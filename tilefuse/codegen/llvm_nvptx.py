@@ -387,13 +387,16 @@ class NvptxLowering(LoopLowering):
     def warp_reduce(self, st: FnState, e: Expr, memo: dict[int, ir.Value]) -> ir.Value:
         """The thread's lanes folded, then folded across the warp (every lane gets it)."""
         arg = e.args[0]
-        if arg.dtype not in (DType.f32, DType.i32):
+        wide = _SHUFFLED.get(arg.dtype)
+        if wide is None:
             raise CompileError(f"kernel {self.fn.name}: warp {e.op} of {arg.dtype} is not "
-                               f"supported (f32 and i32 are)")
+                               f"supported (f32, i32 and the narrower types are)")
         value = self.expr(st, arg, memo) if arg.lanes == 1 else super().expr(st, e, memo)
-        scalar = arg.type.scalar
+        if wide is not arg.dtype:  # narrow types fold as i32 / f32 (exact for max, min, add)
+            value = self._convert(st, value, arg.dtype, wide)
+        scalar = LType(wide)
         ty = llvm_type(scalar)
-        suffix = "f32" if arg.dtype is DType.f32 else "i32"
+        suffix = "f32" if wide is DType.f32 else "i32"
         shuffle = declare(self.module, f"llvm.nvvm.shfl.sync.bfly.{suffix}", ty,
                           [I32, ty, I32, I32])
         combine = getattr(st.ops, _COMBINE[e.op])
@@ -403,7 +406,27 @@ class NvptxLowering(LoopLowering):
                                         ir.Constant(I32, 0x1F)])
             value = combine(scalar, value, other)
             offset //= 2
+        if wide is not arg.dtype:
+            value = self._convert(st, value, wide, arg.dtype)
         return value
+
+    @staticmethod
+    def _convert(st: FnState, value: ir.Value, source: DType, dest: DType) -> ir.Value:
+        """``value`` from ``source`` to ``dest`` (one of them is _SHUFFLED's wide type)."""
+        to = llvm_type(LType(dest))
+        if dest.is_float:
+            return st.b.fpext(value, to) if dest.itemsize > source.itemsize \
+                else st.b.fptrunc(value, to)
+        if to.width <= value.type.width:
+            return st.b.trunc(value, to) if value.type != to else value
+        return st.b.zext(value, to) if source in _UNSIGNED else st.b.sext(value, to)
+
+
+_UNSIGNED = frozenset({DType.bool, DType.u8})
+_SHUFFLED = {DType.f32: DType.f32, DType.i32: DType.i32, DType.f16: DType.f32,
+             DType.bf16: DType.f32, DType.bool: DType.i32, DType.u8: DType.i32,
+             DType.i8: DType.i32, DType.i16: DType.i32}
+"""The type a warp reduction of each dtype shuffles (32-bit shuffles only)."""
 
 
 def lower_to_nvptx_ir(fn: LoopFunction, target: GpuTarget = SM90,

@@ -32,6 +32,7 @@ from tilefuse.codegen.llvm_types import (
     I32,
     I64,
     constant,
+    declare,
     intrinsic,
     llvm_type,
     saturating_fptoi,
@@ -168,8 +169,18 @@ def _reduce_ln2(em: _Em, x: ir.Value, lo: float, hi: float) -> tuple[ir.Value, i
     return em.fma(n, em.f(-ln2_lo), r), n
 
 
-def _scale(em: _Em, p: ir.Value, n: ir.Value) -> ir.Value:
-    """p * 2**n in two steps, so that n beyond the exponent range over/underflows correctly."""
+def _scale(em: _Em, p: ir.Value, n: ir.Value, n_float: ir.Value | None = None) -> ir.Value:
+    """p * 2**n in two steps, so that n beyond the exponent range over/underflows correctly.
+    With AVX-512 and a 512-bit vector (``MathLib.scalef``), one ``vscalefps``/``vscalefpd`` of
+    ``n_float`` (n as a float, when the caller has it) instead: the same product, rounded once
+    in the subnormal range, 1 instruction for 9 (softmax's exp is most of its arithmetic)."""
+    bits = 32 if em.dtype is DType.f32 else 64
+    if em.lib.scalef and em.lanes * bits == 512:
+        exponent = n_float if n_float is not None else em.to_float(n)
+        mask = ir.IntType(em.lanes)
+        name = f"llvm.x86.avx512.mask.scalef.{'ps' if bits == 32 else 'pd'}.512"
+        fn = declare(em.b.module, name, p.type, [p.type, p.type, p.type, mask, I32])
+        return em.b.call(fn, [p, exponent, p, ir.Constant(mask, -1), ir.Constant(I32, 4)])
     n1 = em.b.ashr(n, em.i(1))
     n2 = em.b.sub(n, n1)
     return em.mul(em.mul(p, em.pow2(n1)), em.pow2(n2))
@@ -180,7 +191,7 @@ def _exp(em: _Em, x: ir.Value) -> ir.Value:
     r, n = _reduce_ln2(em, x, lo, hi)
     p = em.poly(r, _taylor(lambda k: 1.0 / math.factorial(k), degree))
     # n comes from the clamped x (NaN clamps to the upper bound), so it is always in range.
-    return em.sel(em.isnan(x), x, _scale(em, p, em.to_int_in_range(n)))
+    return em.sel(em.isnan(x), x, _scale(em, p, em.to_int_in_range(n), n))
 
 
 def _expm1(em: _Em, x: ir.Value) -> ir.Value:
@@ -476,8 +487,10 @@ FUNCTIONS = frozenset(_GENERATORS)
 class MathLib:
     """Defines math functions in one LLVM module on first use and calls them."""
 
-    def __init__(self, module: ir.Module):
+    def __init__(self, module: ir.Module, *, scalef: bool = False):
         self.module = module
+        self.scalef = scalef
+        """The target has AVX-512: 512-bit vectors scale by 2**n with vscalef (:func:`_scale`)."""
 
     def call(self, builder: ir.IRBuilder, name: str, t: LType, args: list[ir.Value]) -> ir.Value:
         return builder.call(self.function(name, t), args)

@@ -53,7 +53,7 @@ from llvmlite import ir
 from llvmlite.ir import instructions
 
 from tilefuse.codegen.llvm_types import I32, I64, PTR, VOID, declare
-from tilefuse.codegen.target import host_target, target_machine, usable_cpus
+from tilefuse.codegen.target import CpuTarget, host_target, target_machine, usable_cpus
 from tilefuse.errors import CompileError
 
 SPIN_CYCLES = 200_000
@@ -421,19 +421,55 @@ def _thread_ids() -> set[int]:
         return set()
 
 
-@functools.cache
-def thread_pool() -> ThreadPool:
-    """Compiles the pool and starts its workers (once per process); registers
-    ``tilefuse_parallel`` so that kernels compiled or loaded afterwards link against it."""
-    threads = pool_threads()
-    target = host_target()
-    tm = target_machine(target)
+def _pool_module(target: CpuTarget, tm: llvm.TargetMachine) -> llvm.ModuleRef:
     module = llvm.parse_assembly(pool_ir())
     module.triple = target.triple
     module.data_layout = str(tm.target_data)
     module.verify()
-    engine = llvm.create_mcjit_compiler(module, tm)
-    engine.finalize_object()
+    return module
+
+
+def pool_object(target: CpuTarget) -> bytes:
+    """The pool's code as relocatable object code for ``target``: what a compiled artifact
+    carries, so that loading it in a fresh process compiles nothing
+    (:func:`start_pool_from_object`)."""
+    tm = target_machine(target)
+    return tm.emit_object(_pool_module(target, tm))
+
+
+_LINKED: list[llvm.ExecutionEngine] = []  # a pool engine linked from object code, not started
+
+
+def start_pool_from_object(obj: bytes, target: CpuTarget) -> ThreadPool:
+    """The process's pool; when it has not started yet, it starts from ``obj`` (made by
+    :func:`pool_object` for ``target``, which the caller has checked) instead of being
+    compiled. CompileError when LLVM cannot link ``obj`` (nothing is started then)."""
+    if thread_pool.cache_info().currsize == 0:
+        empty = llvm.parse_assembly("")
+        empty.triple = target.triple
+        engine = llvm.create_mcjit_compiler(empty, target_machine(target))
+        try:
+            engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+            engine.finalize_object()
+        except RuntimeError as err:
+            raise CompileError(f"could not link the thread pool's object code: {err}") from err
+        _LINKED[:] = [engine]
+    return thread_pool()
+
+
+@functools.cache
+def thread_pool() -> ThreadPool:
+    """Compiles the pool (or takes the one :func:`start_pool_from_object` linked) and starts
+    its workers (once per process); registers ``tilefuse_parallel`` so that kernels compiled or
+    loaded afterwards link against it."""
+    threads = pool_threads()
+    if _LINKED:
+        engine = _LINKED.pop()
+    else:
+        target = host_target()
+        tm = target_machine(target)
+        engine = llvm.create_mcjit_compiler(_pool_module(target, tm), tm)
+        engine.finalize_object()
     address = engine.get_function_address(SYMBOL)
     if not address:
         raise CompileError("the thread pool's code has no tilefuse_parallel")
@@ -445,5 +481,5 @@ def thread_pool() -> ThreadPool:
     return pool
 
 
-__all__ = ["SPIN_CYCLES", "SYMBOL", "WAKE_CYCLES", "ThreadPool", "pool_ir", "pool_threads",
-           "thread_pool"]
+__all__ = ["SPIN_CYCLES", "SYMBOL", "WAKE_CYCLES", "ThreadPool", "pool_ir", "pool_object",
+           "pool_threads", "start_pool_from_object", "thread_pool"]

@@ -17,7 +17,7 @@ import numpy as np
 
 from tilefuse.errors import SourceLoc, TraceError
 from tilefuse.frontend.arguments import ArgumentNames, KeyPart, is_array_part, tensor_type
-from tilefuse.frontend.tracer import TraceContext, Tracer
+from tilefuse.frontend.tracer import TraceContext, Tracer, intercepting_print
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph
 
@@ -42,9 +42,12 @@ def graph_name(fn: Callable[..., Any]) -> str:
 
 def capture(fn: Callable[..., Any], names: ArgumentNames, args: tuple[Any, ...],
             kwargs: dict[str, Any], arg_parts: tuple[KeyPart, ...],
-            kw_parts: tuple[tuple[str, KeyPart], ...]) -> Captured:
-    """Traces ``fn(*args, **kwargs)``; the key parts say which arguments are traced."""
-    ctx = TraceContext(GraphBuilder(graph_name(fn)), getattr(fn, "__name__", repr(fn)))
+            kw_parts: tuple[tuple[str, KeyPart], ...], *, fullgraph: bool = True) -> Captured:
+    """Traces ``fn(*args, **kwargs)``; the key parts say which arguments are traced. Without
+    ``fullgraph``, ``repr()`` and any ``print`` of the function raise GraphBreakError too (the
+    caller then traces in pieces, see :mod:`tilefuse.frontend.graph_breaks`)."""
+    ctx = TraceContext(GraphBuilder(graph_name(fn)), getattr(fn, "__name__", repr(fn)),
+                       fullgraph=fullgraph)
     traced_args = list(args)
     positions = []
     for i, part in enumerate(arg_parts):
@@ -58,23 +61,24 @@ def capture(fn: Callable[..., Any], names: ArgumentNames, args: tuple[Any, ...],
             traced_kwargs[key] = ctx.input(tensor_type(part, names.label(key)), key)
             keywords.append(key)
     try:
-        result = fn(*traced_args, **traced_kwargs)
+        with intercepting_print(ctx):
+            result = fn(*traced_args, **traced_kwargs)
         outputs: list[Tracer] = []
-        pack = _flatten(ctx, result, outputs, _definition(fn))
+        pack = flatten(ctx, result, outputs, definition(fn))
     finally:
         ctx.active = False
     graph = ctx.builder.build([t.value for t in outputs])
     return Captured(graph, tuple(positions), tuple(keywords), pack)
 
 
-def _definition(fn: Callable[..., Any]) -> SourceLoc | None:
+def definition(fn: Callable[..., Any]) -> SourceLoc | None:
     """Where ``fn`` is defined (for errors about what it returned)."""
     code = getattr(fn, "__code__", None)
     return None if code is None else SourceLoc(code.co_filename, code.co_firstlineno,
                                                 code.co_name)
 
 
-def _flatten(ctx: TraceContext, result: Any, outputs: list[Tracer],
+def flatten(ctx: TraceContext, result: Any, outputs: list[Tracer],
              loc: SourceLoc | None) -> Packer:
     """Appends the result's arrays to ``outputs``; returns the packer for its structure."""
     if isinstance(result, (Tracer, np.ndarray, np.generic)):
@@ -86,7 +90,7 @@ def _flatten(ctx: TraceContext, result: Any, outputs: list[Tracer],
             outputs.append(ctx.constant(np.asarray(result)))
         return lambda outs: outs[index]
     if isinstance(result, (tuple, list)):
-        packers = [_flatten(ctx, item, outputs, loc) for item in result]
+        packers = [flatten(ctx, item, outputs, loc) for item in result]
         if hasattr(result, "_fields"):  # a namedtuple
             kind = type(result)
             return lambda outs: kind(*(p(outs) for p in packers))

@@ -43,9 +43,12 @@ from tilefuse.frontend.arguments import (
 )
 from tilefuse.frontend.capture import Captured, Packer, capture
 from tilefuse.frontend.dynamic_dims import DynamicDims, DynamicSpec, changed_dims
+from tilefuse.frontend.graph_breaks import Program, trace_program
+from tilefuse.frontend.tracer import GraphBreakError
 from tilefuse.graph.ir import Graph
 from tilefuse.graph.types import Sym
 from tilefuse.log import get_logger
+from tilefuse.passes.quantize import parse_quantize, pipeline_for
 from tilefuse.runtime.dynamic import DynamicExecutable, SymbolConflict, SymbolGuardError
 from tilefuse.runtime.executable import Executable
 from tilefuse.target import Target
@@ -130,7 +133,8 @@ class JitFunction:
     def __init__(self, fn: Callable[..., Any], *, target: str | Target = "cpu",
                  dump: str | Path | None = None, debug: bool = False,
                  static_argnames: Iterable[str] | str = (), dynamic: DynamicSpec = None,
-                 max_recompiles: int = DEFAULT_MAX_RECOMPILES):
+                 max_recompiles: int = DEFAULT_MAX_RECOMPILES, reassociate: bool = False,
+                 fullgraph: bool = False, quantize: Any = None):
         if not callable(fn):
             raise TraceError(f"jit needs a function, got {type(fn).__name__}")
         if isinstance(static_argnames, str):
@@ -140,10 +144,15 @@ class JitFunction:
         self._target = Target.parse(target)  # TargetError (a CompileError) naming it
         self._dump = dump
         self._debug = debug
+        from tilefuse.passes.pipeline import graph_pipeline  # egglog: on first use
+
+        self._pipeline = pipeline_for(parse_quantize(quantize),
+                                      graph_pipeline(reassociate=reassociate))
+        self._fullgraph = fullgraph
         self._names = ArgumentNames(fn, static_argnames)
         self._static_positions = self._names.static_positions
         self._static_names = self._names.static_names
-        self._cache: dict[Key, _Entry] = {}
+        self._cache: dict[Key, _Entry | Program] = {}
         self._lock = threading.RLock()  # re-entrant: a traced function may call itself
         self._hits = self._misses = self._compiles = 0
         self._recompile_log = get_logger("recompiles")
@@ -216,7 +225,8 @@ class JitFunction:
             except InlineCall:
                 pass
 
-    def _miss(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+    def _miss(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> _Entry | Program:
         with self._lock:
             entry = self._cache.get(key)
             if entry is not None:  # another thread compiled it meanwhile
@@ -232,7 +242,7 @@ class JitFunction:
             return self._compile_entry(key, args, kwargs)
 
     def _compile_entry(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]
-                       ) -> _Entry:
+                       ) -> _Entry | Program:
         """Compiles ``key`` (symbolic when it holds symbols; when a symbolic trace fails, its
         dims become static again, logged, and the call's static key is compiled)."""
         self._check_limit(key)
@@ -257,15 +267,81 @@ class JitFunction:
         self._compiles += 1
         return entry
 
-    def _compile(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+    def _compile(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]
+                 ) -> _Entry | Program:
         dump_dir = resolve_dump_dir(self._dump)
-        captured = capture(self._fn, self._names, args, kwargs, key[1], key[2])
+        try:
+            captured = capture(self._fn, self._names, args, kwargs, key[1], key[2],
+                               fullgraph=self._fullgraph)
+        except GraphBreakError:
+            if self._fullgraph or _key_symbols(key):   # symbolic: compiled static instead
+                raise
+            return self._trace_in_regions(key, args, kwargs, None, 0)
         # The compile driver: graph pipeline, kernels, schedules, lowering, codegen; an entry
         # with symbolic dims gets a DynamicExecutable whose specialisations run the pipeline
         # again on their static graphs.
-        compiled = compile_graph(captured.graph, self._target,
-                                 CompileOptions(dump_dir=dump_dir, debug=self._debug))
+        compiled = compile_graph(captured.graph, self._target, self._options(dump_dir))
         return _Entry(key, captured, compiled.optimized, compiled.report, compiled.executable)
+
+    def _options(self, dump_dir: Path | None) -> CompileOptions:
+        return CompileOptions(dump_dir=dump_dir, debug=self._debug, pipeline=self._pipeline)
+
+    # ---- graph breaks (see tilefuse.frontend.graph_breaks) -----------------------------------
+
+    def _trace_in_regions(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
+                          program: Program | None, printed: int) -> Program:
+        """Traces this call with graph breaks into ``program`` (None: a new one); the call's
+        result is handed over to the program's next run."""
+        program, result = trace_program(self._fn, self._names, args, kwargs, key[1], key[2],
+                                        program, self._compile_region, self._retrace, printed)
+        program.hand_over(result)
+        dump_dir = resolve_dump_dir(self._dump)
+        if dump_dir is not None:
+            dump_dir.mkdir(parents=True, exist_ok=True)
+            (dump_dir / "graph_breaks.txt").write_text(program.explain() + "\n")
+        return program
+
+    def _compile_region(self, graph: Graph, number: int) -> tuple[Graph, Any, Any]:
+        dump_dir = resolve_dump_dir(self._dump)
+        where = None if dump_dir is None else dump_dir / f"region-{number:02d}"
+        compiled = compile_graph(graph, self._target, self._options(where))
+        return compiled.optimized, compiled.report, compiled.executable
+
+    def _retrace(self, program: Program, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 printed: int) -> Any:
+        """A guard saw a value no region was traced for: trace again (the regions before it
+        are reused); ``printed`` prints were shown by the replay already."""
+        with self._lock:
+            self._misses += 1
+            if program.retraces >= self._max_recompiles:
+                message = (f"{self._qualname} was traced again {program.retraces} times for new "
+                           f"guard values, above its limit (max_recompiles="
+                           f"{self._max_recompiles}); the guards:\n{program.explain()}")
+                self._recompile_log.warning("%s", message)
+                raise RecompileLimitError(message)
+            key = self._key(args, kwargs, symbolic=False)
+            self._trace_in_regions(key, args, kwargs, program, printed)
+            program.retraces += 1   # (a trace the function ended by raising does not count)
+            return program.run(args, kwargs)
+
+    def explain(self) -> str:
+        """The compiled entries: for each argument signature, one region, or the regions,
+        graph breaks and guards of a function that has breaks."""
+        if not self._cache:
+            return f"{self._qualname}: nothing compiled yet"
+        lines = []
+        for key, entry in self._cache.items():
+            parts = [describe_part(p) for p in key[1]] + \
+                [f"{k}={describe_part(p)}" for k, p in key[2]]
+            signature = f"{self._qualname}({', '.join(parts)})"
+            if isinstance(entry, Program):
+                regions, breaks, guards = entry.counts()
+                lines.append(f"{signature}: {regions} regions, {breaks} graph breaks, "
+                             f"{guards} guards, traced again {entry.retraces} times")
+                lines.extend("  " + line for line in entry.explain().splitlines())
+            else:
+                lines.append(f"{signature}: one region, no graph breaks")
+        return "\n".join(lines)
 
     # ---- dynamic dims ----------------------------------------------------------------------
 
@@ -361,9 +437,9 @@ class JitFunction:
 
     def _trace_and_optimize(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
                             dump_dir: Path | None) -> tuple[Captured, Graph, Any]:
-        captured = capture(self._fn, self._names, args, kwargs, key[1], key[2])
-        optimized, report = optimize(captured.graph,
-                                     CompileOptions(dump_dir=dump_dir, debug=self._debug))
+        captured = capture(self._fn, self._names, args, kwargs, key[1], key[2],
+                           fullgraph=self._fullgraph)
+        optimized, report = optimize(captured.graph, self._options(dump_dir))
         return captured, optimized, report
 
     # ---- introspection ---------------------------------------------------------------------
@@ -381,8 +457,15 @@ class JitFunction:
         entry = self._cache.get(key)
         if entry is not None:
             return Lowered(entry.captured, entry.optimized, entry.report, entry.executable)
-        captured, optimized, report = self._trace_and_optimize(key, args, kwargs,
-                                                               resolve_dump_dir(self._dump))
+        try:
+            captured, optimized, report = self._trace_and_optimize(key, args, kwargs,
+                                                                   resolve_dump_dir(self._dump))
+        except GraphBreakError as err:
+            if self._fullgraph:
+                raise
+            raise TraceError(f"{self._qualname} has graph breaks ({err.message}), so it is not "
+                             "one graph: call it, then jitted.explain() lists its regions and "
+                             "jitted.lower() shows the first one", loc=err.loc) from None
         return Lowered(captured.graph, optimized, report)
 
     def cache_info(self) -> CacheInfo:
@@ -430,20 +513,23 @@ class JitFunction:
 @overload
 def jit(fn: Callable[..., Any], *, target: str | Target = ..., dump: str | Path | None = ...,
         debug: bool = ..., static_argnames: Iterable[str] | str = ...,
-        dynamic: DynamicSpec = ..., max_recompiles: int = ...) -> JitFunction: ...
+        dynamic: DynamicSpec = ..., max_recompiles: int = ..., reassociate: bool = ...,
+        fullgraph: bool = ..., quantize: Any = ...) -> JitFunction: ...
 
 
 @overload
 def jit(fn: None = ..., *, target: str | Target = ..., dump: str | Path | None = ...,
         debug: bool = ..., static_argnames: Iterable[str] | str = ...,
-        dynamic: DynamicSpec = ..., max_recompiles: int = ...
+        dynamic: DynamicSpec = ..., max_recompiles: int = ..., reassociate: bool = ...,
+        fullgraph: bool = ..., quantize: Any = ...
         ) -> Callable[[Callable[..., Any]], JitFunction]: ...
 
 
 def jit(fn: Callable[..., Any] | None = None, *, target: str | Target = "cpu",
         dump: str | Path | None = None, debug: bool = False,
         static_argnames: Iterable[str] | str = (), dynamic: DynamicSpec = None,
-        max_recompiles: int = DEFAULT_MAX_RECOMPILES) -> Any:
+        max_recompiles: int = DEFAULT_MAX_RECOMPILES, reassociate: bool = False,
+        fullgraph: bool = False, quantize: Any = None) -> Any:
     """Compiles a NumPy function: ``@jit`` or ``@jit(dump="dir", static_argnames=("n",))``.
 
     Arrays (and NumPy scalars) are traced; Python scalars, strings, None and tuples of those,
@@ -452,12 +538,22 @@ def jit(fn: Callable[..., Any] | None = None, *, target: str | Target = "cpu",
     writes the graph after each pass; ``debug`` verifies the graph after every pass.
     ``dynamic`` says which array dims are symbolic (default: automatic, a dim becomes dynamic
     at its second size; see :mod:`tilefuse.frontend.dynamic_dims`); more than
-    ``max_recompiles`` recompiles raise :class:`RecompileLimitError`.
+    ``max_recompiles`` recompiles raise :class:`RecompileLimitError`. ``reassociate`` lets
+    the compiler fold ``(x @ A) @ B`` with constant A, B into ``x @ (A @ B)`` (fewer FLOPs, but
+    an inf in ``x`` then gives ±inf where NumPy gives NaN). ``quantize`` ("int8", "int4",
+    "int4:64", "int4:32+zp"; :mod:`tilefuse.passes.quantize`) quantizes the constant weights
+    of matrix products and convolutions at build time.
+
+    Python that needs a traced value (``if x.sum() > 0``, ``float(x)``, ``print(x)``, a NumPy
+    function without a rule) is a graph break: the function runs as compiled regions with
+    guards (:mod:`tilefuse.frontend.graph_breaks`, ``jitted.explain()``). ``fullgraph=True``
+    makes each break a TraceError instead.
     """
     def wrap(f: Callable[..., Any]) -> JitFunction:
         return JitFunction(f, target=target, dump=dump, debug=debug,
                            static_argnames=static_argnames, dynamic=dynamic,
-                           max_recompiles=max_recompiles)
+                           max_recompiles=max_recompiles, reassociate=reassociate,
+                           fullgraph=fullgraph, quantize=quantize)
 
     return wrap if fn is None else wrap(fn)
 

@@ -219,6 +219,22 @@ def arg_reduction(op: str) -> Any:
     return handler
 
 
+def cumulative(op: str, np_fn: Any) -> Any:
+    """A handler for np.cumsum and np.cumprod: axis None scans the flattened array."""
+
+    def handler(ctx: TraceContext, a: Any, axis: Any = None, dtype: Any = None,
+                out: Any = None) -> Tracer:
+        _check_unsupported(f"np.{np_fn.__name__}", dtype=dtype, out=out)
+        (x,) = coerce(ctx, [a])
+        if axis is None or x.ndim == 0:
+            x = x if x.ndim == 1 else ctx.emit1("reshape", [x], {"shape": (-1,)})
+            axis = 0
+        return ctx.emit1(op, [x], {"axis": normalize_axis(axis, x.ndim)})
+
+    handler.__name__ = op
+    return handler
+
+
 UFUNC_REDUCTIONS = {np.add: "sum", np.multiply: "prod", np.maximum: "max", np.minimum: "min"}
 
 

@@ -21,7 +21,7 @@ from tilefuse.errors import TilefuseError, TraceError
 from tilefuse.frontend import np_math as m
 from tilefuse.frontend import np_shape as s
 from tilefuse.frontend.source import user_loc
-from tilefuse.frontend.tracer import TraceContext, Tracer, find_context
+from tilefuse.frontend.tracer import GraphBreakError, TraceContext, Tracer, find_context
 
 # ---- ufuncs ----------------------------------------------------------------------------------
 
@@ -100,6 +100,7 @@ _FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     np.sum: _sum, np.prod: _prod, np.mean: _mean, np.max: _max, np.amax: _max,
     np.min: _min, np.amin: _min, np.var: m.var, np.std: m.std,
     np.argmax: m.arg_reduction("argmax"), np.argmin: m.arg_reduction("argmin"),
+    np.cumsum: m.cumulative("cumsum", np.cumsum), np.cumprod: m.cumulative("cumprod", np.cumprod),
     np.where: m.where, np.clip: m.clip, np.round: m.round_, np.around: m.round_,
     np.dot: m.dot, np.einsum: m.einsum,
     np.reshape: s.reshape, np.ravel: s.ravel, np.transpose: s.transpose,
@@ -217,8 +218,12 @@ def apply_ufunc(ufunc: np.ufunc, method: str, inputs: tuple[Any, ...],
     if method == "reduce" and ufunc in UFUNC_REDUCE:
         return _call(f"{name}.reduce", lambda c, *a, **k: _ufunc_reduce(c, ufunc, *a, **k),
                      ctx, inputs, kwargs)
-    if method != "__call__":
-        raise TraceError(f"{name}.{method} is not supported", loc=user_loc())
+    known = ufunc in UFUNC_OPS or ufunc in LOGICAL_UFUNCS or ufunc in UFUNC_BUILDERS
+    if method != "__call__" or not known:
+        what = name if method == "__call__" else f"{name}.{method}"
+        if ctx.breaks is not None:   # a graph break: NumPy runs it on the values
+            return ctx.breaks.host_call(getattr(ufunc, method), what, inputs, kwargs)
+        raise GraphBreakError(f"{what} is not supported", loc=user_loc())
     return _call(name, lambda c, *a, **k: _ufunc_call(c, name, ufunc, a, k), ctx, inputs,
                  kwargs)
 
@@ -227,7 +232,10 @@ def apply_function(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     """Records the NumPy function call ``func(*args, **kwargs)`` where some argument is a tracer."""
     handler = FUNCTIONS.get(func)
     if handler is None:
-        raise TraceError(f"{describe(func)} is not supported", loc=user_loc())
+        ctx = find_context(*args, *kwargs.values())
+        if ctx.breaks is not None:   # a graph break: NumPy runs it on the values
+            return ctx.breaks.host_call(func, describe(func), args, kwargs)
+        raise GraphBreakError(f"{describe(func)} is not supported", loc=user_loc())
     ctx = find_context(*args, *kwargs.values())
     return _call(describe(func), handler, ctx, args, kwargs)
 

@@ -10,9 +10,13 @@ one mapping from NumPy semantics to tilefuse ops. Every recorded node carries th
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NoReturn
+import operator
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,14 +31,23 @@ DATA_DEPENDENT = ("data-dependent Python control flow: the value of a traced arr
                   "at trace time")
 
 
+class GraphBreakError(TraceError):
+    """Tracing needs a value it does not have (``bool()``, ``.item()``, ``print``, a NumPy
+    function without a rule). ``tilefuse.jit`` catches it and traces the function again in
+    pieces (:mod:`tilefuse.frontend.graph_breaks`), unless ``fullgraph=True``, where it is the
+    error the user sees."""
+
+
 class TraceContext:
     """The state of one trace: the graph builder, the traced function's name, the constants
     recorded so far. ``active`` turns False when the trace ends, so escaped tracers are caught."""
 
-    def __init__(self, builder: GraphBuilder, function: str):
+    def __init__(self, builder: GraphBuilder, function: str, *, fullgraph: bool = True):
         self.builder = builder
         self.function = function
         self.active = True
+        self.fullgraph = fullgraph
+        self.breaks: Any = None   # a graph_breaks.BreakingTrace: breaks run instead of raising
         self._scalars: dict[tuple[DType, str], Tracer] = {}
 
     def __repr__(self) -> str:
@@ -42,7 +55,10 @@ class TraceContext:
         return f"TraceContext({self.function}, {state})"
 
     def input(self, type_: TensorType, name: str) -> Tracer:
-        return Tracer(self.builder.input(type_, name), self)
+        tracer = Tracer(self.builder.input(type_, name), self)
+        if self.breaks is not None:
+            self.breaks.track(tracer)
+        return tracer
 
     def emit(self, op: str, inputs: Sequence[Tracer], attrs: Mapping[str, Any] | None = None,
              loc: SourceLoc | None = None) -> tuple[Tracer, ...]:
@@ -50,7 +66,11 @@ class TraceContext:
         for t in inputs:
             self.check(t)
         outs = self.builder.add(op, [t.value for t in inputs], attrs, loc or user_loc())
-        return tuple(Tracer(v, self) for v in outs)
+        tracers = tuple(Tracer(v, self) for v in outs)
+        if self.breaks is not None:
+            for tracer in tracers:
+                self.breaks.track(tracer)
+        return tracers
 
     def emit1(self, op: str, inputs: Sequence[Tracer],
               attrs: Mapping[str, Any] | None = None) -> Tracer:
@@ -89,6 +109,55 @@ class TraceContext:
                              loc=user_loc())
         if not self.active:
             raise TraceError(f"the trace of {self.function} has ended", loc=user_loc())
+
+
+_PRINT = builtins.print
+_print_lock = threading.Lock()
+_print_users = 0
+_tracing = threading.local()   # .ctx: the trace this thread is running, if any
+
+
+def _traced_print(*args: Any, **kwargs: Any) -> None:
+    """``print`` while some thread traces: a print of that thread's trace is a graph break
+    (or, with ``fullgraph=True``, printed as today unless it shows a traced array)."""
+    ctx = getattr(_tracing, "ctx", None)
+    if ctx is None or not ctx.active:
+        return _PRINT(*args, **kwargs)
+    if ctx.breaks is not None:
+        return ctx.breaks.print_call(args, kwargs)  # type: ignore[no-any-return]
+    shows = any(isinstance(a, Tracer) for a in args)
+    if ctx.fullgraph and not shows:
+        return _PRINT(*args, **kwargs)
+    raise GraphBreakError(f"print{' of a traced array' if shows else ''} inside a traced "
+                          "function: it would run once, while tracing, not at every call",
+                          loc=user_loc())
+
+
+@contextlib.contextmanager
+def intercepting_print(ctx: TraceContext) -> Iterator[None]:
+    """While tracing ``ctx`` in this thread, ``print`` calls of this thread go to
+    :func:`_traced_print` (``builtins.print`` is swapped while any thread traces; other
+    threads' prints pass straight through)."""
+    global _print_users
+    outer = getattr(_tracing, "ctx", None)
+    with _print_lock:
+        if _print_users == 0:
+            builtins.print = _traced_print
+        _print_users += 1
+    _tracing.ctx = ctx
+    try:
+        yield
+    finally:
+        _tracing.ctx = outer
+        with _print_lock:
+            _print_users -= 1
+            if _print_users == 0:
+                builtins.print = _PRINT
+
+
+def real_print(*args: Any, **kwargs: Any) -> None:
+    """The ``print`` of the interpreter, whatever is intercepted."""
+    _PRINT(*args, **kwargs)
 
 
 def find_context(*objs: Any) -> TraceContext:
@@ -165,7 +234,7 @@ def _method(function: Any) -> Any:
 class Tracer:
     """A traced array: shape and dtype are known, values are not."""
 
-    __slots__ = ("ctx", "value")
+    __slots__ = ("__weakref__", "ctx", "value")
     __array_priority__ = 1000.0   # ndarray ⊕ tracer defers to the tracer
     __hash__ = None  # type: ignore[assignment]  # like ndarray; == builds a graph node
 
@@ -174,7 +243,17 @@ class Tracer:
         self.ctx = ctx
 
     def __repr__(self) -> str:
+        if self.ctx.active and not self.ctx.fullgraph:
+            return self._data_dependent("repr()", repr)
         return f"Tracer({self.value.type}, tracing {self.ctx.function})"
+
+    def __str__(self) -> str:
+        if self.ctx.active:
+            return self._data_dependent("str()", str)
+        return repr(self)
+
+    def __format__(self, spec: str) -> str:
+        return self._data_dependent("format()", lambda a: format(a, spec))
 
     # ---- static metadata -------------------------------------------------------------------
 
@@ -227,34 +306,39 @@ class Tracer:
 
     # ---- values that are not known at trace time -------------------------------------------
 
-    def _data_dependent(self, what: str) -> NoReturn:
-        raise TraceError(f"{DATA_DEPENDENT} ({what} of a traced {self.value.type}); use np.where "
-                         "for elementwise choices, or pass the value as a static argument",
-                         loc=user_loc())
+    def _data_dependent(self, what: str, concrete: Callable[[Any], Any]) -> Any:
+        """A value Python needs now: a graph break (the region so far runs, Python goes on with
+        ``concrete(value)``, guarded) or, without one, the TraceError of data-dependent flow."""
+        if self.ctx.breaks is not None:
+            return self.ctx.breaks.concrete(self, what, concrete)
+        raise GraphBreakError(f"{DATA_DEPENDENT} ({what} of a traced {self.value.type}); use "
+                              "np.where for elementwise choices, or pass the value as a static "
+                              "argument", loc=user_loc())
 
     def __bool__(self) -> bool:
-        self._data_dependent("bool()")
+        return self._data_dependent("bool()", bool)  # type: ignore[no-any-return]
 
     def __int__(self) -> int:
-        self._data_dependent("int()")
+        return self._data_dependent("int()", int)  # type: ignore[no-any-return]
 
     def __float__(self) -> float:
-        self._data_dependent("float()")
+        return self._data_dependent("float()", float)  # type: ignore[no-any-return]
 
     def __complex__(self) -> complex:
-        self._data_dependent("complex()")
+        return self._data_dependent("complex()", complex)  # type: ignore[no-any-return]
 
     def __index__(self) -> int:
-        self._data_dependent("use as an index")
+        return self._data_dependent("use as an index", operator.index)  # type: ignore[no-any-return]
 
     def item(self, *args: Any) -> Any:
-        self._data_dependent("item()")
+        return self._data_dependent("item()", lambda a: a.item(*args))
 
     def tolist(self) -> Any:
-        self._data_dependent("tolist()")
+        return self._data_dependent("tolist()", lambda a: a.tolist())
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        self._data_dependent("conversion to a NumPy array")
+        return self._data_dependent(  # type: ignore[no-any-return]
+            "conversion to a NumPy array", lambda a: np.array(a, dtype=dtype))
 
     def __setitem__(self, key: Any, value: Any) -> None:
         raise TraceError("in-place assignment to a traced array is not supported; build a new "

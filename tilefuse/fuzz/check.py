@@ -27,7 +27,8 @@ ACCUMULATING = frozenset({OpKind.REDUCTION, OpKind.CONTRACTION})
 
 @dataclass(frozen=True)
 class Verdict:
-    """``kind`` is ok, mismatch, crash or skipped (the reference itself cannot run it)."""
+    """``kind`` is ok, mismatch, crash, host-step (right, but some kernel ran on the host:
+    a defect, issue 28) or skipped (the reference itself cannot run it)."""
 
     kind: str
     stage: str = ""
@@ -35,7 +36,7 @@ class Verdict:
 
     @property
     def failed(self) -> bool:
-        return self.kind in ("mismatch", "crash")
+        return self.kind in ("mismatch", "crash", "host-step")
 
     def signature(self) -> tuple[str, str]:
         """What a shrunk graph must keep failing with: the kind and the stage."""
@@ -143,4 +144,8 @@ def check_graph(graph: Graph, inputs: Sequence[np.ndarray], *,
     for i, (before, after) in enumerate(zip(inputs, given)):
         if not np.array_equal(before, after, equal_nan=True):
             return Verdict("mismatch", "run", f"the call wrote to input {i}")
-    return _compare(actual, expected, reduction, "compare", loosest)
+    verdict = _compare(actual, expected, reduction, "compare", loosest)
+    if verdict.failed or not executable.fallbacks:
+        return verdict
+    return Verdict("host-step", "build", "; ".join(f"{name}: {why}"
+                                                   for name, why in executable.fallbacks))

@@ -319,7 +319,7 @@ def _block_nest(ctx: KernelContext, shape: tuple[int, ...], outputs: list[Value]
 
 
 def lower_group(group: KernelGroupLike, schedule: Schedule | None = None) -> LoopFunction:
-    """The loop IR of ``group`` by its kind: ELEMENTWISE and ROW_REDUCTION here (the
+    """The loop IR of ``group`` by its kind: ELEMENTWISE, ROW_REDUCTION and REDUCTION here (the
     contraction lowering is :mod:`tilefuse.kernel.lower_matmul`); CompileError otherwise."""
     kind = getattr(group, "kind", None)
     if kind is KernelKind.ELEMENTWISE:
@@ -328,6 +328,12 @@ def lower_group(group: KernelGroupLike, schedule: Schedule | None = None) -> Loo
         from tilefuse.kernel.lower_rows import lower_rows  # lower_rows builds on this module
 
         return lower_rows(group, schedule)
+    if kind is KernelKind.REDUCTION:
+        from tilefuse.kernel.lower_pool import is_tap_reduction, lower_taps
+        from tilefuse.kernel.lower_reduce import lower_reduce  # both build on this module
+
+        return lower_taps(group, schedule) if is_tap_reduction(group) \
+            else lower_reduce(group, schedule)
     shown = kind.value if isinstance(kind, KernelKind) else repr(kind)
     raise CompileError(f"kernel {group.name}: no lowering for {shown} yet")
 

@@ -31,6 +31,7 @@ from tilefuse.graph.ir import Value
 from tilefuse.kernel.access import dims, squeezed, unflatten
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.lower_elementwise import KernelContext
+from tilefuse.kernel.lower_gpu_index import GatherContext, flat_movement, has_gather
 from tilefuse.kernel.schedule import Schedule, iteration_axes
 from tilefuse.loop.ir import (
     Block,
@@ -46,7 +47,8 @@ from tilefuse.loop.ir import (
 )
 from tilefuse.ops.registry import OpKind
 
-GPU_KINDS = frozenset({KernelKind.ELEMENTWISE, KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT})
+GPU_KINDS = frozenset({KernelKind.ELEMENTWISE, KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT,
+                       KernelKind.REDUCTION})
 
 
 WARP = 32
@@ -118,13 +120,14 @@ def unroll_constant_loops(s: Stmt) -> Stmt:
     return s
 
 
-def lower_elementwise_gpu(group: KernelGroup, unroll: int = 1) -> GpuLowered:
+def lower_elementwise_gpu(group: KernelGroup, unroll: int = 1,
+                          context: type[KernelContext] = KernelContext) -> GpuLowered:
     """One parallel loop per output shape over the flat index (module docstring); vectors of
     16 bytes when every operand has the output's layout (or is one element). With ``unroll``
     > 1 such kernels are in warp form (:mod:`tilefuse.codegen.simt`): each warp iteration
     covers ``unroll`` consecutive warp-wide runs of 16 bytes a thread, so every thread has
     ``unroll`` independent 16-byte loads in flight."""
-    ctx = KernelContext.of(group)
+    ctx = context.of(group)
     nests: dict[tuple[int, ...], list[Value]] = {}
     for v in ctx.buffers.outputs:
         nests.setdefault(squeezed(dims(v.shape)), []).append(v)
@@ -205,9 +208,24 @@ def _leading_broadcast(operand: tuple[int, ...], shape: tuple[int, ...]) -> bool
 def lower_group_gpu(group: KernelGroup, row_unroll: int = 4, elementwise_unroll: int = 4,
                     register_row: int = REGISTER_ROW, long_row_block: int = LONG_ROW_BLOCK
                     ) -> GpuLowered:
-    """The GPU loop IR of ``group``; CompileError for kinds without a GPU lowering."""
+    """The GPU loop IR of ``group``; CompileError for kinds without a GPU lowering.
+
+    Groups holding a gather (``take``, ``take_along_axis``) and movement groups of several
+    nodes (a reshape/transpose chain, an im2col) are lowered as elementwise kernels whose
+    movement ops are index arithmetic (:mod:`tilefuse.kernel.lower_gpu_index`)."""
+    if has_gather(group) or (group.kind is KernelKind.MOVEMENT and flat_movement(group)):
+        return lower_elementwise_gpu(replace(group, kind=KernelKind.ELEMENTWISE),
+                                     elementwise_unroll, GatherContext)
     if group.kind is KernelKind.ELEMENTWISE:
         return lower_elementwise_gpu(group, elementwise_unroll)
+    if group.kind is KernelKind.REDUCTION:
+        from tilefuse.kernel.lower_gpu_reduce import lower_reduction_gpu
+
+        return GpuLowered(lower_reduction_gpu(group))
+    if group.kind is KernelKind.OPAQUE and [n.op.name for n in group.nodes] == ["topk"]:
+        from tilefuse.kernel.lower_gpu_reduce import lower_topk_gpu
+
+        return GpuLowered(lower_topk_gpu(group))
     schedule = gpu_schedule(group, row_unroll)
     if group.kind is KernelKind.ROW_REDUCTION:
         from tilefuse.kernel.lower_rows import lower_rows

@@ -752,6 +752,8 @@ def lower_matmul(group: KernelGroup, schedule: Schedule, *,
     a schedule that is not a contraction's.
     """
     params = params_from_schedule(schedule)
+    if not constant_b and reads_b_in_place(group, params):
+        params = replace(params, pack_b=False, prefetch_b=0, prefetch_next=0)
     low = _GroupLowering(group, params)
     a_value, b_value = low.node.inputs
     window = None if low.shape.symbolic or low.shape.batch else window_operand(group, a_value)
@@ -779,6 +781,21 @@ def lower_matmul(group: KernelGroup, schedule: Schedule, *,
     names = {buf.name for fn in functions for buf in fn.buffers}
     return LoweredMatmul(functions, {n: v for n, v in bindings.items() if n in names},
                          low.scratch, b.name if constant_b else None, params, low.shape)
+
+
+def reads_b_in_place(group: KernelGroup, params: MatmulParams) -> bool:
+    """Whether a B given at run time is read where it lies instead of packed per call: when
+    it is a group input (or a reshape of one), not batched, and M is static and at most one
+    register block (``params.mr`` rows: a GEMV at batch 1). The nest then reads each element
+    of B exactly once, so packing would only add a read and a write of all of B per call:
+    W5 (256x256 weights as arguments, batch 1) spent ~90 % of its kernels' time packing."""
+    node = matmul_node(group)
+    b_value = node.inputs[1]
+    shape = dims(node.inputs[0].shape)
+    m = shape[-2] if len(shape) >= 2 else None
+    return (params.pack_b and isinstance(m, int) and 0 < m <= params.mr
+            and len(b_value.shape) == 2 and not any(is_extent(d) for d in dims(b_value.shape))
+            and view_of_input(group, b_value) is not None)
 
 
 def _assemble(name: str, body: Stmt, a: BufferParam, b: BufferParam,

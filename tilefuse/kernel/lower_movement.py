@@ -16,8 +16,8 @@ input, the new axis fixed), ``slice`` (``start + step * i`` per axis, negative s
 ``pad`` (the interior a shifted copy; the border boxes a constant, or the input at a clamped
 (``edge``) or reflected (``reflect``) index), ``transpose`` (a permuted index),
 ``broadcast_to`` (size-1 axes read at 0), and ``reshape``/``squeeze``/``expand_dims`` (one flat
-copy). ``take`` is not lowered: an out-of-range index raises in the reference and the loop IR has
-no error channel, so it keeps its host fallback (CompileError here).
+copy). ``take`` and ``take_along_axis`` are :mod:`tilefuse.kernel.lower_gather`'s (an out-of-range
+index must raise: that module's kernels record it for the executable to check).
 
 A piece runs across threads when its output box holds at least
 :data:`MOVEMENT_MIN_ELEMENTS` elements per thread (movement groups have no tuned schedule; a
@@ -327,7 +327,7 @@ def _element(ctx: KernelContext, piece: Piece, ix: Index, lanes: int) -> Expr:
 
 def lower_movement(group: KernelGroupLike, schedule: Schedule | None = None) -> LoopFunction:
     """The loop IR of a one-node MOVEMENT group (see the module docstring); CompileError for
-    ops not lowered here (``take``, ``take_along``, ...), which then run on the host."""
+    ops not lowered here (``take``, ``take_along_axis``: :mod:`.lower_gather`)."""
     if len(group.nodes) != 1:
         raise CompileError(f"kernel {group.name}: movement lowering takes one node, got "
                            f"{len(group.nodes)}")

@@ -2,7 +2,8 @@
 
 The output [N, C, OH, OW] is walked plane by plane (one plane per (n, c), planes split across
 threads when the kernel is large enough), then row by row and column by column; each output
-element folds its window, unrolled (at most :data:`MAX_WINDOW` taps)::
+element folds its window, unrolled (at most :data:`MAX_WINDOW` taps; a larger window loops
+over its taps, folding into a local)::
 
     [parallel] for p in 0..N·C:
       for oh in 0..OH:
@@ -54,7 +55,10 @@ from tilefuse.kernel.scalar_expr import KernelGroupLike
 from tilefuse.kernel.schedule import PARALLEL_MIN_ELEMENTS
 from tilefuse.loop.ir import (
     Expr,
+    Local,
+    LocalStore,
     LoopFunction,
+    LType,
     Stmt,
     Store,
     XOp,
@@ -74,7 +78,7 @@ if TYPE_CHECKING:
 
 POOL_OPS = frozenset({"max_pool2d", "avg_pool2d"})
 MAX_WINDOW = 256
-"""The most taps a window may have to be unrolled; larger ones keep the host fallback."""
+"""The most taps a window may have to be unrolled; larger ones loop over their taps."""
 
 
 TAP_OPS = frozenset({"max", "sum", "mean"})
@@ -204,9 +208,33 @@ def lower_taps(group: KernelGroupLike, schedule: Schedule | None = None) -> Loop
         return ctx.function(outer_loop(ctx.names, m, tile, runs))
 
 
+def _window_loop(ctx: KernelContext, node_name: str, plane: Expr, rows: _Axis, cols: _Axis,
+                 h0: Expr, w0: Expr, work: DType) -> tuple[list[Stmt], Expr]:
+    """:func:`_window` for a window over :data:`MAX_WINDOW` taps: loops over its taps (not
+    unrolled) folding into a local; the statements and the fold."""
+    buf = ctx.buffers.inputs[ctx.group.nodes[0].inputs[0]]
+    is_max = node_name == "max_pool2d"
+    fill = const(_fill(buf.dtype) if is_max else 0.0, work)
+    acc = Local(ctx.names.fresh("acc"), LType(work), 1)
+    a, b = ctx.names.fresh("a"), ctx.names.fresh("b")
+    h, h_in = rows.tap(h0, var(a))  # type: ignore[arg-type]
+    w, w_in = cols.tap(w0, var(b))  # type: ignore[arg-type]
+    value = buf.load(plane + h * cols.size + w)
+    if value.type.dtype != work:
+        value = cast(value, work)
+    inside = h_in if w_in is None else w_in if h_in is None else binary(XOp.AND, h_in, w_in)
+    if inside is not None:
+        value = select(inside, value, fill)
+    folded = maximum(acc.load(0), value) if is_max else binary(XOp.ADD, acc.load(0), value)
+    taps = loop(a, 0, rows.kernel, [loop(b, 0, cols.kernel,
+                                         [LocalStore(acc.name, const(0), folded)])])
+    return [acc, LocalStore(acc.name, const(0), fill), taps], acc.load(0)
+
+
 def lower_pool(group: KernelGroupLike, schedule: Schedule | None = None) -> LoopFunction:
     """The loop IR of a one-node pooling group or a tap reduction (see the module docstring);
-    CompileError when the group is neither or its window is too large to unroll."""
+    CompileError when the group is neither. A window over :data:`MAX_WINDOW` taps loops over
+    them instead of unrolling."""
     if is_tap_reduction(group):
         return lower_taps(group, schedule)
     if not is_pool_group(group):
@@ -219,9 +247,6 @@ def lower_pool(group: KernelGroupLike, schedule: Schedule | None = None) -> Loop
     n, c, h, w = dims(x.shape)
     _, _, oh, ow = dims(y.shape)
     kh, kw = node.attrs["kernel"]
-    if kh * kw > MAX_WINDOW:
-        raise CompileError(f"kernel {group.name}: a {kh}x{kw} window has more than "
-                           f"{MAX_WINDOW} taps to unroll")
     sh, sw = node.attrs["stride"]
     dh, dw = node.attrs.get("dilation", (1, 1))
     top, left, bottom, right = node.attrs["padding"]
@@ -236,7 +261,11 @@ def lower_pool(group: KernelGroupLike, schedule: Schedule | None = None) -> Loop
     def plane_body(p: Expr) -> list[Stmt]:
         i, j = ctx.names.fresh("oh"), ctx.names.fresh("ow")
         h0, w0 = var(i) * sh - top, var(j) * sw - left
-        acc = _window(ctx, node.op.name, p * (h * w), rows, cols, h0, w0, work)
+        taps: list[Stmt] = []
+        if kh * kw > MAX_WINDOW:
+            taps, acc = _window_loop(ctx, node.op.name, p * (h * w), rows, cols, h0, w0, work)
+        else:
+            acc = _window(ctx, node.op.name, p * (h * w), rows, cols, h0, w0, work)
         if not is_max:
             count = binary(XOp.MUL, as_i64(rows.count(h0, include_pad)),
                            as_i64(cols.count(w0, include_pad)))
@@ -244,7 +273,7 @@ def lower_pool(group: KernelGroupLike, schedule: Schedule | None = None) -> Loop
         if acc.type.dtype != y.dtype:
             acc = cast(acc, y.dtype)
         store = Store(out.name, (p * oh + var(i)) * ow + var(j), acc)
-        return [loop(i, 0, oh, [loop(j, 0, ow, [store])])]
+        return [loop(i, 0, oh, [loop(j, 0, ow, [*taps, store])])]
 
     planes = n * c
     threads = max(1, min(os.cpu_count() or 1, planes * oh * ow * kh * kw // PARALLEL_MIN_ELEMENTS))

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tilefuse.codegen.scalar_ops import reduction_identity
@@ -86,6 +86,8 @@ if TYPE_CHECKING:
     from tilefuse.kernel.schedule import Schedule
 
 ROW_REDUCTIONS = frozenset({"sum", "mean", "max", "min", "var", "prod"})
+TAIL_MIN_LANES = 4
+"""The narrowest vector a reduction pass's tail runs in before single elements."""
 _HORIZONTAL = {XOp.ADD: XOp.REDUCE_ADD, XOp.MAX: XOp.REDUCE_MAX, XOp.MIN: XOp.REDUCE_MIN}
 
 
@@ -265,12 +267,16 @@ def _stages(node: Node, level: int, n: int, count: int) -> list[Stage]:
 
 
 def lower_rows(group: KernelGroupLike, schedule: Schedule | None = None, *,
-               store_values: bool = True) -> LoopFunction:
+               store_values: bool = True, cpu_tails: bool | None = None) -> LoopFunction:
     """The loop IR of a ROW_REDUCTION group (see the module docstring): buffers are the group
     inputs (readonly), then its outputs; rows run in parallel when the schedule says so.
     ``store_values=False`` recomputes every row value instead of storing expensive ones
     (:mod:`~tilefuse.kernel.row_store`): right where arithmetic is cheap and memory is not
-    (the GPU)."""
+    (the GPU). ``cpu_tails`` (default: ``store_values``, i.e. the CPU) runs a reduction pass's
+    tail in 8- and 4-lane vectors and divides by per-row values through their reciprocal
+    (:func:`reciprocal_divisions`); the GPU's lanes are a warp's threads and it chooses
+    reciprocals itself (``GpuTarget.reciprocal_divisors``)."""
+    cpu_tails = store_values if cpu_tails is None else cpu_tails
     group = expand_composites(group)
     if not any(n.op.kind is OpKind.REDUCTION for n in group.nodes):
         return lower_elementwise(group, schedule)
@@ -293,11 +299,14 @@ def lower_rows(group: KernelGroupLike, schedule: Schedule | None = None, *,
             keep = [s for s in stored if s.level == level]
             vector = lanes if all(s.combine in _HORIZONTAL for s in stages) else 1
             stmts += with_lanes(ctx, vector, lambda c, n, st=stages, kp=keep: _reduce_pass(
-                c, plan, st, prefix, n, unroll, results, overrides, kp))
+                c, plan, st, prefix, n, unroll, results, overrides, kp,
+                TAIL_MIN_LANES if cpu_tails else n))
         if written:
             reads = {**overrides, **{s.value: _stored_reader(ctx, plan, s) for s in stored}}
+            per_row = frozenset(e.arg for e in results.values() if e.op is XOp.VAR) \
+                if cpu_tails else frozenset()
             stmts += with_lanes(ctx, lanes, lambda c, n: _write_pass(c, plan, written, prefix,
-                                                                     n, reads, held))
+                                                                     n, reads, held, per_row))
         return stmts + _row_stores(ctx, plan, r, overrides)
 
     count = math.prod(plan.rows)
@@ -340,9 +349,10 @@ def _stored_reader(ctx: KernelContext, plan: RowPlan, stored: StoredValue) -> Ov
 def _reduce_pass(ctx: KernelContext, plan: RowPlan, stages: list[Stage],
                  prefix: tuple[Expr, ...], lanes: int, unroll: int,
                  results: dict[str, Expr], overrides: dict[Value, Override],
-                 stored: list[StoredValue]) -> list[Stmt]:
+                 stored: list[StoredValue], tail_lanes: int = TAIL_MIN_LANES) -> list[Stmt]:
     """One pass over the row accumulating ``stages`` and storing the ``stored`` values it
-    computes; binds their results (and the results' overrides) after the loops."""
+    computes; binds their results (and the results' overrides) after the loops. The tail
+    runs in halving vectors down to ``tail_lanes`` lanes, then element by element."""
     k, n, full = len(plan.row), math.prod(plan.row), plan.rows + plan.row
     names = ctx.names
     unroll = max(1, min(unroll, n // lanes)) if lanes > 1 else 1
@@ -361,12 +371,25 @@ def _reduce_pass(ctx: KernelContext, plan: RowPlan, stages: list[Stage],
 
     loops = _vector_accumulation(names, n, lanes, unroll, vector, accumulate)
     whole = n - n % lanes if lanes > 1 else 0
+    # the tail in halving vectors (8, then 4 lanes) before single elements: a row of 77 ran
+    # 13 of its elements through the scalar exp, as long as its 4 vectors of 16 together
+    narrow: list[list[Local]] = []
+    width = lanes // 2
+    while width >= max(tail_lanes, 2) and n - whole >= width:
+        narrow.append([Local(names.fresh("acc"), LType(s.acc, width), 1) for s in stages])
+        loops += _initialise(stages, narrow[-1], []) + accumulate(narrow[-1], const(0),
+                                                                  const(whole), width)
+        whole += width
+        width //= 2
     if n > whole:
         i = names.fresh("i")
         loops.append(loop(i, whole, n, accumulate(scalar, const(0), var(i), 1)))
-    stmts: list[Stmt] = [*scalar, *vector, *_initialise(stages, scalar, vector), *loops]
+    stmts: list[Stmt] = [*scalar, *vector, *(a for accs in narrow for a in accs),
+                         *_initialise(stages, scalar, vector), *loops]
     for pos, s in enumerate(stages):
         total = scalar[pos].load(0)
+        for accs in narrow:
+            total = binary(s.combine, reduce(_HORIZONTAL[s.combine], accs[pos].load(0)), total)
         if vector:
             horizontal = reduce(_HORIZONTAL[s.combine], _tree(s.combine, vector[pos], unroll))
             total = binary(s.combine, horizontal, total)
@@ -427,16 +450,26 @@ def _tree(combine: XOp, local: Local, count: int) -> Expr:
 
 def _write_pass(ctx: KernelContext, plan: RowPlan, outputs: tuple[Value, ...],
                 prefix: tuple[Expr, ...], lanes: int, overrides: Mapping[Value, Override],
-                held: frozenset[str]) -> list[Stmt]:
+                held: frozenset[str], per_row: frozenset[object] = frozenset()) -> list[Stmt]:
     """The last pass: writes the full-row ``outputs``. Stored values are read back through
     ``overrides`` from the output buffers named ``held``; every value reading them is bound
-    before the first store of the run (which may overwrite what it reads)."""
+    before the first store of the run (which may overwrite what it reads). A division by a
+    value of the per-row results ``per_row`` alone becomes a product with its reciprocal
+    (:func:`reciprocal_divisions`)."""
     k, full = len(plan.row), plan.rows + plan.row
+    inputs = frozenset(p.name for p in ctx.buffers.inputs.values())
 
     def body(i: Expr, width: int) -> list[Stmt]:
         index = prefix + unflatten(i, plan.row)
         b = ctx.builder(overrides)
         values = [b.value(v, index, width, k) for v in outputs]
+        row_values = set(per_row)   # and the lets computed from them alone (sqrt(var + eps))
+        for let in b.lets:
+            if _reads_only(let.value, frozenset(row_values), inputs):
+                row_values.add(let.name)
+        known = frozenset(row_values) if per_row else frozenset()
+        values = [reciprocal_divisions(e, known) for e in values]
+        b.lets[:] = [Let(let.name, reciprocal_divisions(let.value, known)) for let in b.lets]
         pinned: list[Let] = []
         for pos, e in enumerate(values):
             if e.op is not XOp.VAR and any(n.op is XOp.LOAD and n.arg in held
@@ -448,6 +481,30 @@ def _write_pass(ctx: KernelContext, plan: RowPlan, outputs: tuple[Value, ...],
         return [*b.lets, *pinned, *stores]
 
     return run_loops(ctx.names, 0, math.prod(plan.row), lanes, body)
+
+
+def reciprocal_divisions(e: Expr, per_row: frozenset[object]) -> Expr:
+    """``e`` with every ``a / d`` whose divisor reads only the per-row results ``per_row``
+    (softmax's sum, layer norm's ``sqrt(var + eps)``: constant along the row) written
+    ``a * (1 / d)``: LLVM hoists the one division out of the row loop, where a vector division
+    per element cost about as much as softmax's exp (vdivps is 5-10x an FMA). The product is
+    within 1.5 ulp of the quotient, inside the f32 contract (:mod:`tilefuse.testing`) by far."""
+    if not per_row or not e.args:
+        return e
+    args = tuple(reciprocal_divisions(a, per_row) for a in e.args)
+    if e.op is XOp.DIV and e.dtype.is_float and _reads_only(args[1], per_row):
+        one = const(1.0, args[1].dtype, args[1].lanes)
+        return binary(XOp.MUL, args[0], binary(XOp.DIV, one, args[1]))
+    return e if args == e.args else replace(e, args=args)
+
+
+def _reads_only(e: Expr, names: frozenset[object], readonly: frozenset[object] = frozenset()
+                ) -> bool:
+    """Whether every variable of ``e`` (load indices included) is one of ``names`` and every
+    load reads a buffer of ``readonly`` (an input: layer norm's eps): then ``e`` is the same
+    all along the row."""
+    return all((n.op is not XOp.LOAD or n.arg in readonly) and
+               (n.op is not XOp.VAR or n.arg in names) for n in walk_expr(e))
 
 
 def _row_stores(ctx: KernelContext, plan: RowPlan, r: Expr,

@@ -24,19 +24,21 @@ from tilefuse.runtime.executable import check_target
 
 
 def load(source: Any, *, target: str = "cpu", dump: str | Path | None = None,
-         base_dir: str | os.PathLike[str] | None = None) -> OnnxModel:
+         base_dir: str | os.PathLike[str] | None = None, quantize: Any = None) -> OnnxModel:
     """Loads an ONNX model (a path, the file's bytes, or an ``onnx.ModelProto``) and compiles it.
 
     A model whose input shapes are all fixed compiles here; one with ``dim_param`` or unknown
     dims compiles here once with them as symbols, serving every size (or, when its import
     needs their sizes, logged, on the first call of each new shape). ``base_dir`` is where
-    external data is read from when ``source`` is not a path. Every failure is a :class:`OnnxError`.
+    external data is read from when ``source`` is not a path. ``quantize`` ("int8", "int4",
+    ...) quantizes the constant weights of matrix products (:mod:`tilefuse.passes.quantize`).
+    Every failure is a :class:`OnnxError`.
     """
     check_target(target)
     proto, folder = read_model(source, base_dir)
     info = check_model(proto, folder)
     check_supported(info)
-    model = OnnxModel(info, target=target, dump=dump)
+    model = OnnxModel(info, target=target, dump=dump, quantize=quantize)
     if model.is_static():
         model.compile_static()
     elif all(s.dims is not None for s in info.inputs):

@@ -18,6 +18,7 @@ import logging
 import re
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from tilefuse.onnx.context import InputValueNeeded
 from tilefuse.onnx.importer import import_graph
 from tilefuse.onnx.model import ModelInfo, TensorSpec
 from tilefuse.onnx.tensors import OnnxError
+from tilefuse.passes.quantize import parse_quantize, pipeline_for
 from tilefuse.target import Target
 
 # input shapes, then the bytes of the inputs compiled per value (see InputValueNeeded)
@@ -97,12 +99,35 @@ def _shown(spec: TensorSpec) -> str:
     return f"{spec.dtype.value if spec.dtype else '?'}[{dims}]"
 
 
+_ORT_TYPES = {"f64": "double", "f32": "float", "f16": "float16", "bf16": "bfloat16",
+              "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8",
+              "bool": "bool"}
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """An input or output as onnxruntime's ``get_inputs()`` describes it: ``name``, ``shape``
+    (ints, dim_param names, None for unknown dims) and ``type`` (``"tensor(float)"``), so code
+    written against onnxruntime finds the names and shapes where it looks for them."""
+
+    name: str
+    shape: list[int | str | None]
+    type: str
+
+    @classmethod
+    def of(cls, spec: TensorSpec) -> NodeArg:
+        dtype = _ORT_TYPES.get(str(spec.dtype), "undefined") if spec.dtype else "undefined"
+        return cls(spec.name, list(spec.dims) if spec.dims is not None else [],
+                   f"tensor({dtype})")
+
+
 class OnnxModel:
     """A model from :func:`tilefuse.onnx.load`. ``model(*arrays)`` returns the single output
     or a list of outputs; ``model.run(None, {"x": x})`` returns a list, as onnxruntime does."""
 
     def __init__(self, info: ModelInfo, *, target: str | Target = "cpu",
-                 dump: str | Path | None = None):
+                 dump: str | Path | None = None, quantize: Any = None):
+        self._pipeline = pipeline_for(parse_quantize(quantize))
         self.info = info
         self._target = Target.parse(target)  # TargetError (a CompileError) naming it
         self._dump = dump
@@ -124,6 +149,14 @@ class OnnxModel:
     @property
     def output_names(self) -> list[str]:
         return [s.name for s in self.info.outputs]
+
+    def get_inputs(self) -> list[NodeArg]:
+        """onnxruntime's ``InferenceSession.get_inputs()``: name, shape and type per input."""
+        return [NodeArg.of(s) for s in self.info.inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        """onnxruntime's ``InferenceSession.get_outputs()``."""
+        return [NodeArg.of(s) for s in self.info.outputs]
 
     def is_static(self) -> bool:
         return all(s.dims is not None and all(isinstance(d, int) for d in s.dims)
@@ -214,7 +247,8 @@ class OnnxModel:
     def _build(self, graph: Graph) -> Lowered:
         dump_dir = resolve_dump_dir(self._dump)
         # The compile driver (a graph with symbolic dims: a DynamicExecutable).
-        compiled = compile_graph(graph, self._target, CompileOptions(dump_dir=dump_dir))
+        compiled = compile_graph(graph, self._target,
+                                 CompileOptions(dump_dir=dump_dir, pipeline=self._pipeline))
         return Lowered(graph, compiled.optimized, compiled.report, compiled.executable)
 
     def compile_static(self) -> None:

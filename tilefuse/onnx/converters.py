@@ -2,7 +2,8 @@
 opset version they apply from. :func:`find_converter` picks the newest one a model's opset
 covers. The table is built once, from the converter modules' ``CONVERTERS`` rows, and is
 read-only. Other domains have tables of their own (``DOMAIN_CONVERTERS``: today the
-``ai.onnx.preview.training`` domain's Gradient), versioned by the model's opset of that domain."""
+``ai.onnx.preview.training`` domain's Gradient and ``com.microsoft``'s MatMulNBits), versioned
+by the model's opset of that domain."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tilefuse.onnx import (
     converters_legacy,
     converters_loss,
     converters_math,
+    converters_microsoft,
     converters_misc,
     converters_nn,
     converters_quant,
@@ -50,6 +52,7 @@ def _build(modules: tuple = (converters_legacy, converters_math, converters_shap
 CONVERTERS: Table = _build()
 DOMAIN_CONVERTERS: Mapping[str, Table] = MappingProxyType({
     converters_training.DOMAIN: _build((converters_training,)),
+    converters_microsoft.DOMAIN: _build((converters_microsoft,)),
 })
 
 

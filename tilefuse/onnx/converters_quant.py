@@ -14,6 +14,10 @@ requantize.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from tilefuse.dtypes import DType
 from tilefuse.onnx.context import NodeContext, Tensor
 from tilefuse.onnx.converters_nn import conv_with
@@ -57,8 +61,18 @@ def _saturate(ctx: NodeContext, y: Tensor, dtype: DType) -> Tensor:
 
 def quantize(ctx: NodeContext, x: Tensor, scale: Tensor, zero: Tensor | None,
              dtype: DType) -> Tensor:
-    """saturate(round(x / scale) + zero), computed in f32 (f64 for f64 inputs)."""
+    """saturate(round(x / scale) + zero), computed in f32 (f64 for f64 inputs); on constants
+    (QDQ weights stored in f32) computed here at any size, with the same roundings."""
     work = DType.f64 if x.dtype is DType.f64 else DType.f32
+    if x.const is not None and scale.const is not None and (zero is None
+                                                             or zero.const is not None) \
+            and dtype in _RANGES:
+        w = work.np
+        y = np.rint(x.const.astype(w) / scale.const.astype(w))
+        if zero is not None:
+            y = y + zero.const.astype(w)
+        lo, hi = _RANGES[dtype]
+        return ctx.const(np.clip(np.rint(y), lo, hi).astype(dtype.np))
     y = ctx.op("round", ctx.op("div", ctx.cast(x, work), ctx.cast(scale, work)))
     if zero is not None:
         y = ctx.op("add", y, ctx.cast(zero, work))
@@ -77,7 +91,17 @@ def _quantize_linear(ctx: NodeContext) -> list[Tensor]:
 
 
 def dequantize(ctx: NodeContext, x: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor:
-    """(x - zero) · scale in f32, in scale's dtype."""
+    """(x - zero) · scale in f32, in scale's dtype. A constant x (a QDQ model's weights) is
+    dequantized here, at any size, with the same f32 roundings: the convolution or product
+    reading it then has a constant f32 weight, which conv_lowering and the quantize pass need
+    (import-time folding alone stops at small tensors)."""
+    if x.const is not None and scale.const is not None and (zero is None
+                                                             or zero.const is not None):
+        dx = x.const.astype(np.float32)
+        if zero is not None:
+            dx = dx - zero.const.astype(np.float32)
+        y = (dx * scale.const.astype(np.float32)).astype(scale.dtype.np)
+        return ctx.const(y)
     dx = ctx.cast(x, DType.f32)
     if zero is not None:
         dx = ctx.op("sub", dx, ctx.cast(zero, DType.f32))
@@ -94,7 +118,12 @@ def _dequantize_linear(ctx: NodeContext) -> list[Tensor]:
 
 
 def _dynamic_quantize_linear(ctx: NodeContext) -> list[Tensor]:
-    """u8 quantization over [min(0, min x), max(0, max x)]: y, its scale and zero point."""
+    """u8 quantization over [min(0, min x), max(0, max x)]: y, its scale and zero point.
+    An f32 input of at least 4096 elements is one ``dynamic_quantize_u8`` (a native kernel:
+    min/max in parallel chunks, then the codes), else it is built from tilefuse ops."""
+    if ctx.input(0).dtype is DType.f32 and ctx.input(0).const is None \
+            and math.prod(ctx.input(0).shape) >= 4096:
+        return ctx.ops("dynamic_quantize_u8", ctx.input(0))
     x = ctx.cast(ctx.input(0), DType.f32)
     zero = ctx.scalar(0, DType.f32)
     lo = ctx.op("minimum", ctx.op("min", x), zero)
@@ -117,10 +146,33 @@ def _row_zero(ctx: NodeContext, a: Tensor, zero: Tensor | None) -> Tensor | None
     return ctx.op("reshape", zero, shape=(*zero.shape, 1))
 
 
+def _native_weight(a: Tensor, a_zero: Tensor | None, b: Tensor, b_zero: Tensor | None
+                   ) -> np.ndarray | None:
+    """The i8 weight of an integer product the VNNI kernel runs exactly (``matmul_u8s8``): u8
+    activations with a scalar zero point, a constant 2-D i8 weight whose zero point is absent
+    or 0, big enough to pay (else None: the product stays a plain i32 matmul)."""
+    if a.dtype is not DType.u8 or b.const is None or b.dtype is not DType.i8 or b.rank != 2 \
+            or a.rank < 1 or b.const.size < 4096:
+        return None
+    if a_zero is not None and (a_zero.dtype is not DType.u8 or math.prod(a_zero.shape) != 1):
+        return None
+    if b_zero is not None and (b_zero.const is None or np.any(b_zero.const != 0)):
+        return None
+    return b.const
+
+
+def _integer_product(ctx: NodeContext, a: Tensor, a_zero: Tensor | None, b: Tensor,
+                     b_zero: Tensor | None) -> Tensor:
+    """(a - a_zero) @ (b - b_zero) in i32: on the VNNI kernel when it can, else a matmul."""
+    if _native_weight(a, a_zero, b, b_zero) is not None:
+        zero = ctx.scalar(0, DType.u8) if a_zero is None else \
+            ctx.op("reshape", a_zero, shape=())
+        return ctx.op("matmul_u8s8", a, zero, b)
+    return ctx.op("matmul", _centred(ctx, a, _row_zero(ctx, a, a_zero)), _centred(ctx, b, b_zero))
+
+
 def _matmul_integer(ctx: NodeContext) -> list[Tensor]:
-    a, b = ctx.input(0), ctx.input(1)
-    az, bz = _row_zero(ctx, a, ctx.optional(2)), ctx.optional(3)
-    return [ctx.op("matmul", _centred(ctx, a, az), _centred(ctx, b, bz))]
+    return [_integer_product(ctx, ctx.input(0), ctx.optional(2), ctx.input(1), ctx.optional(3))]
 
 
 def _requantize(ctx: NodeContext, acc: Tensor, factor: Tensor, y_zero: Tensor | None,
@@ -166,8 +218,7 @@ def _qlinear_matmul(ctx: NodeContext) -> list[Tensor]:
     a, a_scale, a_zero = ctx.input(0), ctx.input(1), ctx.optional(2)
     b, b_scale, b_zero = ctx.input(3), ctx.input(4), ctx.optional(5)
     y_scale, y_zero = ctx.input(6), ctx.optional(7)
-    product = ctx.op("matmul", _centred(ctx, a, _row_zero(ctx, a, a_zero)),
-                     _centred(ctx, b, b_zero))
+    product = _integer_product(ctx, a, a_zero, b, b_zero)
     factor = ctx.op("div", ctx.op("mul", ctx.cast(a_scale, DType.f32),
                                   ctx.cast(b_scale, DType.f32)), ctx.cast(y_scale, DType.f32))
     return [_requantize(ctx, product, factor, y_zero, a.dtype)]

@@ -16,12 +16,14 @@ from tilefuse.ops import (
     indexing,
     movement,
     nn,
+    quant,
     reduction,
+    scan,
 )
 from tilefuse.ops.registry import AttrSpec, AttrType, OpDef, OpKind, Trait
 
 _MODULES = (elementwise, reduction, composite, contraction, movement, nn, attention, indexing,
-            foreign)
+            foreign, quant, scan)
 
 
 def _gather() -> Mapping[str, OpDef]:

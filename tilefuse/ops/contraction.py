@@ -8,16 +8,17 @@ round once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tilefuse.dtypes import NUMERIC_TYPES, promote_all
+from tilefuse.dtypes import NUMERIC_TYPES, DType, promote_all
 from tilefuse.errors import AttrError, ShapeError
 from tilefuse.graph.ir import Attrs
 from tilefuse.graph.types import Dim, Shape, broadcast_dims, broadcast_shapes, format_shape
-from tilefuse.ops.registry import AttrType, OpDef, OpKind, attr
+from tilefuse.ops.registry import AttrType, OpDef, OpKind, Trait, attr
 from tilefuse.ops.rules import as_dtype, dtype_of, promoted, quiet, work_dtype
 
 # ---- matmul ----------------------------------------------------------------------------------
@@ -193,8 +194,123 @@ def _einsum(*arrays: np.ndarray, equation: str) -> np.ndarray:
     return np.einsum(equation, *arrays, optimize=len(arrays) > 1)
 
 
+class _Labelled:
+    """An operand during the einsum decomposition: a value and the label of each dim."""
+
+    def __init__(self, em: Any, value: Any, labels: tuple[str, ...]):
+        self.em, self.value, self.labels = em, value, labels
+
+    def summed(self, keep: set[str]) -> _Labelled:
+        axes = tuple(i for i, lab in enumerate(self.labels) if lab not in keep)
+        if not axes:
+            return self
+        value = self.em("sum", self.value, axes=axes, keepdims=False)
+        return _Labelled(self.em, value, tuple(lab for lab in self.labels if lab in keep))
+
+    def ordered(self, labels: tuple[str, ...]) -> Any:
+        """The value with its dims in the order of ``labels`` (all of its own)."""
+        perm = tuple(self.labels.index(lab) for lab in labels)
+        if perm == tuple(range(len(perm))):
+            return self.value
+        return self.em("transpose", self.value, perm=perm)
+
+
+def _einsum_decompose(builder: Any, inputs: Any, attrs: Attrs, loc: Any = None
+                      ) -> tuple[Any, ...]:
+    """einsum as the ops kernel formation knows: a diagonal (a label repeated in one operand)
+    is a ``where`` with an identity mask summed over one of its axes; a label no later operand
+    or the output needs is summed away first; each pair of operands is then one ``matmul``
+    over its shared labels (transposed and reshaped to [batch, M, K] @ [batch, K, N]) when the
+    shapes are static and the type a float, else a broadcast ``mul`` and ``sum`` (one fused
+    reduction kernel);
+    a last transpose gives the output order. f16/bf16 operands are computed in f32 and
+    rounded once, as the reference does."""
+    def em(op: str, *values: Any, **kw: Any) -> Any:
+        return builder.add1(op, list(values), kw, loc)
+
+    spec = parse_einsum(attrs["equation"], tuple(v.type.rank for v in inputs))
+    sizes = _label_dims(spec, tuple(v.type.shape for v in inputs))
+    out = promote_all(tuple(v.dtype for v in inputs))
+    work = DType.f32 if out in (DType.f16, DType.bf16) else out
+    operands = []
+    for v, labels in zip(inputs, spec.inputs):
+        v = v if v.dtype is work else em("cast", v, dtype=work)
+        operands.append(_diagonal(em, _Labelled(em, v, labels), sizes))
+    for op in operands:  # dims of size 1 broadcast against the label's size
+        full = tuple(sizes[lab] for lab in op.labels)
+        if tuple(op.value.type.shape) != full:
+            op.value = em("broadcast_to", op.value, shape=full)
+    acc = operands[0]
+    for pos in range(1, len(operands)):
+        other = operands[pos]
+        later = {lab for o in operands[pos + 1:] for lab in o.labels} | set(spec.output)
+        acc = _pair(em, acc.summed(later | set(other.labels)),
+                    other.summed(later | set(acc.labels)), later, sizes)
+    result = acc.summed(set(spec.output)).ordered(spec.output)
+    return (result if result.dtype is out else em("cast", result, dtype=out),)
+
+
+def _diagonal(em: Any, op: _Labelled, sizes: dict[str, Dim]) -> _Labelled:
+    """``op`` with each repeated label kept once (its diagonal)."""
+    while len(set(op.labels)) != len(op.labels):
+        lab = next(x for x in op.labels if op.labels.count(x) > 1)
+        p = op.labels.index(lab)
+        q = op.labels.index(lab, p + 1)
+        n = op.value.type.shape[p]
+        if not isinstance(n, int):
+            raise ShapeError(f"einsum: the repeated subscript {lab!r} needs a static dim")
+        shape = [1] * len(op.labels)
+        shape[p] = shape[q] = n
+        mask = em("constant", value=np.eye(n, dtype=bool).reshape(shape))
+        zero = em("full", shape=(), value=0, dtype=op.value.dtype)
+        picked = em("where", mask, op.value, zero)
+        value = em("sum", picked, axes=(q,), keepdims=False)
+        if value.dtype is not op.value.dtype:  # sum of ints widens: back to the working type
+            value = em("cast", value, dtype=op.value.dtype)
+        op = _Labelled(em, value, op.labels[:q] + op.labels[q + 1:])
+    return op
+
+
+def _pair(em: Any, a: _Labelled, b: _Labelled, keep: set[str], sizes: dict[str, Dim]
+          ) -> _Labelled:
+    """The contraction of two operands over their shared labels that ``keep`` lacks."""
+    batch = tuple(lab for lab in a.labels if lab in b.labels and lab in keep)
+    inner = tuple(lab for lab in a.labels if lab in b.labels and lab not in keep)
+    a_only = tuple(lab for lab in a.labels if lab not in b.labels)
+    b_only = tuple(lab for lab in b.labels if lab not in a.labels)
+    labels = (*batch, *a_only, *b_only)
+    dims_of = {lab: sizes[lab] for lab in (*labels, *inner)}
+    if not inner or not all(isinstance(d, int) for d in dims_of.values()) or \
+            not a.value.dtype.is_float:
+        # an outer product, symbolic dims, or integers (the matmul kernel is f32/f64):
+        # broadcast multiply and sum the shared labels (one fused reduction kernel)
+        full = (*labels, *inner)
+        x = em("reshape", a.ordered(tuple(lab for lab in full if lab in a.labels)),
+               shape=tuple(dims_of[lab] if lab in a.labels else 1 for lab in full))
+        y = em("reshape", b.ordered(tuple(lab for lab in full if lab in b.labels)),
+               shape=tuple(dims_of[lab] if lab in b.labels else 1 for lab in full))
+        value = em("mul", x, y)
+        if inner:
+            value = em("sum", value, axes=tuple(range(len(labels), len(full))), keepdims=False)
+            if value.dtype is not x.dtype:
+                value = em("cast", value, dtype=x.dtype)
+        return _Labelled(em, value, labels)
+    prod = math.prod
+    bt = [dims_of[lab] for lab in batch]
+    m, k, n = (prod(dims_of[lab] for lab in g) for g in (a_only, inner, b_only))
+    lead = (prod(bt),) if batch else ()
+    x = em("reshape", a.ordered((*batch, *a_only, *inner)), shape=(*lead, m, k))
+    y = em("reshape", b.ordered((*batch, *inner, *b_only)), shape=(*lead, k, n))
+    value = em("matmul", x, y)
+    value = em("reshape", value, shape=tuple(dims_of[lab] for lab in labels))
+    return _Labelled(em, value, labels)
+
+
 EINSUM = OpDef("einsum", OpKind.CONTRACTION, None, _einsum_rule, promoted,
                _contract_ref(_einsum), attrs=(attr("equation", AttrType.STR),),
-               accepts=NUMERIC_TYPES, doc="np.einsum on operands promoted to one dtype")
+               accepts=NUMERIC_TYPES, traits=frozenset({Trait.COMPOSITE}),
+               decompose=_einsum_decompose,
+               doc="np.einsum on operands promoted to one dtype; decomposed into matmul, "
+                   "transpose, reshape, mul and sum (its contractions run as matmul kernels)")
 
 DEFINITIONS: tuple[OpDef, ...] = (MATMUL, EINSUM)

@@ -1,8 +1,9 @@
 """Ops that write or rank by index: scatter_elements, scatter_nd, topk.
 
-They are opaque (no native lowering yet: they run their NumPy references as host steps, logged
-on the ``fallback`` topic). Indices may be negative (counted from the end); an index out of
-range is a ShapeError naming the op, never a write outside the array. A scatter with
+They are opaque to fusion (one kernel each); :mod:`tilefuse.kernel.lower_gather` lowers them
+natively. Indices may be negative (counted from the end); an index out of range is a
+ShapeError naming the op, never a write outside the array (natively: the write is dropped and
+the call raises after the kernel, :mod:`tilefuse.kernel.lower_gather`). A scatter with
 ``reduction="none"`` and repeated indices keeps the last update, as NumPy's assignment does;
 ``add``, ``mul``, ``max`` and ``min`` combine all of them.
 

@@ -13,9 +13,24 @@ from tilefuse.passes.conv_lowering import conv_to_matmul
 from tilefuse.passes.cse import cse
 from tilefuse.passes.dce import dce
 from tilefuse.passes.decompose import decompose_composites
-from tilefuse.passes.eqsat import equality_saturation
+from tilefuse.passes.eqsat import equality_saturation, equality_saturation_reassociating
 from tilefuse.passes.manager import PassSpec
 from tilefuse.passes.shape_infer import shape_infer
+
+_EQSAT = PassSpec("eqsat", equality_saturation,
+                  "equality saturation (egglog): identities, transposes, matmul merges and folds")
+
+
+def graph_pipeline(*, reassociate: bool = False) -> tuple[PassSpec, ...]:
+    """The pipeline; ``reassociate=True`` lets equality saturation re-associate constant
+    matmuls (``(x @ A) @ B`` -> ``x @ (A @ B)``), which changes NaN/Inf semantics (an inf in
+    ``x`` gives ±inf where NumPy gives NaN), so it is off unless asked for."""
+    if not reassociate:
+        return GRAPH_PIPELINE
+    eqsat = PassSpec("eqsat", equality_saturation_reassociating,
+                     "equality saturation with re-association of constant matmuls")
+    return tuple(eqsat if spec is _EQSAT else spec for spec in GRAPH_PIPELINE)
+
 
 GRAPH_PIPELINE: tuple[PassSpec, ...] = (
     # First, so every later pass can trust each node's output types.
@@ -43,8 +58,7 @@ GRAPH_PIPELINE: tuple[PassSpec, ...] = (
     # The rule sets (identity, layout, matmul) to saturation under node/time limits, extracted
     # by bytes moved + FLOPs; before attention recognition, which matches on the simplified
     # graph (merged Q/K/V projections reach it as slices of one matmul).
-    PassSpec("eqsat", equality_saturation,
-             "equality saturation (egglog): identities, transposes, matmul merges and folds"),
+    _EQSAT,
     # eqsat moves work onto constants (concat of Q/K/V weights, W*c): fold it once here.
     PassSpec("constant_fold", constant_fold, "fold what eqsat moved onto constants"),
     PassSpec("dce", dce, "drop what eqsat and folding replaced"),

@@ -26,6 +26,8 @@ from tilefuse.dtypes import DType
 from tilefuse.runtime.cuda_driver import CudaContext, CudaError
 
 _CUDA_TYPES = {DType.f32: 0, DType.f64: 1, DType.f16: 2, DType.bf16: 14}
+CUBLAS_DTYPES = frozenset(_CUDA_TYPES)
+"""The operand dtypes a product through cuBLAS takes."""
 _COMPUTE_32F = 68
 _COMPUTE_64F = 70
 _OP_N = 0

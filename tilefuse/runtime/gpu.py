@@ -44,14 +44,15 @@ from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.graph.types import is_static
 from tilefuse.kernel.access import kernel_buffers
-from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan, Role
+from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan
 from tilefuse.kernel.lower_gpu import GPU_KINDS, lower_group_gpu
 from tilefuse.kernel.lower_gpu_attention import attention_alternatives, group_attention
-from tilefuse.kernel.lower_matmul import matmul_node, matmul_shape
+from tilefuse.kernel.lower_gpu_contraction import split_contraction
+from tilefuse.kernel.lower_matmul import matmul_shape
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import LoopFunction
 from tilefuse.loop.printer import format_function
-from tilefuse.runtime.cublas import Cublas, GemmShape
+from tilefuse.runtime.cublas import CUBLAS_DTYPES, Cublas, GemmShape
 from tilefuse.runtime.cuda_driver import CudaContext, DeviceBuffer
 from tilefuse.runtime.dynamic import SymbolBinder
 from tilefuse.runtime.memory import MemoryPlan, plan_from_liveness, value_names
@@ -166,7 +167,9 @@ class GpuProgram:
         return plan_from_liveness(values, liveness, _nbytes)
 
     def partition_text(self) -> str:
-        lines = [f"# {self.graph.name} on {self.target}"]
+        hosted = sum(isinstance(s, HostGroup) for s in self.steps)
+        lines = [f"# {self.graph.name} on {self.target}: {len(self.steps)} steps, "
+                 f"{hosted} on the host"]
         for step in self.steps:
             ops = ", ".join(dict.fromkeys(n.op.name for n in step.group.nodes))
             if isinstance(step, GpuKernel):
@@ -255,7 +258,9 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
             reason = str(err) if group.kind in GPU_KINDS | {KernelKind.CONTRACTION,
                                                             KernelKind.ATTENTION} else \
                 f"no GPU lowering for {group.kind.value} kernels yet"
-            log.debug("kernel %s runs on the host: %s", group.name, reason)
+            ops = ", ".join(dict.fromkeys(n.op.name for n in group.nodes))
+            log.warning("kernel %s (%s) runs on the host under the cuda target: %s",
+                        group.name, ops, reason)
             program.steps.append(HostGroup(group, reason))
     if dump_dir is not None:
         program.dump(dump_dir)
@@ -301,19 +306,15 @@ def plan_values(program: GpuProgram) -> dict[Value, None]:
 
 
 def _contraction_steps(group: KernelGroup, target: GpuTarget) -> list[GpuStep]:
-    """A matmul group as a cuBLAS product and (when it has one) its epilogue as a generated
-    elementwise kernel reading the product. CompileError for prologues (operands computed in
-    the group) and mixed dtypes: the group then runs on the host."""
-    node = matmul_node(group)
-    roles = set(group.roles)
-    a, b = node.inputs
-    if roles & {Role.PROLOGUE, Role.PROLOGUE_B} or a not in group.inputs \
-            or b not in group.inputs:
-        raise CompileError(f"kernel {group.name}: matmul operands computed inside the kernel "
-                           f"(a prologue) have no GPU lowering yet")
-    if not a.dtype is b.dtype is node.output.dtype:
-        raise CompileError(f"kernel {group.name}: cuBLAS needs one dtype, got {a.dtype}, "
-                           f"{b.dtype} -> {node.output.dtype}")
+    """A matmul group as its prologue kernels (operands computed in the group; views of an
+    input are read in place), a cuBLAS product and (when it has one) its epilogue as a
+    generated elementwise kernel reading the product
+    (:mod:`tilefuse.kernel.lower_gpu_contraction`). CompileError for dtypes cuBLAS lacks."""
+    split = split_contraction(group)
+    node, a, b = split.node, split.a, split.b
+    if a.dtype not in CUBLAS_DTYPES:
+        raise CompileError(f"kernel {group.name}: cuBLAS has no {a.dtype} products")
+    steps: list[GpuStep] = [compile_group(p, target) for p in split.prologues]
     ms = matmul_shape(node)
     if ms.b_batched:
         shape = GemmShape(ms.batch_size, ms.m, ms.n, ms.k,
@@ -324,15 +325,9 @@ def _contraction_steps(group: KernelGroup, target: GpuTarget) -> list[GpuStep]:
     mma = mma_gemm(shape.m, shape.n, shape.k, node.output.dtype, target) \
         if shape.batch == 1 and supports(shape.m, shape.n, shape.k, a.dtype,
                                          node.output.dtype) else None
-    steps: list[GpuStep] = [GemmStep(group, a, b, node.output, shape, mma)]
-    rest = tuple(n for n in group.nodes if n is not node)
-    if rest:
-        made = {v for n in rest for v in n.outputs}
-        inputs = tuple(dict.fromkeys(v for n in rest for v in n.inputs if v not in made))
-        outputs = tuple(v for v in group.outputs if v is not node.output)
-        epilogue = KernelGroup(f"{group.name}_epilogue", KernelKind.ELEMENTWISE, rest, inputs,
-                               outputs, None, node.output.shape)
-        steps.append(compile_group(epilogue, target))
+    steps.append(GemmStep(group, a, b, node.output, shape, mma))
+    if split.epilogue is not None:
+        steps.append(compile_group(split.epilogue, target))
     return steps
 
 

@@ -35,7 +35,7 @@ import hashlib
 import os
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,6 +205,34 @@ class KernelCache:
             return loaded
         self._misses += 1
         artifact = self._compile(fn)
+        if self._writable:
+            self._store(directory, key, artifact)
+        return artifact
+
+    def compile_ir(self, text: str, signature: KernelSignature, function: str,
+                   make: Callable[[], CompiledKernel]) -> KernelArtifact:
+        """A kernel written in LLVM IR directly (the quantized kernels of
+        :mod:`tilefuse.kernel.lower_qmatmul`): looked up by its IR ``text`` (the ``loop_ir``
+        part of the key holds it) and loaded, else ``make()`` compiles it and it is stored."""
+        directory = self.directory
+        if directory is None:
+            self._misses += 1
+            kernel = make()
+            return KernelArtifact(kernel, kernel.llvm_ir())
+        key = CacheKey({"function": function, "loop_ir": text, "schedule": "", **self._fixed})
+        entry = directory.get(key)
+        if entry is not None:
+            try:
+                artifact = _decode(entry, self.target)
+                if artifact.kernel.signature == signature:
+                    self._hits += 1
+                    return artifact
+            except _UNUSABLE as err:
+                log.warning("cache entry %s (kernel %s) is unusable: %s; compiling it again "
+                            "(a miss)", entry.path, key.label(), err)
+        self._misses += 1
+        kernel = make()
+        artifact = KernelArtifact(kernel, kernel.llvm_ir())
         if self._writable:
             self._store(directory, key, artifact)
         return artifact

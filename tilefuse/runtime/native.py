@@ -13,8 +13,9 @@ Building one (:class:`NativeExecutable`) runs, once per graph:
    disk cache (:mod:`tilefuse.runtime.kernel_cache`: a kernel compiled before, by any process,
    is loaded without running LLVM; ``TILEFUSE_CACHE=0`` turns that off);
 4. groups with no native lowering (movement, opaque, plain reductions, or a lowering that raised
-   CompileError) become host steps that run the ops' NumPy references. Each is logged on the
-   ``fallback`` topic with its reason and marked in the plan dump: nothing falls back silently;
+   CompileError) become host steps that run the ops' NumPy references. Each is a defect, logged
+   at WARNING on the ``fallback`` topic with its reason (once per kernel of a build), marked in
+   the plan dump and in ``tilefuse explain``: nothing falls back silently;
 5. place the intermediates (and scratch buffers such as a packed B) in one 64-byte aligned
    arena, from their liveness over the launch sequence (greedy best fit).
 
@@ -31,14 +32,14 @@ import math
 import sys
 import threading
 from collections import ChainMap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tilefuse.codegen.jit import CompiledKernel, aligned_empty
+from tilefuse.codegen.jit import CompiledKernel, KernelSignature, aligned_empty
 from tilefuse.codegen.launcher import CompiledLauncher
 from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.driver import plan_kernels
@@ -62,13 +63,20 @@ from tilefuse.kernel.fusion import (
 )
 from tilefuse.kernel.lower_attention import lower_attention
 from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
+from tilefuse.kernel.lower_gather import INDEX_ERROR, index_error, is_gather_group, lower_gather
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.lower_movement import lower_movement
 from tilefuse.kernel.lower_pool import is_pool_group, lower_pool
+from tilefuse.kernel.lower_qmatmul import compile_ir, is_quant_group, lower_quant_group
+from tilefuse.kernel.lower_reduce import is_reduce_group, lower_reduce
+from tilefuse.kernel.lower_scan import is_scan_group, lower_scan
 from tilefuse.kernel.plan_printer import print_plan, value_names
 from tilefuse.kernel.schedule import Schedule, as_cpu_target, default_schedule
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import Expr, LoopFunction
+from tilefuse.passes.quantize import quantization_summary
+from tilefuse.progress import BuildProgress
+from tilefuse.runtime.addresses import AddressCache
 from tilefuse.runtime.kernel_cache import KernelArtifact, KernelCache, KernelCacheStats
 from tilefuse.runtime.launch import HostStep, KernelLaunch, NativeStep, Slot, Step
 from tilefuse.runtime.memory import BufferRequest, MemoryPlan, plan_memory
@@ -134,6 +142,9 @@ class _Pending:
     host: KernelGroup | None = None
     """Symbolic builds: the group specialised to one size binding, whose nodes a host
     fallback runs (``group``'s own nodes may hold symbols in their attributes)."""
+    checks: list[tuple[np.ndarray, Node]] = field(default_factory=list)
+    """Bad-index records (:data:`~tilefuse.kernel.lower_gather.INDEX_ERROR`) of its kernels
+    and the node each belongs to: checked after every call."""
 
     def scratch(self) -> list[Scratch]:
         found = (b for k in self.kernels for b in k.bindings.values() if isinstance(b, Scratch))
@@ -151,6 +162,14 @@ def bound_shape(value: Value, sizes: Sizes) -> tuple[int, ...]:
 
 def _nbytes(value: Value, sizes: Sizes = {}) -> int:  # noqa: B006 (read only)
     return math.prod(bound_shape(value, sizes)) * value.dtype.itemsize
+
+
+def prepare_graph(graph: Graph) -> Graph:
+    """The graph kernel formation sees in a CPU build (the compile driver's
+    :func:`~tilefuse.driver.prepare`)."""
+    from tilefuse.driver import prepare
+
+    return prepare(graph, "cpu")
 
 
 class _Builder:
@@ -177,13 +196,15 @@ class _Builder:
             node.output: node.attrs["value"].array
             for node in self.graph.nodes if node.op.name == "constant"}
         self.pending: list[_Pending] = []
-        for group in self.plan.groups:
-            if all(v in self.constants for v in group.inputs):
-                self.evaluate(group.nodes)
-            elif symbolic and not _group_static(group):
-                self.pending.append(self.lower_symbolic(group))
-            else:
-                self.pending.append(self.lower(group))
+        with BuildProgress(self.graph.name, len(self.plan.groups)) as progress:
+            for group in self.plan.groups:
+                if all(v in self.constants for v in group.inputs):
+                    self.evaluate(group.nodes)
+                elif symbolic and not _group_static(group):
+                    self.pending.append(self.lower_symbolic(group))
+                else:
+                    self.pending.append(self.lower(group))
+                progress.step()
 
     def evaluate(self, nodes: Sequence[Node]) -> dict[Value, np.ndarray]:
         """Runs ``nodes`` (whose inputs are constants) now; their outputs become constants."""
@@ -198,7 +219,11 @@ class _Builder:
     # ---------------------------------------------------------------- lowering
     def lower(self, group: KernelGroup) -> _Pending:
         pending = _Pending(group)
-        if group.kind not in NATIVE_KINDS and not is_pool_group(group):
+        if is_quant_group(group):
+            return self.lower_quant(pending)
+        if group.kind not in NATIVE_KINDS and not is_pool_group(group) \
+                and not is_reduce_group(group) and not is_gather_group(group) \
+                and not is_scan_group(group):
             return self.fall_back(pending, f"no native lowering for {group.kind.value} "
                                   "kernels yet")
         try:
@@ -209,6 +234,10 @@ class _Builder:
                 made = self.lower_attention(group, pending.schedule)
             else:
                 made = [self.lower_generic(group, pending.schedule)]
+            for fn, bindings in made:  # a gather's bad-index record: an array of its own
+                if any(b.name == INDEX_ERROR for b in fn.buffers):
+                    bindings[INDEX_ERROR] = flags = np.zeros(2, np.int64)
+                    pending.checks.append((flags, group.nodes[0]))
             pending.kernels = [
                 _Kernel(fn, self.cache.compile(fn, pending.schedule,
                                                f"{self.graph.name}/{fn.name}"), bindings)
@@ -229,14 +258,21 @@ class _Builder:
             # loop, which the elementwise lowering emits with the remaps as index arithmetic.
             fn = lower_elementwise(group, default_schedule(
                 dataclasses.replace(group, kind=KernelKind.ELEMENTWISE), host_target()))
+        elif is_gather_group(group):
+            fn = lower_gather(group, schedule)
+        elif is_scan_group(group):
+            fn = lower_scan(group, schedule)
         elif group.kind is KernelKind.MOVEMENT:
             fn = lower_movement(group, schedule)
+        elif is_reduce_group(group):
+            fn = lower_reduce(group, schedule)
         else:
             fn = lower_group(group, schedule)
         buffers = kernel_buffers(group.inputs, group.outputs)
         bindings: dict[str, Binding] = {p.name: v for v, p in [*buffers.inputs.items(),
                                                                *buffers.outputs.items()]}
-        unknown = [b.name for b in fn.buffers if b.name not in bindings]
+        unknown = [b.name for b in fn.buffers if b.name not in bindings and
+                   b.name != INDEX_ERROR]
         if unknown:
             raise CompileError(f"kernel {fn.name} has buffers no group value is bound to: "
                                f"{', '.join(unknown)}")
@@ -273,8 +309,9 @@ class _Builder:
         group = pending.group
         ops = ", ".join(dict.fromkeys(n.op.name for n in group.nodes))
         pending.reason, pending.kernels = reason, []
-        self.log.debug("kernel %s (%s) runs on the host with the NumPy references: %s",
-                       group.name, ops, reason)
+        # A host step is a defect (issue 28): said at WARNING, once per kernel of a build.
+        self.log.warning("@%s: kernel %s (%s) runs on the host with the NumPy references: %s",
+                         self.graph.name, group.name, ops, reason)
         return pending
 
     def lower_contraction(self, group: KernelGroup, schedule: Schedule
@@ -296,6 +333,33 @@ class _Builder:
         if lowered.constant_b is not None:
             bindings[lowered.constant_b] = lowered.prepare_b(b_array)
         return [(fn, bindings) for fn in lowered.functions]
+
+    def lower_quant(self, pending: _Pending) -> _Pending:
+        """A quantized product (``qmatmul_i8``, ``matmul_w4``): hand-written IR kernels whose
+        weights are packed here once (:mod:`tilefuse.kernel.lower_qmatmul`)."""
+        group = pending.group
+        artifacts: dict[str, KernelArtifact] = {}
+
+        def compiler(text: str, signature: KernelSignature) -> CompiledKernel:
+            artifact = self.cache.compile_ir(
+                text, signature, f"{self.graph.name}/{signature.name}",
+                lambda: compile_ir(text, signature, self.target))
+            artifacts[signature.name] = artifact
+            return artifact.kernel
+
+        try:
+            made = lower_quant_group(group, self.constants, self.target, compiler)
+        except CompileError as err:
+            return self.fall_back(pending, f"quantized lowering failed: {err}")
+        node = group.nodes[0]
+        bindings: dict[str, Binding] = dict(made.constants)
+        bindings.update({name: node.inputs[i] for name, i in made.inputs.items()})
+        bindings.update({name: node.outputs[i] for name, i in made.outputs.items()})
+        for name, (nbytes, dtype) in made.scratch.items():
+            bindings[name] = Scratch(f"{group.name}.{name}", nbytes, dtype)
+        artifact = artifacts.get(made.fn.name) or KernelArtifact(made.kernel, made.ir)
+        pending.kernels = [_Kernel(made.fn, artifact, bindings)]
+        return pending
 
     def lower_attention(self, group: KernelGroup, schedule: Schedule
                         ) -> list[tuple[LoopFunction, dict[str, Binding]]]:
@@ -412,6 +476,9 @@ class _Builder:
                 origin = f" tuned, {tuned * 1e3:.3f} ms measured" if tuned is not None else ""
                 lines.append(f"  {step}: {group.name} native: {names}  [{pending.schedule}]"
                              + origin)
+        quantized = quantization_summary(self.graph)
+        if quantized.kernels:
+            lines += ["", f"quantization: {quantized}"]
         lines += ["", f"constants: {len(self.constants)} arrays evaluated at build time", "",
                   "memory plan: " + memory.report()]
         writer.write("kernels.plan", "\n".join(lines))
@@ -462,6 +529,21 @@ def _slot(binding: Binding, slots: Mapping[object, Slot]) -> Slot:
     return binding if isinstance(binding, np.ndarray) else slots[binding]
 
 
+@dataclass(frozen=True)
+class ExecutableParts:
+    """A built executable's parts: ``graph`` (its inputs and outputs give the call's
+    signature), the memory plan and the arena it placed, the launch sequence (whose fixed slots
+    are constants or views of ``arena``), input position -> alignment a kernel needs, and
+    (output position, slot) for every output copied out after the steps."""
+
+    graph: Graph
+    memory_plan: MemoryPlan
+    arena: np.ndarray
+    steps: tuple[Step, ...]
+    align: Mapping[int, int]
+    copies: tuple[tuple[int, Slot], ...]
+
+
 class NativeExecutable:
     """A graph compiled for this CPU (see the module docstring). ``executable(*arrays)``
     returns one fresh array per graph output.
@@ -499,13 +581,47 @@ class NativeExecutable:
         """How many kernels were loaded from the disk cache, compiled, stored."""
         self.memory_plan, slots, self._arena = build.place(pendings, sizes)
         self._steps = tuple(build.steps(slots, pendings, sizes))
-        self._inputs = tuple((v.name or f"#{i}", tuple(v.shape), v.dtype.np)
-                             for i, v in enumerate(graph.inputs))
         self._align = build.aligned_inputs(pendings)
-        self._outputs = tuple((tuple(v.shape), v.dtype.np) for v in graph.outputs)
         first = len(graph.inputs)
         self._copies = tuple((j, slots[v]) for j, v in enumerate(build.graph.outputs)
                              if not _is_index(slots[v], first + j))
+        self.kernel_plan: KernelPlan | None = build.plan
+        """The kernel plan this executable was built from (None: loaded from an artifact)."""
+        self._finish(_launcher(self._steps, len(graph.inputs) + len(graph.outputs),
+                               graph.name))
+        # gathers' bad-index records, checked after each call (kernel/lower_gather.py)
+        self._index_checks = tuple(c for p in pendings for c in p.checks)
+
+    def parts(self) -> ExecutableParts:
+        """What :meth:`from_parts` rebuilds this executable from (for :mod:`tilefuse.artifact`,
+        which writes them to a file)."""
+        return ExecutableParts(self.graph, self.memory_plan, self._arena, self._steps,
+                               dict(self._align), self._copies)
+
+    @classmethod
+    def from_parts(cls, parts: ExecutableParts, launcher: Callable[[Sequence[int]], None]
+                   | None = None) -> NativeExecutable:
+        """An executable of already compiled kernels, placed buffers and a launch sequence (an
+        artifact being loaded): nothing is lowered or compiled here. ``launcher``, when given,
+        runs the whole (all-native) sequence from the call's addresses; else each step is
+        called in turn."""
+        made = cls.__new__(cls)
+        made.graph = parts.graph
+        made.cache_stats = KernelCacheStats(0, 0, 0, None)
+        made.kernel_plan = None
+        made.memory_plan, made._arena = parts.memory_plan, parts.arena
+        made._steps, made._align = tuple(parts.steps), dict(parts.align)
+        made._copies = tuple(parts.copies)
+        made._finish(launcher)
+        return made
+
+    def _finish(self, launcher: Callable[[Sequence[int]], None] | None) -> None:
+        """The call's tables, from the graph's signature and the steps."""
+        graph = self.graph
+        self._inputs = tuple((v.name or f"#{i}", tuple(v.shape), v.dtype.np)
+                             for i, v in enumerate(graph.inputs))
+        self._outputs = tuple((tuple(v.shape), v.dtype.np) for v in graph.outputs)
+        self._addresses = AddressCache(len(graph.inputs))   # the inputs' last data addresses
         self._returned: list[np.ndarray | None] = [None] * len(self._outputs)
         self._returned_at: list[int] = [0] * len(self._outputs)   # their data addresses
         self._strides = tuple(_c_strides(shape, np.dtype(dtype).itemsize)
@@ -515,8 +631,8 @@ class NativeExecutable:
         self._runners = tuple((step.run_addresses, True) if isinstance(step, NativeStep)
                               else (step.run, False) for step in self._steps)
         # With no host step, the whole sequence is one native entry (one Python→native call).
-        self._launcher = _launcher(self._steps, len(self._inputs) + len(self._outputs),
-                                   graph.name)
+        self._launcher = launcher
+        self._index_checks: tuple[tuple[np.ndarray, Node], ...] = ()
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -555,21 +671,30 @@ class NativeExecutable:
         """The call for a caller whose own guard already proved count, dtypes, shapes and
         C-contiguity (``tilefuse.jit``: its cache key holds the shapes and dtypes, and it makes
         every argument contiguous); only alignment, which no key holds, is checked here."""
+        addresses = self._addresses.addresses(arrays)
         for i, align in self._align.items():
-            if arrays[i].ctypes.data % align:
+            if addresses[i] % align:
                 raise GuardError(f"input {self._inputs[i][0]} must be {align}-byte aligned")
-        return self._run(arrays)
+        return self._run(arrays, addresses)
 
-    def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def _run(self, arrays: Sequence[np.ndarray], given: list[int] | None = None
+             ) -> list[np.ndarray]:
+        """``given``: the arrays' addresses, when the caller has them already."""
         with self._lock:
             outputs = [self._output(j) for j in range(len(self._outputs))]
             table = [*arrays, *outputs]
-            addresses = [a.ctypes.data for a in arrays] + self._returned_at
+            addresses = (given if given is not None else self._addresses.addresses(arrays)) \
+                + self._returned_at
             if self._launcher is not None:
                 self._launcher(addresses)
             else:
                 for run, native in self._runners:
                     run(addresses if native else table)
+            for flags, node in self._index_checks:
+                if flags[0]:  # an index out of range: clamped, so nothing was harmed
+                    bad = int(flags[1])
+                    flags[:] = 0
+                    raise index_error(node, bad)
             for j, slot in self._copies:
                 outputs[j][...] = table[slot] if isinstance(slot, int) else slot
             self._returned[:] = outputs

@@ -29,6 +29,7 @@ from tilefuse.codegen.jit import aligned_empty
 from tilefuse.graph.ir import Value
 from tilefuse.kernel.fusion import KernelGroup, op_cost
 from tilefuse.ops.attention import attention_flops
+from tilefuse.ops.quant import INTEGER_PRODUCTS
 from tilefuse.ops.registry import OpKind
 from tilefuse.runtime.launch import HostStep, NativeStep
 from tilefuse.runtime.native import NativeExecutable
@@ -126,7 +127,7 @@ def group_work(group: KernelGroup) -> tuple[float, float]:
     """(FLOPs, bytes) ``group`` must do at least (module docstring)."""
     flops = 0.0
     for node in group.nodes:
-        if node.op.name == "matmul":
+        if node.op.name == "matmul" or node.op in INTEGER_PRODUCTS:
             k = int(node.inputs[0].shape[-1]) if node.inputs[0].type.rank else 1
             flops += 2.0 * _numel(node.outputs[0]) * k
         elif node.op.name == "attention":
@@ -135,6 +136,11 @@ def group_work(group: KernelGroup) -> tuple[float, float]:
             widest = max([_numel(v) for v in (*node.inputs, *node.outputs)], default=0)
             flops += op_cost(node) * widest
     moved = sum(_numel(v) * v.dtype.itemsize for v in (*group.inputs, *group.outputs))
+    if len(group.nodes) == 1 and group.nodes[0].op.name in ("take", "take_along_axis"):
+        # a gather reads the rows its indices name, not its whole table: no more elements
+        # than it writes (a 30k-row embedding table read for 37 tokens is 37 rows)
+        table, out = group.nodes[0].inputs[0], group.nodes[0].outputs[0]
+        moved -= max(0, _numel(table) - _numel(out)) * table.dtype.itemsize
     return flops, float(moved)
 
 

@@ -17,11 +17,18 @@ margin of that time, and a user can see whether a kernel is slow by design.
   tuner's confirmation takes them between its passes, so that a kernel's share of its bound
   compares timings a second apart, not a kernel now against a peak taken in another spell
   of a shared host whose speed moves by 10-30 % (:func:`~tilefuse.tune.tuner.tune_task`).
+
+The memory roof depends on where a kernel's data sits: :attr:`Peaks.levels` holds the
+bandwidth of L1, L2 and L3 (:mod:`~tilefuse.tune.bandwidth`: native read and copy streams on
+every core, sized for each level), and a kernel is bounded by the first level its working set
+(its compulsory bytes) fits in, DRAM (:attr:`Peaks.bytes`) past the last. Kernels are timed
+repeatedly on the same buffers, so a working set that fits a cache is in it.
 """
 
 from __future__ import annotations
 
 import abc
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,12 +37,25 @@ import numpy as np
 
 from tilefuse.dtypes import DType
 from tilefuse.schedules.database import TuningDatabase
+from tilefuse.tune.bandwidth import Level, StreamProbe, cache_sizes
 
 
 @dataclass(frozen=True)
 class Peaks:
+    """FLOP/s, DRAM bytes/s (read + write), and the cache levels' roofs, smallest first
+    (none: every kernel is bounded by DRAM)."""
+
     flops: float
     bytes: float
+    levels: tuple[Level, ...] = ()
+
+    def level_for(self, nbytes: float) -> Level:
+        """The level a working set of ``nbytes`` fits in (DRAM past the caches); a cache's
+        bandwidth is never taken below DRAM's (:meth:`Roofline.observe` may raise DRAM's)."""
+        for level in self.levels:
+            if nbytes <= level.capacity:
+                return Level(level.name, level.capacity, max(level.bandwidth, self.bytes))
+        return Level("DRAM", math.inf, self.bytes)
 
 
 class Roofline(abc.ABC):
@@ -57,8 +77,17 @@ class Roofline(abc.ABC):
 
 
 def bound_at(peaks: Peaks, flops: float, nbytes: float) -> float:
-    """The least seconds of a kernel doing ``flops`` over ``nbytes`` at ``peaks``."""
-    return max(flops / peaks.flops, nbytes / peaks.bytes)
+    """The least seconds of a kernel doing ``flops`` over ``nbytes`` at ``peaks`` (the
+    memory roof of the level ``nbytes`` fits in)."""
+    return max(flops / peaks.flops, nbytes / peaks.level_for(nbytes).bandwidth)
+
+
+def mean_peaks(a: Peaks, b: Peaks) -> Peaks:
+    """The mean of two measurements of the peaks (levels matched by name)."""
+    theirs = {lv.name: lv for lv in b.levels}
+    levels = tuple(Level(lv.name, lv.capacity, (lv.bandwidth + theirs[lv.name].bandwidth) / 2)
+                   for lv in a.levels if lv.name in theirs)
+    return Peaks((a.flops + b.flops) / 2, (a.bytes + b.bytes) / 2, levels)
 
 
 class NoRoofline(Roofline):
@@ -87,11 +116,13 @@ different rates here, and 1024³ alone was beaten by ResNet-50's 3x3 convolution
 class PeakProbe:
     """The measurements behind the peaks, set up once: f32 matmuls of ``shapes`` (each by
     NumPy's BLAS and by tilefuse's kernel with its default schedule; the fastest FLOP rate
-    counts) and a copy of ``copy_bytes`` into a buffer already touched (read + write:
-    2 × 256 MiB, more than the 300 MiB of L3 here)."""
+    counts), a copy of ``copy_bytes`` into a buffer already touched (read + write:
+    2 × 256 MiB, more than the 32-300 MiB of L3 of the hosts here) and a native read of it
+    (DRAM: the faster of the two), and the cache levels' streams
+    (:class:`~tilefuse.tune.bandwidth.StreamProbe`) sized by ``sizes`` (default: sysfs)."""
 
     def __init__(self, shapes: tuple[tuple[int, int, int], ...] = PROBE_SHAPES,
-                 copy_bytes: int = 256 << 20):
+                 copy_bytes: int = 256 << 20, sizes: dict[str, int] | None = None):
         rng = np.random.default_rng(0)
         self.matmuls: list[tuple[float, Callable[[], object]]] = []
         for m, k, n in shapes:
@@ -104,12 +135,22 @@ class PeakProbe:
         dst = np.zeros_like(src)
         self.copied = 2.0 * src.nbytes
         self.copy = lambda: np.copyto(dst, src)
+        self.src = src
+        self.sizes = cache_sizes() if sizes is None else sizes
+        self.streams = StreamProbe()
+
+    def levels(self, repeats: int) -> tuple[Level, ...]:
+        """The cache levels' roofs, the best of ``repeats`` runs of each stream."""
+        return tuple(self.streams.levels(self.sizes, repeats))
 
     def peaks(self, repeats: int, statistic: Callable[[Callable[[], object], int], float]
               ) -> Peaks:
-        """Peaks from ``statistic`` (e.g. the best time) of ``repeats`` runs each."""
+        """Peaks from ``statistic`` (e.g. the best time) of ``repeats`` runs each (the
+        streams: the best)."""
         flops = max(work / statistic(fn, repeats) for work, fn in self.matmuls)
-        return Peaks(flops, self.copied / statistic(self.copy, repeats))
+        dram = max(self.copied / statistic(self.copy, repeats),
+                   self.streams.read_bandwidth(self.src, repeats))
+        return Peaks(flops, dram, self.levels(repeats))
 
 
 STORED_REPEATS = 8
@@ -151,14 +192,18 @@ class MeasuredRoofline(Roofline):
         self.db, self.target, self.make_probe = db, target, probe
         self._probe: PeakProbe | None = None
         flops, nbytes = db.peak(target, "flops"), db.peak(target, "bytes")
-        if flops is None or nbytes is None:
+        levels = _stored_levels(db, target)
+        if flops is None or nbytes is None or levels is None:
             # the stored peaks: ``measure``, else the probe measure_now uses, set up once
             peaks = measure() if measure is not None else self._get_probe().peaks(
                 STORED_REPEATS, _best_seconds)
-            flops, nbytes = peaks.flops, peaks.bytes
-            db.set_peak(target, "flops", flops)
-            db.set_peak(target, "bytes", nbytes)
-        self.peaks = Peaks(flops, nbytes)
+            if flops is None or nbytes is None:
+                flops, nbytes = peaks.flops, peaks.bytes
+                db.set_peak(target, "flops", flops)
+                db.set_peak(target, "bytes", nbytes)
+            levels = peaks.levels
+            _store_levels(db, target, levels)
+        self.peaks = Peaks(flops, nbytes, levels)
 
     def _get_probe(self) -> PeakProbe:
         if self._probe is None:
@@ -180,14 +225,42 @@ class MeasuredRoofline(Roofline):
     def observe(self, flops: float, nbytes: float, seconds: float) -> None:
         if not (seconds > 0 and seconds < float("inf")):
             return
-        achieved = Peaks(max(self.peaks.flops, flops / seconds),
-                         max(self.peaks.bytes, nbytes / seconds))
+        rate = nbytes / seconds
+        level = self.peaks.level_for(nbytes)
+        dram = max(self.peaks.bytes, rate) if level.name == "DRAM" else self.peaks.bytes
+        levels = tuple(Level(lv.name, lv.capacity, max(lv.bandwidth, rate))
+                       if lv.name == level.name else lv for lv in self.peaks.levels)
+        achieved = Peaks(max(self.peaks.flops, flops / seconds), dram, levels)
         if achieved.flops > self.peaks.flops:
             self.db.set_peak(self.target, "flops", achieved.flops)
         if achieved.bytes > self.peaks.bytes:
             self.db.set_peak(self.target, "bytes", achieved.bytes)
+        if achieved.levels != self.peaks.levels:
+            _store_levels(self.db, self.target, achieved.levels)
         self.peaks = achieved
 
 
+def _stored_levels(db: TuningDatabase, target: str) -> tuple[Level, ...] | None:
+    """The cache levels stored for ``target`` (``levels``: their count; ``capacity_L1``,
+    ``bytes_L1``, ...), None when none were stored."""
+    count = db.peak(target, "levels")
+    if count is None:
+        return None
+    levels = []
+    for i in range(1, int(count) + 1):
+        capacity, bandwidth = db.peak(target, f"capacity_L{i}"), db.peak(target, f"bytes_L{i}")
+        if capacity is None or bandwidth is None:
+            return None
+        levels.append(Level(f"L{i}", capacity, bandwidth))
+    return tuple(levels)
+
+
+def _store_levels(db: TuningDatabase, target: str, levels: tuple[Level, ...]) -> None:
+    for i, level in enumerate(levels, 1):
+        db.set_peak(target, f"capacity_L{i}", level.capacity)
+        db.set_peak(target, f"bytes_L{i}", level.bandwidth)
+    db.set_peak(target, "levels", float(len(levels)))
+
+
 __all__ = ["PROBE_SHAPES", "STORED_REPEATS", "MeasuredRoofline", "NoRoofline", "PeakProbe",
-           "Peaks", "Roofline", "bound_at"]
+           "Peaks", "Roofline", "bound_at", "mean_peaks"]

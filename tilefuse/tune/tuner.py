@@ -49,7 +49,7 @@ from tilefuse.tune.cost_model import (
     lightgbm_available,
 )
 from tilefuse.tune.features import candidate_features
-from tilefuse.tune.roofline import MeasuredRoofline, NoRoofline, Peaks, Roofline, bound_at
+from tilefuse.tune.roofline import MeasuredRoofline, NoRoofline, Roofline, bound_at, mean_peaks
 from tilefuse.tune.runner import LocalRunner, MeasureOptions, Runner
 from tilefuse.tune.search import EvolutionarySearch, History, SearchStrategy
 from tilefuse.tune.space import SearchSpace, space_for
@@ -287,8 +287,7 @@ def _measure_passes(task: TuneTask, runner: Runner, db: TuningDatabase, key: Tun
     if any(p is None for p in peaks):
         return passes, bests, []
     work = task.work()
-    bounds = [bound_at(Peaks((a.flops + b.flops) / 2, (a.bytes + b.bytes) / 2), *work)
-              for a, b in itertools.pairwise(peaks)]
+    bounds = [bound_at(mean_peaks(a, b), *work) for a, b in itertools.pairwise(peaks)]
     return passes, bests, bounds
 
 

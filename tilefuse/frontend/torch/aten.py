@@ -25,6 +25,7 @@ from torch import fx
 
 from tilefuse.dtypes import DType
 from tilefuse.frontend.torch.aten_attention import sdpa_converters
+from tilefuse.frontend.torch.aten_index import index_converters
 from tilefuse.frontend.torch.convert import (
     Converter,
     Lowering,
@@ -435,8 +436,10 @@ def _identity(lw: Lowering, node: fx.Node) -> Result:
 
 def _to_copy(lw: Lowering, node: fx.Node) -> Result:
     device = node.kwargs.get("device")
-    if device is not None and torch.device(device).type != "cpu":
-        raise Unsupported(f"a copy to {device} is not supported", op=lw.op)
+    source = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    here = source.device.type if isinstance(source, torch.Tensor) else "cpu"
+    if device is not None and torch.device(device).type != here:
+        raise Unsupported(f"a copy from {here} to {device} is not supported", op=lw.op)
     return lw.cast(lw.tensor(node.args[0]), lw.out_type.dtype)
 
 
@@ -594,6 +597,7 @@ def _table() -> Mapping[Any, Converter]:
         operator.getitem: _getitem,
     })
     table.update(sdpa_converters())   # the fused SDPA ops of traced CUDA tensors
+    table.update(index_converters())  # bitwise, index, gather, cumsum, topk
     for view in (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
                  aten.unsqueeze.default, aten.squeeze.dims, aten.squeeze.dim,
                  aten.squeeze.default, aten.flatten.using_ints):

@@ -33,7 +33,9 @@ Dynamo guards on grad mode, so the same model called under ``torch.no_grad()`` (
 
 **Options** (``torch.compile(m, backend="tilefuse", options={...})`` or keywords of
 :func:`compile_exported`): ``dump`` (directory; default ``$TILEFUSE_DUMP``), ``target``
-(``"cpu"`` or ``"reference"``), ``debug`` (verify after every pass).
+(``"cpu"``, ``"cuda"`` or ``"reference"``; by default the device the inputs live on:
+:mod:`tilefuse.frontend.torch.device`), ``debug`` (verify after every pass), ``quantize``
+(``"int8"``, ``"int4"``, ...: the weights of matrix products, :mod:`tilefuse.passes.quantize`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from tilefuse.driver import CompileOptions, compile
 from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import TilefuseError
 from tilefuse.frontend.torch.convert import tensors_on
+from tilefuse.frontend.torch.device import follow_data
 from tilefuse.frontend.torch.partition import (
     CompiledPartition,
     PartitionReport,
@@ -65,11 +68,12 @@ from tilefuse.frontend.torch.partition import (
 from tilefuse.frontend.torch.symbolic import is_symbolic_graph, trace_symbolic
 from tilefuse.graph.ir import Graph
 from tilefuse.log import get_logger
+from tilefuse.passes.quantize import QuantizeOptions, parse_quantize, pipeline_for
 from tilefuse.runtime.executable import Executable
 from tilefuse.target import Target
 
 _DECOMPOSITIONS = core_aten_decompositions()
-KNOWN_OPTIONS = ("dump", "target", "debug")
+KNOWN_OPTIONS = ("dump", "target", "debug", "quantize")
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ class Options:
     dump: Path | None = None
     target: str = "cpu"
     debug: bool = False
+    quantize: QuantizeOptions | None = None
 
     @staticmethod
     def parse(given: Mapping[str, Any] | None) -> Options:
@@ -88,7 +93,8 @@ class Options:
             raise TilefuseError(f"unknown tilefuse option(s) {', '.join(unknown)} "
                                 f"(known: {', '.join(KNOWN_OPTIONS)})")
         target = str(Target.parse(str(given.get("target", "cpu"))))  # TargetError naming it
-        return Options(resolve_dump_dir(given.get("dump")), target, bool(given.get("debug")))
+        return Options(resolve_dump_dir(given.get("dump")), target, bool(given.get("debug")),
+                       parse_quantize(given.get("quantize")))
 
 
 Key = tuple[Any, ...]
@@ -111,6 +117,8 @@ class SpecializedGraph:
         self._lock = threading.Lock()
         self._name = graph_name(gm)
         self.reports: list[PartitionReport] = []
+        self.traced: dict[Key, fx.GraphModule] = {}
+        """The partitioned graph of each compiled signature (what tilefuse.save reads)."""
 
     def __call__(self, *args: Any) -> Any:
         key = self._key(args)
@@ -141,6 +149,7 @@ class SpecializedGraph:
             dump = None if self._options.dump is None else \
                 self._options.dump / self._name / f"s{len(self._cache)}"
             self.reports.append(compile_traced(traced, self._constants, self._options, dump))
+            self.traced[key] = traced
             self._cache[key] = direct_call(traced) or traced
             return self._cache[key]
 
@@ -211,7 +220,8 @@ def _compiler(options: Options, dump: Path | None) -> Callable[[Graph, str], Exe
     as one DynamicExecutable (one native build for every size on "cpu")."""
     def compile_graph(graph: Graph, name: str) -> Executable:
         where = None if dump is None else dump / name
-        return compile(graph, options.target, CompileOptions(dump_dir=where, debug=options.debug))
+        return compile(graph, options.target, CompileOptions(
+            dump_dir=where, debug=options.debug, pipeline=pipeline_for(options.quantize)))
     return compile_graph
 
 
@@ -249,7 +259,8 @@ def tilefuse_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
 
     Returns a callable taking and returning torch tensors. See the module docstring for what is
     compiled, what runs in torch and which options exist."""
-    options = Options.parse(kwargs.get("options"))
+    options = follow_data(Options.parse(kwargs.get("options")), kwargs.get("options"),
+                          example_inputs)
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         get_logger("fallback").warning(
@@ -314,7 +325,8 @@ class CompiledExported:
 
 
 def compile_exported(ep: torch.export.ExportedProgram, *, dump: str | Path | None = None,
-                     target: str = "cpu", debug: bool = False) -> CompiledExported:
+                     target: str = "cpu", debug: bool = False,
+                     quantize: str | None = None) -> CompiledExported:
     """Compiles an exported program (``torch.export.export(model, args)``) for inference:
     decomposed to core ATen, parameters, buffers and constants frozen, unsupported ops run in
     torch. The result takes and returns torch tensors."""
@@ -322,7 +334,7 @@ def compile_exported(ep: torch.export.ExportedProgram, *, dump: str | Path | Non
         raise TilefuseError(f"compile_exported needs a torch.export.ExportedProgram, got "
                             f"{type(ep).__name__}")
     return CompiledExported(ep, Options.parse({"dump": dump, "target": target,
-                                               "debug": debug}))
+                                               "debug": debug, "quantize": quantize}))
 
 
 __all__ = ["CompiledExported", "Options", "SpecializedGraph", "SymbolicGraph", "compile_exported",

@@ -263,10 +263,17 @@ def lower_graph(gm: fx.GraphModule, placeholders: Sequence[Placeholder], name: s
     outputs: list[Value] = []
     for node in gm.graph.nodes:
         if node.op == "call_function":
+            if node.target not in table:
+                raise Unsupported(f"no tilefuse converter for {op_name(node)}")
             lowering.convert(node, table[node.target])
         elif node.op == "output":
             flat = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
             outputs = [lowering.tensor(a) for a in flat]
+        elif node.op == "get_attr" and isinstance(getattr(gm, str(node.target), None),
+                                                  torch.Tensor):
+            # a tensor make_fx lifted out of the traced code (a mask, a table): a constant
+            lowering.env[node] = lowering.constant(
+                tensor_to_numpy(getattr(gm, str(node.target)).detach().cpu()).copy())
         elif node.op != "placeholder":
             raise Unsupported(f"FX node kind {node.op!r} ({node.name})")
     return builder.build(outputs)

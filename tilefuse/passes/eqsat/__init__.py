@@ -7,7 +7,9 @@ from tilefuse.passes.eqsat.saturate import (
     Limits,
     SaturationResult,
     equality_saturation,
+    equality_saturation_reassociating,
     saturate,
 )
 
-__all__ = ["ALL_RULES", "Limits", "SaturationResult", "equality_saturation", "saturate"]
+__all__ = ["ALL_RULES", "Limits", "SaturationResult", "equality_saturation",
+           "equality_saturation_reassociating", "saturate"]

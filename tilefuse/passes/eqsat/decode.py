@@ -4,11 +4,15 @@ Nodes the e-graph did not model are rebuilt in their original order, each readin
 term of its inputs; a term's nodes are emitted when first read (constants too, so a constant a rule
 moved is defined before its first reader). Every rebuilt node's type, inferred by the builder, must
 equal its e-class's type: a rule that built an ill-typed term fails here, loudly.
+
+Locations: a rebuilt node takes the ``# file:line`` of an original node of its e-class (the node it
+replaces); a node of a new e-class (``A @ B`` of re-association) takes its first reader's, so the
+dump still points at the user's line.
 """
 
 from __future__ import annotations
 
-from tilefuse.errors import VerifyError
+from tilefuse.errors import SourceLoc, VerifyError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.passes.eqsat.encode import Encoding, is_modelled
@@ -24,22 +28,29 @@ class _Decoder:
         self.values: dict[Value, Value] = {}      # original leaf value -> rebuilt value
         self.built: dict[str, Value] = {}          # e-class -> rebuilt value
         self.producers = graph.producers()
+        self.locs: dict[str, SourceLoc] = {}       # e-class -> location of an original node
+        for cid, vids in view.refs.items():
+            for vid in vids:
+                node = self.producers.get(enc.leaves[vid])
+                if node is not None and node.loc is not None:
+                    self.locs[cid] = node.loc
+                    break
         for v in graph.inputs:
             self.values[v] = self.builder.input(v.type, v.name)
 
-    def term(self, cid: str) -> Value:
+    def term(self, cid: str, reader_loc: SourceLoc | None = None) -> Value:
         if cid in self.built:
             return self.built[cid]
-        stack = [cid]
+        stack = [(cid, self.locs.get(cid, reader_loc))]
         while stack:
-            top = stack[-1]
+            top, loc = stack[-1]
             pending = [c for c in self.choice[top].children if c not in self.built]
             if pending:
-                stack.extend(reversed(pending))
+                stack.extend((c, self.locs.get(c, loc)) for c in reversed(pending))
                 continue
             stack.pop()
             if top not in self.built:
-                self.built[top] = self._emit(top, self.choice[top])
+                self.built[top] = self._emit(top, self.choice[top], loc)
         return self.built[cid]
 
     def _leaf(self, original: Value) -> Value:
@@ -51,7 +62,7 @@ class _Decoder:
             self.values[original] = original
         return self.values[original]
 
-    def _emit(self, cid: str, node: ENode) -> Value:
+    def _emit(self, cid: str, node: ENode, loc: SourceLoc | None) -> Value:
         expected = self.enc.types[self.view.types[cid]]
         if node.op == "leaf":
             return self._leaf(self.enc.leaves[node.params[0]])
@@ -60,7 +71,7 @@ class _Decoder:
                 and (node.op != "transpose" or self._identity(node.params[0])):
             return args[0]      # an identity the run stopped before removing
         op, attrs = self._op_attrs(node, expected, args)
-        value = self.builder.add1(op, args, attrs)
+        value = self.builder.add1(op, args, attrs, loc)
         if value.type != expected:
             raise VerifyError(f"eqsat: {node.op} rebuilt as {value.type}, its e-class has type "
                               f"{expected}", op=op, inputs=tuple(str(a.type) for a in args))
@@ -98,7 +109,7 @@ class _Decoder:
         if node.op.name == "constant":
             self._leaf(node.outputs[0])             # unless a rule read it earlier
             return
-        inputs = tuple(self.term(cid) for cid in root_classes)
+        inputs = tuple(self.term(cid, node.loc) for cid in root_classes)
         new = node if inputs == node.inputs else Node(node.op, inputs, node.attrs,
                                                       node.outputs, node.loc)
         self.builder.append(new)

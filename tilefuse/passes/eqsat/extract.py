@@ -26,7 +26,7 @@ import functools
 import heapq
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tilefuse.graph.types import TensorType
 from tilefuse.passes.eqsat.encode import Encoding
@@ -52,6 +52,7 @@ class EGraphView:
     classes: dict[str, list[ENode]]
     types: dict[str, int]
     roots: dict[int, str]
+    refs: dict[str, list[int]] = field(default_factory=dict)   # e-class -> graph value ids
 
 
 def read_serialized(serialized_json: str) -> EGraphView:
@@ -62,6 +63,7 @@ def read_serialized(serialized_json: str) -> EGraphView:
     classes: dict[str, list[ENode]] = {}
     types: dict[str, int] = {}
     roots: dict[int, str] = {}
+    refs: dict[str, list[int]] = {}
     for node in nodes.values():
         op = node["op"]
         if op.startswith("Term.") and not node.get("subsumed", False):
@@ -77,7 +79,9 @@ def read_serialized(serialized_json: str) -> EGraphView:
             types[nodes[node["children"][0]]["eclass"]] = int(class_value[node["eclass"]])
         elif op == "root":
             roots[int(primitive[node["children"][0]])] = node["eclass"]
-    return EGraphView(classes, types, roots)
+        elif op == "ref":
+            refs.setdefault(node["eclass"], []).append(int(primitive[node["children"][0]]))
+    return EGraphView(classes, types, roots, refs)
 
 
 def _primitive(text: str) -> int | str:

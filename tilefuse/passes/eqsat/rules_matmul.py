@@ -3,8 +3,12 @@ them is done once at compile time).
 
 - scale folding: ``(x @ W) * c`` -> ``x @ (W * c)`` and ``(x @ W) / c`` -> ``x @ (W / c)`` for a
   constant W and a scalar constant c of W's dtype (and the mirror ``c * (x @ W)``);
-- re-association: ``(x @ A) @ B`` -> ``x @ (A @ B)`` for constant 2-D A and B; the cost model
-  (FLOPs) decides which side is extracted;
+- re-association (its own rule set, ``reassociation_rules``, off by default): ``(x @ A) @ B`` ->
+  ``x @ (A @ B)`` for constant 2-D A and B; the cost model (FLOPs) decides which side is
+  extracted. It changes NaN/Inf semantics: with an inf in ``x``, ``x @ A`` holds infs of both
+  signs, so ``(x @ A) @ B`` sums ``+inf`` and ``-inf`` into NaN where ``x @ (A @ B)`` gives
+  ``±inf`` (found by the fuzzer). Only ``saturate(..., reassociate=True)`` /
+  ``graph_pipeline(reassociate=True)`` run it;
 - parallel matmuls sharing an input: ``x @ A`` and ``x @ B`` (constant 2-D, same rows) ->
   slices of ``x @ concat(A, B)``. The encoder numbers each group's weights in graph order
   (``group_head`` / ``group_next``); the rule only extends a chain that starts at the head with the
@@ -60,7 +64,8 @@ _scale("scale_into_matmul", "mul", Term.binary("mul", Term.matmul(x, w), c))
 _scale("scale_into_matmul_left", "mul", Term.binary("mul", c, Term.matmul(x, w)))
 _scale("divide_into_matmul", "div", Term.binary("div", Term.matmul(x, w), c))
 
-matmul_rules.register(
+reassociation_rules = ruleset(name="reassociate")
+reassociation_rules.register(
     rule(eq(e).to(Term.matmul(Term.matmul(x, a), b)), is_const(a), is_const(b),
          rank2_type(ty(a)), rank2_type(ty(b)), eq(tab).to(matmul_type(ty(a), ty(b))),
          eq(t).to(ty(e)), name="reassociate_constant_matmuls")
@@ -102,4 +107,4 @@ matmul_rules.register(
           subsume(Term.binary("add", _s1, a)), subsume(Term.binary("add", _s2, b))),
 )
 
-__all__ = ["matmul_rules"]
+__all__ = ["matmul_rules", "reassociation_rules"]

@@ -11,6 +11,7 @@ stopped.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from egglog import EGraph
@@ -21,17 +22,22 @@ from tilefuse.passes.eqsat.encode import encode, is_modelled
 from tilefuse.passes.eqsat.extract import choose, read_serialized
 from tilefuse.passes.eqsat.rules_identity import identity_rules
 from tilefuse.passes.eqsat.rules_layout import layout_rules
-from tilefuse.passes.eqsat.rules_matmul import matmul_rules
+from tilefuse.passes.eqsat.rules_matmul import matmul_rules, reassociation_rules
 
-ALL_RULES = identity_rules | layout_rules | matmul_rules
-ITERATION = ALL_RULES
+ITERATION = identity_rules | layout_rules | matmul_rules
 """One iteration: every rule once. (Saturating the identity rules inside each iteration was
-tried: on ResNet-50 it multiplies the transposes by every permutation of the closure.)"""
+tried: on ResNet-50 it multiplies the transposes by every permutation of the closure.) These
+rules keep NaN/Inf semantics."""
+
+ALL_RULES = ITERATION | reassociation_rules
+"""One iteration with re-association too, which can turn a NaN into an inf (see
+``rules_matmul``): only under the explicit ``reassociate=True``."""
 
 
 def rule_names() -> frozenset[str]:
     """The names of every rewrite rule (each rule is named; tests have one case per name)."""
-    return frozenset(decl.name for rules in (identity_rules, layout_rules, matmul_rules)
+    return frozenset(decl.name for rules in (identity_rules, layout_rules, matmul_rules,
+                                             reassociation_rules)
                      for decl in rules.__egg_ruleset__.rules)
 
 
@@ -62,29 +68,33 @@ class SaturationResult:
                 "rules_fired": fired}
 
 
-def same_nodes(a: Graph, b: Graph) -> bool:
-    """Whether ``b`` has ``a``'s nodes in order (ops, attributes, inputs by position).
+def same_computation(a: Graph, b: Graph) -> bool:
+    """Whether ``b`` computes what ``a`` does with the same nodes, in any order: the decoder emits
+    nodes in the order their readers reach them, so an extraction that chose every original
+    e-node can still list them differently.
 
-    Cheaper than printing both graphs: constants the decoder kept are the same Literal objects, so
-    they compare by identity instead of by hashing their contents."""
+    Values of both graphs are numbered in one shared table by structure (op, attributes, the
+    numbers of their inputs), so equal structures get equal numbers whatever the node order; the
+    graphs must have the same multiset of nodes and the same outputs. Constants kept by the
+    decoder are the same Literal objects, compared by identity (no hashing of their contents)."""
     if len(a.nodes) != len(b.nodes) or len(a.inputs) != len(b.inputs):
         return False
-    index_a = {v: i for i, v in enumerate(a.inputs)}
-    index_b = {v: i for i, v in enumerate(b.inputs)}
-    defined = len(a.inputs)
-    for node_a, node_b in zip(a.nodes, b.nodes):
-        if node_a.op is not node_b.op or len(node_a.inputs) != len(node_b.inputs):
-            return False
-        if any(index_a.get(x) != index_b.get(y) for x, y in zip(node_a.inputs, node_b.inputs)):
-            return False
-        if node_a.attrs.keys() != node_b.attrs.keys() or any(
-                not (x is y if isinstance(x, Literal) else x == y)
-                for x, y in zip(node_a.attrs.values(), node_b.attrs.values())):
-            return False
-        for x, y in zip(node_a.outputs, node_b.outputs):
-            index_a[x] = index_b[y] = defined
-            defined += 1
-    return [index_a.get(v) for v in a.outputs] == [index_b.get(v) for v in b.outputs]
+    table: dict[object, int] = {}
+
+    def number(graph: Graph) -> tuple[Counter[int], list[int]]:
+        of = {v: table.setdefault(("input", i), len(table)) for i, v in enumerate(graph.inputs)}
+        nodes: Counter[int] = Counter()
+        for node in graph.nodes:
+            attrs = tuple((k, ("literal", id(v)) if isinstance(v, Literal) else repr(v))
+                          for k, v in node.attrs.items())
+            key = table.setdefault((node.op.name, attrs, tuple(of[v] for v in node.inputs)),
+                                   len(table))
+            nodes[key] += 1
+            for index, v in enumerate(node.outputs):
+                of[v] = table.setdefault(("output", key, index), len(table))
+        return nodes, [of[v] for v in graph.outputs]
+
+    return number(a) == number(b)
 
 
 def _rule_name(key: object) -> str:
@@ -92,9 +102,16 @@ def _rule_name(key: object) -> str:
     return getattr(key, "name", None) or str(key)
 
 
-def saturate(graph: Graph, limits: Limits | None = None) -> SaturationResult:
-    """Runs equality saturation on ``graph`` under ``limits``."""
+def saturate(graph: Graph, limits: Limits | None = None, *,
+             reassociate: bool = False) -> SaturationResult:
+    """Runs equality saturation on ``graph`` under ``limits``.
+
+    The result is ``graph`` itself, unchanged, when no rule matched or when the extraction chose
+    the original nodes (in whatever order): a pass that changes nothing keeps node order, names
+    and locations. ``reassociate`` adds the re-association of constant matmuls, which can turn
+    a NaN into an inf (see ``rules_matmul``)."""
     limits = limits or Limits()
+    iteration = ALL_RULES if reassociate else ITERATION
     start = time.perf_counter()
     if not any(is_modelled(node) for node in graph.nodes):
         return SaturationResult(graph, False, stopped="nothing to rewrite")
@@ -103,7 +120,7 @@ def saturate(graph: Graph, limits: Limits | None = None) -> SaturationResult:
     fired: dict[str, int] = {}
     stopped, iterations, enodes = "iteration limit", 0, 0
     while iterations < limits.max_iterations:
-        report = egraph.run(ITERATION)
+        report = egraph.run(iteration)
         iterations += 1
         for key, count in report.num_matches_per_rule.items():
             fired[_rule_name(key)] = fired.get(_rule_name(key), 0) + count
@@ -117,18 +134,30 @@ def saturate(graph: Graph, limits: Limits | None = None) -> SaturationResult:
         if time.perf_counter() - start >= limits.max_seconds:
             stopped = "time limit"
             break
+    if not any(fired.values()):
+        return SaturationResult(graph, False, fired, iterations, enodes, stopped,
+                                time.perf_counter() - start)
     view = read_serialized(egraph._serialize(split_primitive_outputs=False).to_json())
     result = decode(graph, enc, view, choose(view, enc))
-    changed = not same_nodes(graph, result)
+    changed = not same_computation(graph, result)
     return SaturationResult(result if changed else graph, changed, fired, iterations, enodes,
                             stopped, time.perf_counter() - start)
 
 
 def equality_saturation(graph: Graph) -> tuple[Graph, bool, dict[str, object]]:
-    """The pipeline pass: ``(graph, changed, notes)`` with the default limits."""
+    """The pipeline pass: ``(graph, changed, notes)`` with the default limits; NaN/Inf-keeping
+    rules only."""
     result = saturate(graph)
     return result.graph, result.changed, result.notes()
 
 
-__all__ = ["ALL_RULES", "Limits", "SaturationResult", "equality_saturation", "rule_names",
-           "saturate"]
+def equality_saturation_reassociating(graph: Graph) -> tuple[Graph, bool, dict[str, object]]:
+    """The pipeline pass with re-association of constant matmuls (``graph_pipeline(
+    reassociate=True)``): fewer FLOPs, but an inf in the input can give ±inf where NumPy
+    gives NaN."""
+    result = saturate(graph, reassociate=True)
+    return result.graph, result.changed, result.notes()
+
+
+__all__ = ["ALL_RULES", "ITERATION", "Limits", "SaturationResult", "equality_saturation",
+           "equality_saturation_reassociating", "rule_names", "same_computation", "saturate"]

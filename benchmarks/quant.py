@@ -1,0 +1,184 @@
+"""Quantized builds against f32, interleaved in one process (issue 29's CPU targets).
+
+    PYTHONPATH=. python benchmarks/quant.py [--rounds 15] [--only w1,gemv,bert]
+
+- ``w1``: 512x768x3072 (+bias) int8 vs f32;
+- ``gemv``: M=1, 4096x4096 int4 (group 128) vs f32 (one weight: int4 and int8 stay in L3);
+- ``chain`` (not in the default list): six such GEMVs with distinct weights (out of L3);
+- ``bert``: the BERT-base layer (b1 s128) int8 vs f32, vs onnxruntime on the same layer
+  quantized by ``onnxruntime.quantization.quantize_dynamic``, and that onnxruntime file run by
+  tilefuse (its MatMulInteger / DynamicQuantizeLinear nodes); cosine similarity of int8 vs f32;
+- ``resnet`` (not in the default list: slow to quantize): the light ResNet-50, f32 and int8, and
+  onnxruntime's QDQ file (``quantize_static``, random calibration data) in onnxruntime and here.
+
+Prints medians and ratios; figures taken on a shared machine move with its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+import tilefuse
+from tilefuse.cli.timing import format_seconds, interleaved_medians
+from tilefuse.quant_report import compare_outputs
+
+
+def _threads() -> int:
+    """onnxruntime gets the threads tilefuse's pool has (``TILEFUSE_NUM_THREADS``, else all)."""
+    return int(os.environ.get("TILEFUSE_NUM_THREADS") or os.cpu_count() or 1)
+
+
+def _row(name: str, times: dict[str, float], base: str) -> None:
+    for key, t in times.items():
+        ratio = times[base] / t
+        print(f"  {name:5s} {key:18s} {format_seconds(t):>10s}   {ratio:5.2f}x of {base}")
+
+
+def w1(rounds: int) -> None:
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((768, 3072)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(3072).astype(np.float32)
+    x = rng.standard_normal((512, 768)).astype(np.float32)
+    fns = {q or "f32": tilefuse.jit(lambda x: x @ w + b, quantize=q) for q in (None, "int8")}
+    for fn in fns.values():
+        fn(x)
+    print(compare_outputs(fns["f32"](x), fns["int8"](x)))
+    _row("w1", interleaved_medians({k: (lambda f=f: f(x)) for k, f in fns.items()}, rounds),
+         "f32")
+
+
+def gemv(rounds: int) -> None:
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((4096, 4096)) * 0.02).astype(np.float32)
+    x = rng.standard_normal((1, 4096)).astype(np.float32)
+    fns = {q or "f32": tilefuse.jit(lambda x: x @ w, quantize=q)
+           for q in (None, "int4", "int8")}
+    for fn in fns.values():
+        fn(x)
+    print(compare_outputs(fns["f32"](x), fns["int4"](x)))
+    _row("gemv", interleaved_medians({k: (lambda f=f: f(x)) for k, f in fns.items()}, rounds),
+         "f32")
+
+
+def gemv_chain(rounds: int, layers: int = 6) -> None:
+    """``layers`` GEMVs (M=1, 4096x4096) with distinct weights and a tanh between them: the
+    int4 weights (6 x 8 MiB + scales) no longer fit this host's 32 MiB L3, as in a model, where
+    one repeated GEMV's do."""
+    rng = np.random.default_rng(2)
+    ws = [(rng.standard_normal((4096, 4096)) * 0.02).astype(np.float32) for _ in range(layers)]
+    x = rng.standard_normal((1, 4096)).astype(np.float32)
+
+    def chain(x: np.ndarray) -> np.ndarray:
+        for w in ws:
+            x = np.tanh(x @ w)
+        return x
+
+    fns = {q or "f32": tilefuse.jit(chain, quantize=q) for q in (None, "int4", "int8")}
+    for fn in fns.values():
+        fn(x)
+    print(compare_outputs(fns["f32"](x), fns["int4"](x)))
+    _row("chain", interleaved_medians({k: (lambda f=f: f(x)) for k, f in fns.items()}, rounds),
+         "f32")
+
+
+def bert(rounds: int) -> None:
+    import onnxruntime as ort
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from tilefuse import zoo
+
+    module = zoo.bert_layer()
+    layer = zoo.bert_layer_numpy(module)
+    x, mask = zoo.bert_inputs()
+    fns = {q or "f32": tilefuse.jit(layer, quantize=q) for q in (None, "int8")}
+    impls = {k: (lambda f=f: f(x, mask)) for k, f in fns.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        path, qpath = os.path.join(tmp, "bert.onnx"), os.path.join(tmp, "bert.int8.onnx")
+        torch.onnx.export(module, (torch.from_numpy(x), torch.from_numpy(mask)), path,
+                          input_names=["x", "mask"], output_names=["y"], opset_version=17,
+                          dynamo=False)
+        quantize_dynamic(path, qpath, weight_type=QuantType.QInt8)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = _threads()
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(qpath, opts, providers=["CPUExecutionProvider"])
+        impls["onnxruntime int8"] = lambda: session.run(None, {"x": x, "mask": mask})[0]
+        try:
+            from tilefuse import onnx as tf_onnx
+
+            model = tf_onnx.load(qpath)
+            model(x, mask)
+            impls["tilefuse ort-file"] = lambda: model(x, mask)
+            plan = model.lower(x, mask).executable
+            print(f"  tilefuse on the onnxruntime file: host steps {plan.fallbacks}")
+        except Exception as err:  # reported, not hidden
+            print(f"  tilefuse on the onnxruntime-quantized file: {type(err).__name__}: {err}")
+        for impl in impls.values():
+            impl()
+        ref = fns["f32"](x, mask)
+        print("  int8 vs f32:", compare_outputs(ref, fns["int8"](x, mask)))
+        print("  ort int8 vs f32:", compare_outputs(ref, impls["onnxruntime int8"]()))
+        _row("bert", interleaved_medians(impls, rounds), "f32")
+
+
+def resnet(rounds: int) -> None:
+    """The light ResNet-50 of onnx's test data: tilefuse f32 and int8, onnxruntime on the QDQ
+    file made by ``quantize_static`` (random calibration data), and tilefuse on that file."""
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    from tilefuse import onnx as tf_onnx
+
+    path = os.path.join(os.path.dirname(onnx.__file__),
+                        "backend/test/data/light/light_resnet50.onnx")
+    rng = np.random.default_rng(5)
+    name = onnx.load(path).graph.input[0].name
+    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = [{name: rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
+                         for _ in range(8)]
+
+        def get_next(self) -> dict | None:
+            return self.left.pop() if self.left else None
+
+    with tempfile.TemporaryDirectory() as tmp:
+        qdq = os.path.join(tmp, "resnet.qdq.onnx")
+        quantize_static(path, qdq, Reader(), quant_format=QuantFormat.QDQ)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = _threads()
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(qdq, opts, providers=["CPUExecutionProvider"])
+        models = {"f32": tf_onnx.load(path), "int8": tf_onnx.load(path, quantize="int8"),
+                  "qdq file": tf_onnx.load(qdq), "qdq file int8": tf_onnx.load(qdq,
+                                                                           quantize="int8")}
+        impls = {k: (lambda m=m: m(x)) for k, m in models.items()}
+        impls["onnxruntime qdq"] = lambda: session.run(None, {name: x})[0]
+        ref = impls["f32"]()
+        for key, impl in impls.items():
+            if key != "f32":
+                print(f"  {key} vs f32: {compare_outputs(ref, impl())}")
+        _row("rn50", interleaved_medians(impls, rounds), "f32")
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--only", default="w1,gemv,bert")
+    args = parser.parse_args(argv)
+    for name in args.only.split(","):
+        print(f"{name}:")
+        {"w1": w1, "gemv": gemv, "chain": gemv_chain, "bert": bert,
+         "resnet": resnet}[name](args.rounds)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,84 @@
+"""Small calls: a matmul whose weight is a runtime argument reads it in place when M is one
+register block (no packing kernel per call), and a call looks its arguments' addresses up once
+per array object, without mistaking a new array for an old one."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import tilefuse
+from tilefuse.runtime.addresses import AddressCache
+from tilefuse.testing import assert_close
+
+
+def _launch_count(fn, *args) -> int:
+    return sum(len(step.launches) for step in fn.lower(*args).executable.steps)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m,k,n", [(1, 256, 256), (1, 37, 77), (3, 129, 10), (5, 64, 300)])
+def test_a_small_m_matmul_reads_a_runtime_b_in_place(m, k, n, dtype):
+    rng = np.random.default_rng(m * 1000 + k + n)
+    fn = tilefuse.jit(lambda x, w, b: np.maximum(x @ w + b, 0.0))
+    x = rng.standard_normal((m, k)).astype(dtype)
+    for _ in range(2):   # fresh weights each call: every call reads the new ones
+        w = rng.standard_normal((k, n)).astype(dtype)
+        b = rng.standard_normal(n).astype(dtype)
+        assert_close(fn(x, w, b), np.maximum(x @ w + b, 0.0), reduction=True)
+    assert _launch_count(fn, x, w, b) == 1   # the matmul alone: no kernel packs B
+
+
+def test_a_large_m_matmul_still_packs_a_runtime_b():
+    rng = np.random.default_rng(1)
+    fn = tilefuse.jit(lambda x, w: x @ w)
+    x = rng.standard_normal((96, 64), dtype=np.float32)
+    w = rng.standard_normal((64, 80), dtype=np.float32)
+    assert_close(fn(x, w), x @ w, reduction=True)
+    assert _launch_count(fn, x, w) == 2   # pack B, then the matmul
+
+
+def test_w5_with_weights_as_arguments_matches_numpy_and_packs_nothing():
+    rng = np.random.default_rng(5)
+    shapes = ((1, 256), (256, 256), (256,), (256, 256), (256,), (256, 10), (10,))
+    args = [rng.standard_normal(s, dtype=np.float32) / (16 if len(s) == 2 and s[0] == 256
+                                                        else 1) for s in shapes]
+
+    def w5(x, w1, b1, w2, b2, w3, b3):
+        h = np.maximum(x @ w1 + b1, 0.0)
+        h = np.maximum(h @ w2 + b2, 0.0)
+        return h @ w3 + b3
+
+    fn = tilefuse.jit(w5)
+    assert_close(fn(*args), w5(*args), reduction=True)
+    assert _launch_count(fn, *args) == 3
+
+
+def test_addresses_follow_the_arrays_not_their_ids():
+    cache = AddressCache(2)
+    a, b = np.ones(8, np.float32), np.zeros(8, np.float32)
+    assert cache.addresses([a, b]) == [a.ctypes.data, b.ctypes.data]
+    assert cache.addresses([a, b]) == [a.ctypes.data, b.ctypes.data]   # remembered
+    assert cache.addresses([b, a]) == [b.ctypes.data, a.ctypes.data]   # slots swapped
+    for _ in range(20):   # new arrays, often at a dead one's id
+        del a
+        gc.collect()
+        a = np.full(8, 2.0, np.float32)
+        assert cache.addresses([a, b])[0] == a.ctypes.data
+    c = np.ones(8, np.float32)
+    c.resize(4096, refcheck=False)   # the buffer moves: the size says so
+    assert cache.addresses([c, b])[0] == c.ctypes.data
+    assert cache.addresses([c, b, a]) == [c.ctypes.data, b.ctypes.data, a.ctypes.data]
+    assert cache.addresses([a]) == [a.ctypes.data]   # another count: looked up afresh
+
+
+def test_a_call_reads_the_arrays_it_is_given_each_time():
+    fn = tilefuse.jit(lambda x, y: x * 2.0 + y)
+    rng = np.random.default_rng(3)
+    for _ in range(30):   # arrays dropped and made again: addresses and ids are reused
+        x = rng.standard_normal(33, dtype=np.float32)
+        y = rng.standard_normal(33, dtype=np.float32)
+        assert_close(fn(x, y), x * 2.0 + y)
+        del x, y

@@ -1,0 +1,166 @@
+"""Converters for the indexing, bitwise and scan ATen ops that real models' mask and position
+code uses (Hugging Face GPT-2, BERT and Llama build their causal and padding masks with
+``bitwise_and``, ``index`` and ``cumsum``; BERT reads its buffers with ``gather``).
+
+* ``bitwise_and`` / ``or`` / ``xor`` / ``not`` of bool tensors are the logical ops; of integer
+  tensors they raise :class:`Unsupported` (tilefuse has no integer bit ops), and run in torch.
+* ``index.Tensor`` with one advanced index, or several adjacent ones (broadcast together, folded
+  into one flat index over the axes they index), is a ``take``; bool masks (data-dependent
+  shapes) and non-adjacent advanced indices raise :class:`Unsupported`.
+* ``gather(x, dim, index)`` is ``take_along_axis`` of x cut to the index's extent on the other
+  axes (torch allows an index smaller than x there).
+* ``cumsum(x, dim)`` is a row sum of a masked broadcast: ``out[..., i] = sum_j [j <= i] x[..., j]``
+  (a ``where`` against a constant lower-triangular mask, then ``sum``), so it fuses into one
+  row-reduction kernel on every target without an op of its own. The work is quadratic in the
+  axis length, so axes over :data:`CUMSUM_MAX` elements raise :class:`Unsupported`.
+* ``topk`` (sorted) is the ``topk`` op; ``repeat`` a broadcast between two reshapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import fx
+
+from tilefuse.dtypes import DType
+from tilefuse.frontend.torch.convert import Converter, Lowering, Result, Unsupported, arg
+from tilefuse.graph.ir import Value
+
+aten = torch.ops.aten
+
+CUMSUM_MAX = 8192
+"""Longest axis a cumsum converts (the masked sum does length² work; position ids from an
+attention mask are well under it)."""
+
+
+def _bitwise(op: str) -> Converter:
+    def convert(lw: Lowering, node: fx.Node) -> Result:
+        if lw.out_type.dtype is not DType.bool:
+            raise Unsupported(f"bitwise ops on {lw.out_type.dtype} tensors (only bool)",
+                              op=lw.op)
+        return lw.add(op, [lw.operand(a, DType.bool) for a in node.args[:2]])
+    return convert
+
+
+def _bitwise_not(lw: Lowering, node: fx.Node) -> Result:
+    if lw.out_type.dtype is not DType.bool:
+        raise Unsupported(f"bitwise_not of {lw.out_type.dtype} tensors (only bool)", op=lw.op)
+    return lw.add("logical_not", [lw.tensor(node.args[0])])
+
+
+def _index(lw: Lowering, node: fx.Node) -> Result:
+    """x[..., idx, ...]: adjacent advanced integer indices as one ``take``."""
+    x = lw.tensor(node.args[0])
+    given = list(node.args[1])
+    at = [i for i, a in enumerate(given) if a is not None]
+    if not at or at != list(range(at[0], at[0] + len(at))):
+        raise Unsupported("advanced indices must be adjacent", op=lw.op)
+    indices = [lw.tensor(given[i]) for i in at]
+    if any(v.dtype is DType.bool or v.dtype is DType.u8 for v in indices):
+        raise Unsupported("boolean mask indices (data-dependent shapes)", op=lw.op)
+    shape = [int(d) for d in x.shape]
+    first, count = at[0], len(at)
+    if count == 1:
+        return lw.add("take", [x, indices[0]], axis=first)
+    out_index = lw.out_type.shape[first:len(lw.out_type.shape) - (len(shape) - first - count)]
+    flat: Value | None = None
+    for axis, idx in zip(range(first, first + count), indices):
+        idx = lw.cast(idx, DType.i64)
+        size = shape[axis]
+        wrapped = lw.add("where", [lw.add("lt", [idx, _i64(lw, 0)]),
+                                   lw.add("add", [idx, _i64(lw, size)]), idx])
+        flat = wrapped if flat is None else lw.add("add", [lw.add("mul", [flat, _i64(lw, size)]),
+                                                          wrapped])
+    assert flat is not None
+    flat = lw.add("broadcast_to", [flat], shape=tuple(out_index)) \
+        if tuple(flat.shape) != tuple(out_index) else flat
+    merged = lw.reshape(x, (*shape[:first], int(np.prod(shape[first:first + count])),
+                            *shape[first + count:]))
+    return lw.add("take", [merged, flat], axis=first)
+
+
+def _i64(lw: Lowering, value: int) -> Value:
+    return lw.constant(np.array(value, np.int64))
+
+
+def _gather(lw: Lowering, node: fx.Node) -> Result:
+    x, index = lw.tensor(node.args[0]), lw.tensor(node.args[2])
+    if bool(arg(node, 3, "sparse_grad", False)):
+        raise Unsupported("sparse_grad", op=lw.op)
+    rank = len(x.shape)
+    dim = int(node.args[1]) % max(rank, 1)
+    if rank == 0 or len(index.shape) != rank:
+        raise Unsupported("gather needs index of x's rank (and rank >= 1)", op=lw.op)
+    stops = [int(i) if a != dim else int(d) for a, (i, d) in enumerate(zip(index.shape, x.shape))]
+    if stops != [int(d) for d in x.shape]:
+        x = lw.add("slice", [x], starts=[0] * rank, stops=stops, steps=[1] * rank)
+    return lw.add("take_along_axis", [x, index], axis=dim)
+
+
+def _cumsum(lw: Lowering, node: fx.Node) -> Result:
+    out = lw.out_type.dtype
+    x = lw.cast(lw.tensor(node.args[0]), out)
+    rank = len(x.shape)
+    if rank == 0:
+        return x
+    dim = int(node.args[1]) % rank
+    n = int(x.shape[dim])
+    if n > CUMSUM_MAX:
+        raise Unsupported(f"cumsum over {n} elements (at most {CUMSUM_MAX}: the masked sum "
+                          f"is quadratic)", op=lw.op)
+    last = dim == rank - 1
+    perm = [*(a for a in range(rank) if a != dim), dim]
+    moved = x if last else lw.add("transpose", [x], perm=perm)
+    rows = lw.add("expand_dims", [moved], axes=[rank - 1])         # [..., 1, n]
+    mask = lw.constant(np.tril(np.ones((n, n), dtype=bool)))      # [i, j]: j <= i
+    zero = lw.constant(np.zeros((), out.np))
+    summed = lw.add("sum", [lw.add("where", [mask, rows, zero])], axes=[rank], keepdims=False)
+    if last:
+        return summed
+    inverse = [perm.index(a) for a in range(rank)]
+    return lw.add("transpose", [summed], perm=inverse)
+
+
+def _topk(lw: Lowering, node: fx.Node) -> Result:
+    x = lw.tensor(node.args[0])
+    if not bool(arg(node, 4, "sorted", True)):
+        raise Unsupported("unsorted topk", op=lw.op)
+    values, indices = lw.add_multi("topk", [x], k=int(node.args[1]),
+                                   axis=int(arg(node, 2, "dim", -1)),
+                                   largest=bool(arg(node, 3, "largest", True)))
+    return values, indices
+
+
+def _repeat(lw: Lowering, node: fx.Node) -> Result:
+    """repeat(x, reps): x (leading 1s added to reps' rank) interleaved with the repeat counts,
+    broadcast and merged: ``[r0, s0, r1, s1, ...] -> [r0*s0, r1*s1, ...]``."""
+    x = lw.tensor(node.args[0])
+    reps = [int(r) for r in node.args[1]]
+    shape = [1] * (len(reps) - len(x.shape)) + [int(d) for d in x.shape]
+    spread = [d for s in shape for d in (1, s)]
+    tiled = [d for r, s in zip(reps, shape) for d in (r, s)]
+    wide = lw.add("broadcast_to", [lw.reshape(x, spread)], shape=tuple(tiled))
+    return lw.reshape(wide, [r * s for r, s in zip(reps, shape)])
+
+
+def index_converters() -> Mapping[Any, Converter]:
+    """The converters of this module, for :data:`~tilefuse.frontend.torch.aten.ATEN_CONVERTERS`."""
+    return {
+        aten.bitwise_and.Tensor: _bitwise("logical_and"),
+        aten.bitwise_or.Tensor: _bitwise("logical_or"),
+        aten.bitwise_xor.Tensor: _bitwise("logical_xor"),
+        aten.bitwise_and.Scalar: _bitwise("logical_and"),
+        aten.bitwise_or.Scalar: _bitwise("logical_or"),
+        aten.bitwise_not.default: _bitwise_not,
+        aten.index.Tensor: _index,
+        aten.gather.default: _gather,
+        aten.cumsum.default: _cumsum,
+        aten.topk.default: _topk,
+        aten.repeat.default: _repeat,
+    }
+
+
+__all__ = ["CUMSUM_MAX", "index_converters"]

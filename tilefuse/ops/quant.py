@@ -1,0 +1,225 @@
+"""Quantized matrix products: ``qmatmul_i8`` (int8 weights and dynamically quantized int8
+activations) and ``matmul_w4`` (int4 weights, f32 activations).
+
+Both take an f32 activation ``x [..., K]`` and a constant weight made by the ``quantize`` pass
+(:mod:`tilefuse.passes.quantize`), and return f32 ``[..., N]`` with the bias added and an
+optional activation (``act``: "none", "relu" or "gelu") applied: the epilogue the native
+kernels fuse.
+Their references are the exact semantics the kernels are held to:
+
+- ``qmatmul_i8(x, w i8[K,N], w_scale f32[N], bias f32[N])``: each row of x is quantized
+  symmetrically, ``amax = max|x|``, ``q = clip(rint(x * (127/amax)), -127, 127)`` (f32
+  arithmetic, half to even; a zero row gives q = 0; NaNs are left out of amax and get code 0,
+  so a NaN in x does not propagate), the integer product ``q @ w`` is exact in
+  i32, and ``out = f32(acc) * (amax/127 * w_scale[n]) + bias[n]`` (one rounding per operation,
+  in that order). The integer part is bit-exact in the kernel.
+- ``matmul_w4(x, wq u8[K/2,N], scales f32[K/G,N], zero_points u8[K/G,N], bias f32[N])``: two
+  4-bit weights a byte along K (low nibble: even k), ``w = (q - z) * s`` per group of G rows
+  of K; ``out = x @ w + bias`` in f32 (the kernel dequantizes with one FMA, so results agree
+  to f32 rounding, not bit for bit).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tilefuse.dtypes import DType
+from tilefuse.errors import DTypeError, ShapeError
+from tilefuse.graph.ir import Attrs
+from tilefuse.graph.types import Shape, format_shape
+from tilefuse.ops.registry import AttrType, OpDef, OpKind, Trait, attr
+from tilefuse.special import erf
+
+ACTIVATIONS = ("none", "relu", "gelu")
+_F32 = np.float32
+
+
+def _check_vector(shape: Shape, n: Any, what: str) -> None:
+    if tuple(shape) != (n,):
+        raise ShapeError(f"{what} must be [{n}], got {format_shape(shape)}")
+
+
+def _i8_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
+    x, w, scale, bias = shapes
+    if len(x) < 1 or len(w) != 2:
+        raise ShapeError(f"qmatmul_i8 needs x [..., K] and w [K, N], got {format_shape(x)} "
+                         f"and {format_shape(w)}")
+    if x[-1] != w[0]:
+        raise ShapeError(f"contraction dims differ: {x[-1]} (last of {format_shape(x)}) vs "
+                         f"{w[0]} (first of {format_shape(w)})")
+    _check_vector(scale, w[1], "w_scale")
+    _check_vector(bias, w[1], "bias")
+    return ((*x[:-1], w[1]),)
+
+
+def _i8_dtypes(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
+    want = (DType.f32, DType.i8, DType.f32, DType.f32)
+    if dtypes != want:
+        raise DTypeError("qmatmul_i8 takes (f32, i8, f32, f32), got "
+                         f"({', '.join(d.value for d in dtypes)})")
+    return (DType.f32,)
+
+
+def quantize_rows(x2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The dynamic per-row quantization of an f32 matrix, as the kernel does it: q (i32, in
+    [-127, 127]) and each row's scale amax/127 (f32)."""
+    x2 = np.asarray(x2, _F32)
+    amax = np.fmax.reduce(np.abs(x2), axis=1) if x2.shape[1] else np.zeros(x2.shape[0], _F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(amax > 0, _F32(127) / amax, _F32(0)).astype(_F32)
+        q = np.nan_to_num(np.clip(np.rint(x2 * inv[:, None]), -127, 127), nan=0.0)
+    q = q.astype(np.int32)
+    return q, (amax / _F32(127)).astype(_F32)
+
+
+def epilogue(v: np.ndarray, act: str) -> np.ndarray:
+    """The fused activation: relu, or the exact (erf) GELU in the order ops.elementwise's
+    ``gelu`` reference computes it."""
+    if act == "gelu":
+        return (_F32(0.5) * v * (_F32(1) + erf(v / _F32(np.sqrt(2.0))))
+                ).astype(_F32)
+    return np.maximum(v, _F32(0)) if act == "relu" else v
+
+
+def _i8_reference(x: np.ndarray, w: np.ndarray, w_scale: np.ndarray, bias: np.ndarray, *,
+                  act: str) -> np.ndarray:
+    k, n = w.shape
+    x2 = x.reshape(-1, k)
+    q, sa = quantize_rows(x2)
+    acc = (q.astype(np.int64) @ w.astype(np.int64)).astype(np.int32)
+    out = acc.astype(_F32) * (sa[:, None] * w_scale[None, :].astype(_F32)) + bias.astype(_F32)
+    return epilogue(out.astype(_F32), act).reshape(*x.shape[:-1], n)
+
+
+def _w4_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
+    x, wq, scales, zeros, bias = shapes
+    g = attrs["group"]
+    if len(x) < 1 or len(wq) != 2:
+        raise ShapeError(f"matmul_w4 needs x [..., K] and wq [K/2, N], got {format_shape(x)} "
+                         f"and {format_shape(wq)}")
+    k, n = x[-1], wq[1]
+    if not isinstance(k, int) or k % g or k % 2 or wq[0] != k // 2:
+        raise ShapeError(f"matmul_w4: K = {k} must be a multiple of the group {g} (and even) "
+                         f"with wq [K/2, N], got wq {format_shape(wq)}")
+    for shape, what in ((scales, "scales"), (zeros, "zero_points")):
+        if tuple(shape) != (k // g, n):
+            raise ShapeError(f"{what} must be [{k // g}, {n}], got {format_shape(shape)}")
+    _check_vector(bias, n, "bias")
+    return ((*x[:-1], n),)
+
+
+def _w4_dtypes(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
+    want = (DType.f32, DType.u8, DType.f32, DType.u8, DType.f32)
+    if dtypes != want:
+        raise DTypeError("matmul_w4 takes (f32, u8, f32, u8, f32), got "
+                         f"({', '.join(d.value for d in dtypes)})")
+    return (DType.f32,)
+
+
+def unpack_w4(wq: np.ndarray) -> np.ndarray:
+    """[K/2, N] bytes -> [K, N] nibbles (u8, 0..15), low nibble first."""
+    out = np.empty((wq.shape[0] * 2, wq.shape[1]), np.uint8)
+    out[0::2] = wq & 0xF
+    out[1::2] = wq >> 4
+    return out
+
+
+def dequantize_w4(wq: np.ndarray, scales: np.ndarray, zeros: np.ndarray, group: int
+                  ) -> np.ndarray:
+    """The f32 weight [K, N] a ``matmul_w4`` stands for."""
+    q = unpack_w4(wq).astype(_F32)
+    s = np.repeat(scales.astype(_F32), group, axis=0)
+    z = np.repeat(zeros.astype(_F32), group, axis=0)
+    return ((q - z) * s).astype(_F32)
+
+
+def _w4_reference(x: np.ndarray, wq: np.ndarray, scales: np.ndarray, zeros: np.ndarray,
+                  bias: np.ndarray, *, group: int, act: str) -> np.ndarray:
+    w = dequantize_w4(wq, scales, zeros, group)
+    k, n = w.shape
+    out = (x.reshape(-1, k).astype(_F32) @ w + bias.astype(_F32)).astype(_F32)
+    return epilogue(out, act).reshape(*x.shape[:-1], n)
+
+
+QMATMUL_I8 = OpDef(
+    "qmatmul_i8", OpKind.OPAQUE, 4, _i8_rule, _i8_dtypes, _i8_reference,
+    attrs=(attr("act", AttrType.STR, "none", ACTIVATIONS),),
+    accepts=frozenset({DType.f32, DType.i8}),
+    doc="x @ dequant(w) with x quantized per row to int8 (exact i32 products), bias, act")
+
+MATMUL_W4 = OpDef(
+    "matmul_w4", OpKind.OPAQUE, 5, _w4_rule, _w4_dtypes, _w4_reference,
+    attrs=(attr("group", AttrType.INT, 128, (32, 64, 128)),
+           attr("act", AttrType.STR, "none", ACTIVATIONS)),
+    accepts=frozenset({DType.f32, DType.u8}),
+    doc="x @ ((q - z) * s) with 4-bit weights q per group of K rows, bias, act")
+
+def _u8s8_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
+    a, zero, w = shapes
+    if len(a) < 1 or len(w) != 2 or a[-1] != w[0]:
+        raise ShapeError(f"matmul_u8s8 needs a [..., K] and w [K, N], got {format_shape(a)} "
+                         f"and {format_shape(w)}")
+    if tuple(zero) not in ((), (1,)):
+        raise ShapeError(f"a_zero must be a scalar, got {format_shape(zero)}")
+    return ((*a[:-1], w[1]),)
+
+
+def _u8s8_dtypes(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
+    if dtypes != (DType.u8, DType.u8, DType.i8):
+        raise DTypeError("matmul_u8s8 takes (u8, u8, i8), got "
+                         f"({', '.join(d.value for d in dtypes)})")
+    return (DType.i32,)
+
+
+def _u8s8_reference(a: np.ndarray, zero: np.ndarray, w: np.ndarray) -> np.ndarray:
+    centred = a.astype(np.int64) - np.int64(zero.reshape(()))
+    k, n = w.shape
+    out = centred.reshape(-1, k) @ w.astype(np.int64)
+    return out.astype(np.int32).reshape(*a.shape[:-1], n)
+
+
+MATMUL_U8S8 = OpDef(
+    "matmul_u8s8", OpKind.OPAQUE, 3, _u8s8_rule, _u8s8_dtypes, _u8s8_reference,
+    accepts=frozenset({DType.u8, DType.i8}),
+    doc="(a - a_zero) @ w in exact i32: ONNX MatMulInteger with u8 activations, i8 weights")
+
+def _dql_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
+    return (shapes[0], (), ())
+
+
+def _dql_dtypes(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
+    if dtypes != (DType.f32,):
+        raise DTypeError(f"dynamic_quantize_u8 takes f32, got {dtypes[0].value}")
+    return (DType.u8, DType.f32, DType.u8)
+
+
+def _dql_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ONNX DynamicQuantizeLinear in f32: the range [min(x, 0), max(x, 0)] over 255 steps;
+    NaN codes (a zero scale) become 0."""
+    zero = _F32(0)
+    lo = np.minimum(np.min(x), zero) if x.size else zero
+    hi = np.maximum(np.max(x), zero) if x.size else zero
+    scale = _F32((hi - lo) / _F32(255))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        point = np.nan_to_num(np.clip(np.rint(-(lo / scale)), 0, 255), nan=0.0)
+        q = np.nan_to_num(np.clip(np.rint(x / scale) + _F32(point), 0, 255), nan=0.0)
+    return q.astype(np.uint8), np.asarray(scale, _F32), np.asarray(point, np.uint8)
+
+
+DYNAMIC_QUANTIZE_U8 = OpDef(
+    "dynamic_quantize_u8", OpKind.OPAQUE, 1, _dql_rule, _dql_dtypes, _dql_reference,
+    traits=frozenset({Trait.MULTI_OUTPUT}), accepts=frozenset({DType.f32}),
+    doc="ONNX DynamicQuantizeLinear: u8 codes, scale and zero point over the whole tensor")
+
+DEFINITIONS: tuple[OpDef, ...] = (QMATMUL_I8, MATMUL_W4, MATMUL_U8S8, DYNAMIC_QUANTIZE_U8)
+
+WEIGHT_QUANTIZED = frozenset({QMATMUL_I8, MATMUL_W4})
+"""The products the ``quantize`` pass makes from f32 weights (what reports count)."""
+INTEGER_PRODUCTS = frozenset({QMATMUL_I8, MATMUL_W4, MATMUL_U8S8})
+"""Every quantized product: ``x[..., K] @ w[K, N]``-shaped work, 2·M·N·K operations."""
+
+__all__ = ["ACTIVATIONS", "DEFINITIONS", "DYNAMIC_QUANTIZE_U8", "INTEGER_PRODUCTS",
+           "MATMUL_U8S8", "MATMUL_W4", "QMATMUL_I8", "WEIGHT_QUANTIZED", "dequantize_w4",
+           "quantize_rows", "unpack_w4"]

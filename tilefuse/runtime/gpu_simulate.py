@@ -1,0 +1,53 @@
+"""A :class:`~tilefuse.runtime.gpu.GpuProgram` run on the host, without a GPU.
+
+Generated kernels run through the loop-IR interpreter (:mod:`tilefuse.loop.interp`; parallel
+loops serially, which the grid-stride mapping makes equivalent), products through NumPy with
+the step's :class:`~tilefuse.runtime.cublas.GemmShape` (so an operand read in place through a
+view is read as cuBLAS reads it), and fused attention and host steps through the references.
+This checks every GPU lowering and the program's bindings on machines without a GPU (CI); the
+PTX itself is checked by ``ptxas`` and on the device.
+"""
+
+from __future__ import annotations
+
+from collections import ChainMap
+from collections.abc import Sequence
+
+import numpy as np
+
+from tilefuse.graph.interpreter import run_node
+from tilefuse.loop import interp as loop_interp
+from tilefuse.runtime.gpu import GemmStep, GpuKernel, GpuProgram
+
+
+def _product(step: GemmStep, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    sh = step.shape
+    wide = np.float64 if step.a.dtype.np == np.float64 else np.float32
+    a2 = a.reshape(-1).astype(wide)
+    b2 = b.reshape(-1).astype(wide)
+    out = np.empty((sh.batch, sh.m, sh.n), wide)
+    for i in range(sh.batch):
+        am = a2[i * sh.stride_a:i * sh.stride_a + sh.m * sh.k].reshape(sh.m, sh.k)
+        bm = b2[i * sh.stride_b:i * sh.stride_b + sh.k * sh.n].reshape(sh.k, sh.n)
+        out[i] = am @ bm
+    return out.astype(step.out.dtype.np).reshape(step.out.shape)
+
+
+def simulate(program: GpuProgram, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``program``'s outputs for ``arrays``, computed on the host (module docstring)."""
+    env: ChainMap = ChainMap({}, program.constants)
+    env.update(zip(program.graph.inputs, (np.ascontiguousarray(a) for a in arrays)))
+    for step in program.steps:
+        if isinstance(step, GpuKernel):
+            for v in step.group.outputs:
+                env[v] = np.empty(v.shape, v.dtype.np)
+            loop_interp.interpret(step.fn, *[env[v].reshape(-1) for v in step.bindings])
+        elif isinstance(step, GemmStep):
+            env[step.out] = _product(step, env[step.a], env[step.b])
+        else:
+            for node in step.group.nodes:
+                env.update(zip(node.outputs, run_node(node, [env[v] for v in node.inputs])))
+    return [np.asarray(env[v]) for v in program.graph.outputs]
+
+
+__all__ = ["simulate"]
