@@ -1,6 +1,7 @@
 """tilefuse: an ML compiler written in Python.
 
-Entry points: :func:`tilefuse.jit` for NumPy functions. Every stage can be dumped as text; see
+Entry points: :func:`tilefuse.jit` for NumPy functions, :func:`tilefuse.grad` and
+:func:`tilefuse.value_and_grad` for their compiled gradients. Every stage can be dumped as text; see
 docs/ARCHITECTURE.md.
 """
 
@@ -20,6 +21,7 @@ from tilefuse.errors import (
     VerifyError,
 )
 from tilefuse.frontend import jit
+from tilefuse.frontend.grad import grad, value_and_grad
 from tilefuse.graph.types import Sym, TensorType
 from tilefuse.log import configure_from_env
 
@@ -28,7 +30,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AttrError", "CompileError", "DType", "DTypeError", "GradientError", "GuardError",
     "ParseError", "ShapeError", "SourceLoc", "Sym", "Target", "TensorType", "TilefuseError",
-    "TraceError", "UnknownOpError", "VerifyError", "__version__", "compile", "jit",
+    "TraceError", "UnknownOpError", "VerifyError", "__version__", "compile", "grad", "jit",
+    "value_and_grad",
 ]
 
 configure_from_env()  # TILEFUSE_LOG=topics turns on logging; idempotent

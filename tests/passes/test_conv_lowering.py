@@ -159,18 +159,30 @@ def test_following_elementwise_op_runs_on_the_matrix():
 
 
 def test_leaves_other_convolutions_alone():
-    """A weight known only at run time; more groups than MAX_GROUPS, not depthwise."""
+    """A grouped weight known only at run time; more groups than MAX_GROUPS, not depthwise."""
     rng = np.random.default_rng(0)
     b = GraphBuilder("g")
     x = b.input(((1, 34, 7, 7), DType.f32), "x")
-    w_in = b.input(((2, 34, 3, 3), DType.f32), "w")
+    w_in = b.input(((2, 17, 3, 3), DType.f32), "w")
     grouped_w = b.add1("constant", [], {"value": Literal(random_array(rng, (34, 2, 3, 3),
                                                                       DType.f32))})
-    y1 = b.add1("conv2d", [x, w_in])
+    y1 = b.add1("conv2d", [x, w_in], {"groups": 2})
     y2 = b.add1("conv2d", [x, grouped_w], {"groups": 17})
     graph = b.build([y1, y2])
     result, changed = conv_to_matmul(graph)
     assert not changed and result is graph
+
+
+def test_runtime_weight_is_lowered():
+    """A weight that is a graph input (training: parameters are inputs) is rearranged at run
+    time and the conv is the same matmul."""
+    b = GraphBuilder("g")
+    x = b.input(((2, 5, 9, 8), DType.f32), "x")
+    w = b.input(((7, 5, 3, 2), DType.f32), "w")
+    graph = b.build([b.add1("conv2d", [x, w], {"stride": (2, 1), "padding": (1, 0, 1, 1)})])
+    result, changed = conv_to_matmul(graph)
+    assert changed and not any(n.op.name == "conv2d" for n in result.nodes)
+    assert_same(graph, result, seed=5)
 
 
 def test_conv_relu_conv_has_no_host_fallback():

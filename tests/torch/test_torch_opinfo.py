@@ -78,6 +78,10 @@ NO_OPINFO: dict[str, str] = {
        "converted in tests/gpu/test_attention.py"
        for kind, extra in (("flash", ""), ("efficient", ""), ("cudnn", ""),
                            ("fused", "_overrideable"))},
+    "aten.convolution_backward.default": "a backward op (no OpInfo); checked by the CNN "
+                                         "training tests in tests/torch/test_torch_training.py",
+    "aten.copy.default": "the functional copy of an optimizer step's copy_ (OpInfo 'copy_' "
+                         "is in place); checked in tests/torch/test_torch_training.py",
 }
 """Mapped ATen ops that no OpInfo sample exercises here, with why."""
 

@@ -271,8 +271,7 @@ class JitFunction:
                  ) -> _Entry | Program:
         dump_dir = resolve_dump_dir(self._dump)
         try:
-            captured = capture(self._fn, self._names, args, kwargs, key[1], key[2],
-                               fullgraph=self._fullgraph)
+            captured = self._capture(key, args, kwargs)
         except GraphBreakError:
             if self._fullgraph or _key_symbols(key):   # symbolic: compiled static instead
                 raise
@@ -282,6 +281,11 @@ class JitFunction:
         # again on their static graphs.
         compiled = compile_graph(captured.graph, self._target, self._options(dump_dir))
         return _Entry(key, captured, compiled.optimized, compiled.report, compiled.executable)
+
+    def _capture(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured:
+        """The graph of this call (``tilefuse.grad`` appends the gradients)."""
+        return capture(self._fn, self._names, args, kwargs, key[1], key[2],
+                       fullgraph=self._fullgraph)
 
     def _options(self, dump_dir: Path | None) -> CompileOptions:
         return CompileOptions(dump_dir=dump_dir, debug=self._debug, pipeline=self._pipeline)
@@ -437,8 +441,7 @@ class JitFunction:
 
     def _trace_and_optimize(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
                             dump_dir: Path | None) -> tuple[Captured, Graph, Any]:
-        captured = capture(self._fn, self._names, args, kwargs, key[1], key[2],
-                           fullgraph=self._fullgraph)
+        captured = self._capture(key, args, kwargs)
         optimized, report = optimize(captured.graph, self._options(dump_dir))
         return captured, optimized, report
 

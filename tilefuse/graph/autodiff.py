@@ -75,30 +75,39 @@ def gradients(builder: GraphBuilder, nodes: Sequence[Node], y: Value, wrt: Seque
             raise GradientError(f"cannot differentiate a {x.type} value; gradients are of "
                                 "floating-point values", loc=loc)
     d = GradEmitter(builder, loc)
-    relevant = _path(nodes, y, wrt)
-    grads: dict[Value, Value] = {y: seed if seed is not None else
-                                 d.op("broadcast_to", d.scalar(1, y), shape=y.type.shape)}
-    depends = set(wrt) | {out for node in relevant for out in node.outputs}
-    for node in reversed(relevant):
-        grad = grads.get(node.outputs[0])
-        if grad is None:
-            continue
-        for value, g in zip(node.inputs, _node_vjp(d, node, grad)):
-            if g is None or value not in depends:
-                continue
-            grads[value] = g if value not in grads else d.op("add", grads[value], g)
+    start = seed if seed is not None else d.op("broadcast_to", d.scalar(1, y), shape=y.type.shape)
+    grads = backprop(d, nodes, {y: start}, wrt)
     return [d.cast_like(grads[x], x) if x in grads else d.zeros_like(x) for x in wrt]
 
 
-def _path(nodes: Sequence[Node], y: Value, wrt: Sequence[Value]) -> list[Node]:
-    """The nodes on some path from a value of ``wrt`` to ``y``, in their order."""
+def backprop(d: GradEmitter, nodes: Sequence[Node], seeds: dict[Value, Value],
+             wrt: Sequence[Value]) -> dict[Value, Value]:
+    """The gradients reaching the values of ``wrt`` (those on a path to a seeded value) from the
+    gradients ``seeds`` of some values, through ``nodes``. A composite op without a rule of its
+    own (layer_norm, group_norm, attention...) is differentiated through its decomposition,
+    emitted next to it; CSE later merges that copy with the forward's own decomposition."""
+    relevant = _path(nodes, list(seeds), wrt)
+    grads = dict(seeds)
+    depends = set(wrt) | {out for node in relevant for out in node.outputs}
+    for node in reversed(relevant):
+        if not any(out in grads for out in node.outputs):
+            continue
+        for value, g in zip(node.inputs, _node_vjp(d, node, grads)):
+            if g is None or value not in depends:
+                continue
+            grads[value] = g if value not in grads else d.op("add", grads[value], g)
+    return grads
+
+
+def _path(nodes: Sequence[Node], ys: Sequence[Value], wrt: Sequence[Value]) -> list[Node]:
+    """The nodes on some path from a value of ``wrt`` to a value of ``ys``, in their order."""
     reached = set(wrt)
     forward = []
     for node in nodes:
         if any(v in reached for v in node.inputs):
             reached.update(node.outputs)
             forward.append(node)
-    needed = {y}
+    needed = set(ys)
     relevant = []
     for node in reversed(forward):
         if any(out in needed for out in node.outputs):
@@ -108,15 +117,40 @@ def _path(nodes: Sequence[Node], y: Value, wrt: Sequence[Value]) -> list[Node]:
     return relevant
 
 
-def _node_vjp(d: GradEmitter, node: Node, grad: Value) -> tuple[Value | None, ...]:
+def _node_vjp(d: GradEmitter, node: Node, grads: dict[Value, Value]
+              ) -> tuple[Value | None, ...]:
     shown = tuple(str(v.type) for v in node.inputs)
-    if node.op.vjp is None or len(node.outputs) != 1:
+    d.loc = node.loc or d.loc
+    if node.op.vjp is None:
+        if node.op.decompose is not None:
+            return _through_decomposition(d, node, grads)
         raise GradientError("has no gradient rule; tilefuse cannot differentiate through it",
                             op=node.op.name, inputs=shown, loc=node.loc)
-    d.loc = node.loc or d.loc
-    result = node.op.vjp(d, node.inputs, node.outputs[0], grad, **dict(node.attrs))
+    if len(node.outputs) == 1:
+        out, grad = node.outputs[0], grads[node.outputs[0]]
+    else:  # multi-output rules get every output and every gradient (zeros where none came)
+        out = node.outputs
+        grad = tuple(grads[o] if o in grads else d.zeros_like(o) for o in node.outputs)
+    try:
+        result = node.op.vjp(d, node.inputs, out, grad, **dict(node.attrs))
+    except GradientError as err:
+        raise err.with_context(op=node.op.name, inputs=shown, loc=node.loc) from None
     if len(result) != len(node.inputs):
         raise GradientError(f"gradient rule gave {len(result)} gradients for "
                             f"{len(node.inputs)} inputs", op=node.op.name, inputs=shown)
     return tuple(None if g is None or not v.type.dtype.is_float else d.cast_like(g, v)
                  for v, g in zip(node.inputs, result))
+
+
+def _through_decomposition(d: GradEmitter, node: Node, grads: dict[Value, Value]
+                           ) -> tuple[Value | None, ...]:
+    """A composite's input gradients: its decomposition is emitted on the node's inputs and
+    differentiated, seeded with the gradients of the node's outputs."""
+    builder = d.builder
+    before = len(builder.nodes)
+    outs = tuple(node.op.decompose(builder, node.inputs, node.attrs, node.loc))
+    emitted = builder.nodes[before:]
+    seeds = {new: grads[old] for old, new in zip(node.outputs, outs) if old in grads}
+    floats = [v for v in node.inputs if v.type.dtype.is_float]
+    inner = backprop(GradEmitter(builder, node.loc), emitted, seeds, floats)
+    return tuple(inner.get(v) for v in node.inputs)

@@ -18,6 +18,7 @@ from tilefuse.dtypes import FLOAT_TYPES, DType, promote_all
 from tilefuse.errors import ShapeError, SourceLoc
 from tilefuse.graph.ir import Attrs, Value
 from tilefuse.graph.types import Shape, format_shape, normalize_axis
+from tilefuse.ops import vjp
 from tilefuse.ops.registry import AttrType, OpDef, OpKind, Trait, attr
 from tilefuse.ops.rules import (
     LOW_PRECISION_TYPES,
@@ -111,10 +112,12 @@ _AXIS = (attr("axis", AttrType.INT, -1),)
 
 SOFTMAX = OpDef("softmax", OpKind.REDUCTION, 1, _softmax_rule, promoted, quiet(_softmax_ref),
                 attrs=_AXIS, traits=_COMPOSITE, accepts=FLOAT_TYPES,
-                decompose=_softmax_decompose, doc="exp(x - max) / sum(exp(x - max)) along axis")
+                decompose=_softmax_decompose, vjp=vjp.softmax_vjp,
+                doc="exp(x - max) / sum(exp(x - max)) along axis")
 LOG_SOFTMAX = OpDef("log_softmax", OpKind.REDUCTION, 1, _softmax_rule, promoted,
                     quiet(_log_softmax_ref), attrs=_AXIS, traits=_COMPOSITE,
                     accepts=FLOAT_TYPES, decompose=_log_softmax_decompose,
+                    vjp=vjp.log_softmax_vjp,
                     doc="(x - max) - log(sum(exp(x - max))) along axis")
 
 # ---- layer_norm, rms_norm --------------------------------------------------------------------

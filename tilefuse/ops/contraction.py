@@ -18,6 +18,7 @@ from tilefuse.dtypes import NUMERIC_TYPES, DType, promote_all
 from tilefuse.errors import AttrError, ShapeError
 from tilefuse.graph.ir import Attrs
 from tilefuse.graph.types import Dim, Shape, broadcast_dims, broadcast_shapes, format_shape
+from tilefuse.ops import vjp
 from tilefuse.ops.registry import AttrType, OpDef, OpKind, Trait, attr
 from tilefuse.ops.rules import as_dtype, dtype_of, promoted, quiet, work_dtype
 
@@ -309,7 +310,7 @@ def _pair(em: Any, a: _Labelled, b: _Labelled, keep: set[str], sizes: dict[str, 
 EINSUM = OpDef("einsum", OpKind.CONTRACTION, None, _einsum_rule, promoted,
                _contract_ref(_einsum), attrs=(attr("equation", AttrType.STR),),
                accepts=NUMERIC_TYPES, traits=frozenset({Trait.COMPOSITE}),
-               decompose=_einsum_decompose,
+               decompose=_einsum_decompose, vjp=vjp.einsum_vjp,
                doc="np.einsum on operands promoted to one dtype; decomposed into matmul, "
                    "transpose, reshape, mul and sum (its contractions run as matmul kernels)")
 

@@ -140,6 +140,34 @@ def _silu_derivative(d: Any, x: Any, out: Any) -> Any:
     return d.op("mul", sig, d.op("add", d.scalar(1, x), d.op("mul", x, _one_minus(d, sig))))
 
 
+def _gelu_vjp(d: Any, ins: Any, out: Any, g: Any, approximate: str) -> tuple[Any, ...]:
+    """d/dx x·Φ(x) = Φ(x) + x·φ(x); with the tanh form, the derivative of that form."""
+    x = ins[0]
+    if approximate == "tanh":
+        c, k = np.sqrt(2.0 / np.pi), 0.044715
+        x2 = d.op("mul", x, x)
+        inner = d.op("mul", d.scalar(c, x), d.op("add", x, d.op("mul", d.scalar(k, x),
+                                                                 d.op("mul", x2, x))))
+        t = d.op("tanh", inner)
+        du = d.op("mul", d.scalar(c, x), d.op("add", d.scalar(1, x),
+                                              d.op("mul", d.scalar(3 * k, x), x2)))
+        half_x = d.op("mul", d.scalar(0.5, x), x)
+        local = d.op("add", d.op("mul", d.scalar(0.5, x), d.op("add", d.scalar(1, x), t)),
+                     d.op("mul", half_x, d.op("mul", _one_minus(d, d.op("mul", t, t)), du)))
+    else:
+        cdf = d.op("mul", d.scalar(0.5, x), d.op("add", d.scalar(1, x), d.op(
+            "erf", d.op("mul", x, d.scalar(1 / np.sqrt(2.0), x)))))
+        pdf = d.op("mul", d.op("exp", d.op("mul", d.scalar(-0.5, x), d.op("mul", x, x))),
+                   d.scalar(1 / np.sqrt(2 * np.pi), x))
+        local = d.op("add", cdf, d.op("mul", x, pdf))
+    return (d.op("mul", g, local),)
+
+
+def _no_gradient(d: Any, ins: Any, out: Any, g: Any, **_: Any) -> tuple[Any, ...]:
+    """Piecewise-constant ops (floor, sign...): the derivative is zero where it exists."""
+    return (None,) * len(ins)
+
+
 def _add_vjp(d: Any, ins: Any, out: Any, g: Any) -> tuple[Any, ...]:
     return d.sum_to(g, ins[0]), d.sum_to(g, ins[1])
 
@@ -212,26 +240,32 @@ ABS = _numeric("abs", np.abs, _IDEMPOTENT, "|x| (abs of the most negative intege
 RELU = _numeric("relu", _relu, _IDEMPOTENT, "max(x, 0), NaN-propagating",
                 lowering=lambda ops, x: ops.map(lambda v: ops.call("max", v, 0), x),
                 vjp=_relu_vjp)
-SIGN = _numeric("sign", np.sign, doc="-1, 0 or 1 (NaN for NaN)", lowering=_sign_lowering)
+SIGN = _numeric("sign", np.sign, doc="-1, 0 or 1 (NaN for NaN)", lowering=_sign_lowering,
+               vjp=_no_gradient)
 FLOOR = _numeric("floor", np.floor, _IDEMPOTENT, "rounds down; identity on integers",
-                 lowering=_rounding("floor"))
+                 lowering=_rounding("floor"), vjp=_no_gradient)
 CEIL = _numeric("ceil", np.ceil, _IDEMPOTENT, "rounds up; identity on integers",
-                lowering=_rounding("ceil"))
+                lowering=_rounding("ceil"), vjp=_no_gradient)
 ROUND = _numeric("round", np.round, _IDEMPOTENT, "rounds half to even, like np.round",
-                 lowering=_rounding("round"))
+                 lowering=_rounding("round"), vjp=_no_gradient)
 
 EXP = _unary("exp", np.exp, lowering=lambda ops, x: ops.unary("exp", x),
              vjp=_chain(lambda d, x, out: out))
 LOG = _unary("log", np.log, lowering=lambda ops, x: ops.unary("log", x),
              vjp=_chain(lambda d, x, out: d.op("reciprocal", x)))
-LOG1P = _unary("log1p", np.log1p, lowering=lambda ops, x: ops.unary("log1p", x))
-EXPM1 = _unary("expm1", np.expm1, lowering=lambda ops, x: ops.unary("expm1", x))
+LOG1P = _unary("log1p", np.log1p, lowering=lambda ops, x: ops.unary("log1p", x),
+               vjp=_chain(lambda d, x, out: d.op("reciprocal", d.op("add", x, d.scalar(1, x)))))
+EXPM1 = _unary("expm1", np.expm1, lowering=lambda ops, x: ops.unary("expm1", x),
+               vjp=_chain(lambda d, x, out: d.op("exp", x)))
 SQRT = _unary("sqrt", np.sqrt, lowering=lambda ops, x: ops.unary("sqrt", x),
               vjp=_chain(lambda d, x, out: d.op("div", d.scalar(0.5, out), out)))
 RSQRT = _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), doc="1/sqrt(x)",
-               lowering=lambda ops, x: ops.unary("rsqrt", x))
+               lowering=lambda ops, x: ops.unary("rsqrt", x),
+               vjp=_chain(lambda d, x, out: d.op("mul", d.scalar(-0.5, out),
+                                                 d.op("div", out, x))))
 RECIPROCAL = _unary("reciprocal", lambda x: 1.0 / x, doc="1/x (f64 for integer inputs)",
-                    lowering=lambda ops, x: ops.map(lambda v: ops.call("div", 1.0, v), x))
+                    lowering=lambda ops, x: ops.map(lambda v: ops.call("div", 1.0, v), x),
+                    vjp=_chain(lambda d, x, out: d.op("neg", d.op("mul", out, out))))
 TANH = _unary("tanh", np.tanh, lowering=lambda ops, x: ops.unary("tanh", x),
               vjp=_chain(lambda d, x, out: _one_minus(d, d.op("mul", out, out))))
 SIGMOID = _unary("sigmoid", expit, doc="1/(1+exp(-x))",
@@ -241,13 +275,15 @@ ERF = _unary("erf", erf, lowering=lambda ops, x: ops.unary("erf", x),
              vjp=_chain(_erf_derivative))
 GELU = _unary("gelu", _gelu,
               attrs=(attr("approximate", AttrType.STR, "none", choices=("none", "tanh")),),
-              doc="x·Φ(x), exactly (erf) or with the tanh approximation", lowering=_gelu_lowering)
+              doc="x·Φ(x), exactly (erf) or with the tanh approximation", lowering=_gelu_lowering,
+              vjp=_gelu_vjp)
 SILU = _unary("silu", lambda x: x * expit(x), doc="x·sigmoid(x)",
               lowering=lambda ops, x: ops.map(lambda v: v * ops.call("sigmoid", v), x),
               vjp=_chain(_silu_derivative))
 SOFTPLUS = _unary("softplus", lambda x: np.logaddexp(x.dtype.type(0), x), doc="log(1+exp(x))",
                   lowering=lambda ops, x: ops.map(lambda v: ops.call("max", v, 0) + ops.call(
-                      "log1p", ops.call("exp", -ops.call("abs", v))), x))
+                      "log1p", ops.call("exp", -ops.call("abs", v))), x),
+                  vjp=_chain(lambda d, x, out: d.op("sigmoid", x)))
 SIN = _unary("sin", np.sin, lowering=lambda ops, x: ops.unary("sin", x),
              vjp=_chain(lambda d, x, out: d.op("cos", x)))
 COS = _unary("cos", np.cos, lowering=lambda ops, x: ops.unary("cos", x),

@@ -28,6 +28,7 @@ from tilefuse.graph.types import (
     normalize_axis,
     static_dim,
 )
+from tilefuse.ops import vjp
 from tilefuse.ops.registry import AttrType, OpDef, OpKind, Trait, attr
 from tilefuse.ops.rules import (
     as_dtype,
@@ -212,7 +213,7 @@ def _slice_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
 SLICE = OpDef("slice", _MOVE, 1, _slice_rule, same_dtype,
               lambda x, starts, stops, steps: x[tuple(map(slice, starts, stops, steps))],
               attrs=(attr("starts", AttrType.INTS), attr("stops", AttrType.INTS),
-                     attr("steps", AttrType.INTS)),
+                     attr("steps", AttrType.INTS)), vjp=vjp.slice_vjp,
               doc="x[start:stop:step] per axis, NumPy semantics (negative steps, clamping)")
 
 # ---- concat, split, stack --------------------------------------------------------------------
@@ -247,7 +248,7 @@ def _concat_ref(*arrays: np.ndarray, axis: int) -> np.ndarray:
 
 
 CONCAT = OpDef("concat", _MOVE, None, _concat_rule, promoted, _concat_ref,
-               attrs=(attr("axis", AttrType.INT, 0),),
+               attrs=(attr("axis", AttrType.INT, 0),), vjp=vjp.concat_vjp,
                doc="joins along an existing axis; inputs are promoted to one dtype")
 
 
@@ -265,7 +266,8 @@ def _stack_ref(*arrays: np.ndarray, axis: int) -> np.ndarray:
 
 
 STACK = OpDef("stack", _MOVE, None, _stack_rule, promoted, _stack_ref,
-              attrs=(attr("axis", AttrType.INT, 0),), doc="joins along a new axis")
+              attrs=(attr("axis", AttrType.INT, 0),), doc="joins along a new axis",
+              vjp=vjp.stack_vjp)
 
 
 def _split_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
@@ -288,7 +290,7 @@ def _split_ref(x: np.ndarray, axis: int, sizes: tuple[int, ...]) -> tuple[np.nda
 SPLIT = OpDef("split", _MOVE, 1, _split_rule,
               lambda dtypes, attrs: (dtypes[0],) * len(attrs["sizes"]), _split_ref,
               attrs=(attr("axis", AttrType.INT, 0), attr("sizes", AttrType.INTS)),
-              traits=frozenset({Trait.MULTI_OUTPUT}),
+              traits=frozenset({Trait.MULTI_OUTPUT}), vjp=vjp.split_vjp,
               doc="cuts into consecutive pieces of the given sizes; one output per piece")
 
 # ---- pad -------------------------------------------------------------------------------------
@@ -324,7 +326,7 @@ def _pad_ref(x: np.ndarray, pads: tuple[int, ...], mode: str, value: float) -> n
 PAD = OpDef("pad", _MOVE, 1, _pad_rule, same_dtype, quiet(_pad_ref),
             attrs=(attr("pads", AttrType.INTS),
                    attr("mode", AttrType.STR, "constant", choices=("constant", "reflect", "edge")),
-                   attr("value", AttrType.FLOAT, 0.0)),
+                   attr("value", AttrType.FLOAT, 0.0)), vjp=vjp.pad_vjp,
             doc="pads = (before_0, after_0, before_1, after_1, ...); reflect excludes the edge "
                 "(np.pad 'reflect'); value fills constant padding, cast to x's dtype")
 
@@ -358,7 +360,7 @@ def _take_ref(x: np.ndarray, indices: np.ndarray, axis: int) -> np.ndarray:
 
 
 TAKE = OpDef("take", _MOVE, 2, _take_rule, _gather_dtype, _take_ref,
-             attrs=(attr("axis", AttrType.INT),),
+             attrs=(attr("axis", AttrType.INT),), vjp=vjp.take_vjp,
              doc="np.take along one axis; negative indices wrap, out-of-range ones are errors")
 
 
@@ -378,6 +380,7 @@ def _take_along_ref(x: np.ndarray, indices: np.ndarray, axis: int) -> np.ndarray
 
 TAKE_ALONG_AXIS = OpDef("take_along_axis", _MOVE, 2, _take_along_rule, _gather_dtype,
                         _take_along_ref, attrs=(attr("axis", AttrType.INT),),
+                        vjp=vjp.take_along_axis_vjp,
                         doc="np.take_along_axis; other dims of indices broadcast against x")
 
 # ---- sources ---------------------------------------------------------------------------------

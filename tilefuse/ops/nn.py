@@ -27,6 +27,7 @@ from tilefuse.dtypes import FLOAT_TYPES, NUMERIC_TYPES, promote_all
 from tilefuse.errors import AttrError, ShapeError
 from tilefuse.graph.ir import Attrs
 from tilefuse.graph.types import Dim, Shape, Sym, format_shape, static_dim
+from tilefuse.ops import vjp
 from tilefuse.ops.registry import AttrType, OpDef, OpKind, attr
 from tilefuse.ops.rules import as_dtype, dtype_of, promoted, quiet, same_dtype, work_dtype
 
@@ -142,7 +143,7 @@ _GEOMETRY = (attr("stride", AttrType.INTS, (1, 1)), attr("padding", AttrType.INT
 CONV2D = OpDef("conv2d", OpKind.CONTRACTION, None, _conv2d_rule, promoted, quiet(_conv2d_ref),
                attrs=(*_GEOMETRY, attr("dilation", AttrType.INTS, (1, 1)),
                       attr("groups", AttrType.INT, 1)),
-               accepts=FLOAT_TYPES,
+               accepts=FLOAT_TYPES, vjp=vjp.conv2d_vjp,
                doc="2-D cross-correlation: x [N,C,H,W], w [O,C/groups,kH,kW], bias [O]; "
                    "padding is (top, left, bottom, right)")
 
@@ -208,12 +209,12 @@ _POOL_COMMON = (attr("kernel", AttrType.INTS), attr("stride", AttrType.INTS),
 MAX_POOL2D = OpDef("max_pool2d", OpKind.REDUCTION, 1, _pool_rule, same_dtype, quiet(_max_pool_ref),
                    attrs=(*_POOL_COMMON, attr("dilation", AttrType.INTS, (1, 1)),
                           attr("ceil_mode", AttrType.BOOL, False)),
-                   accepts=NUMERIC_TYPES,
+                   accepts=NUMERIC_TYPES, vjp=vjp.max_pool2d_vjp,
                    doc="maximum over each window (NaN-propagating); padding is -inf")
 AVG_POOL2D = OpDef("avg_pool2d", OpKind.REDUCTION, 1, _pool_rule, same_dtype, quiet(_avg_pool_ref),
                    attrs=(*_POOL_COMMON, attr("count_include_pad", AttrType.BOOL, True),
                           attr("ceil_mode", AttrType.BOOL, False)),
-                   accepts=FLOAT_TYPES,
+                   accepts=FLOAT_TYPES, vjp=vjp.avg_pool2d_vjp,
                    doc="mean over each window; count_include_pad counts the zero padding in "
                        "the divisor (never the ceil-mode overhang)")
 

@@ -137,15 +137,55 @@ def _mean_vjp(d: Any, ins: Any, out: Any, g: Any, axes: Any, keepdims: bool) -> 
     return (d.op("div", _spread(d, x, g, axes, keepdims), d.scalar(max(count, 1), g)),)
 
 
+def _count(x: Any, axes: Any) -> int:
+    dims = [x.type.shape[a] for a in normalize_axes(axes, x.type.rank)]
+    if not all(isinstance(n, int) for n in dims):
+        raise ShapeError("the gradient of a reduction over symbolic dims is not supported")
+    return int(np.prod(dims, dtype=np.int64)) if dims else 1
+
+
+def _extreme_vjp(d: Any, ins: Any, out: Any, g: Any, axes: Any, keepdims: bool
+                 ) -> tuple[Any, ...]:
+    """max/min: the gradient is shared equally by the elements equal to the result (as JAX
+    does on ties)."""
+    x = ins[0]
+    hit = d.op("eq", x, _spread(d, x, out, axes, keepdims))
+    ones = d.op("cast", hit, dtype=x.type.dtype)
+    count = d.op("sum", ones, axes=axes, keepdims=True)
+    share = d.op("div", _spread(d, x, g, axes, keepdims), d.op("broadcast_to", count,
+                                                                  shape=x.type.shape))
+    return (d.select(hit, share),)
+
+
+def _prod_vjp(d: Any, ins: Any, out: Any, g: Any, axes: Any, keepdims: bool
+              ) -> tuple[Any, ...]:
+    """prod(x)/x per element (so not defined where x is 0, which this rule does not handle)."""
+    x = ins[0]
+    return (d.op("div", d.op("mul", _spread(d, x, g, axes, keepdims),
+                             _spread(d, x, out, axes, keepdims)), x),)
+
+
+def _var_vjp(d: Any, ins: Any, out: Any, g: Any, axes: Any, keepdims: bool, ddof: int
+             ) -> tuple[Any, ...]:
+    x = ins[0]
+    n = _count(x, axes)
+    centred = d.op("sub", x, d.op("mean", x, axes=axes, keepdims=True))
+    scale = d.scalar(2.0 / max(n - ddof, 1), x)
+    return (d.op("mul", _spread(d, x, g, axes, keepdims), d.op("mul", scale, centred)),)
+
+
 SUM = _reduction("sum", np.sum, _sum_dtype, doc="sum over axes (i64 for bools and integers)",
                  vjp=_sum_vjp)
-PROD = _reduction("prod", np.prod, _sum_dtype, doc="product over axes (integers wrap)")
+PROD = _reduction("prod", np.prod, _sum_dtype, doc="product over axes (integers wrap)",
+                  vjp=_prod_vjp)
 MEAN = _reduction("mean", np.mean, _mean_dtype, doc="arithmetic mean (f64 for integers)",
                   vjp=_mean_vjp)
-MAX = _reduction("max", np.max, same_dtype, nonempty=True, doc="NaN-propagating maximum")
-MIN = _reduction("min", np.min, same_dtype, nonempty=True, doc="NaN-propagating minimum")
+MAX = _reduction("max", np.max, same_dtype, nonempty=True, doc="NaN-propagating maximum",
+                 vjp=_extreme_vjp)
+MIN = _reduction("min", np.min, same_dtype, nonempty=True, doc="NaN-propagating minimum",
+                 vjp=_extreme_vjp)
 VAR = _reduction("var", np.var, _mean_dtype, extra_attrs=(attr("ddof", AttrType.INT, 0),),
-                 doc="variance, divided by N - ddof (f64 for integers)")
+                 doc="variance, divided by N - ddof (f64 for integers)", vjp=_var_vjp)
 
 _ARG_ATTRS: tuple[AttrSpec, ...] = (attr("axis", AttrType.OPT_INT, None),
                                     attr("keepdims", AttrType.BOOL, False))

@@ -88,8 +88,8 @@ def _eligible(node: Node, producers: dict[Value, Node]) -> bool:
     if groups > MAX_GROUPS and not groups == o == node.inputs[0].shape[1]:
         return False  # many groups: only a depthwise conv (one input channel per output)
     weight = producers.get(node.inputs[1])
-    if weight is None or weight.op.name != "constant":
-        return False
+    if (weight is None or weight.op.name != "constant") and groups != 1:
+        return False  # a runtime weight (training): rearranged per call, one group only
     values = (*node.inputs, *node.outputs)
     return all(v.dtype is DType.f32 and _static(v.shape) for v in values)
 

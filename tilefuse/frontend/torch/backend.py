@@ -25,11 +25,11 @@ copied into the tilefuse graphs (so weights are packed once, at compile time). C
 place later (``load_state_dict``, an optimiser step) does not change already compiled code:
 call ``torch._dynamo.reset()`` or compile again.
 
-**Training.** tilefuse compiles inference only. When Dynamo compiles a graph with grad mode on
-and an input (usually a parameter) that requires grad, the backend returns the graph unchanged,
-so torch runs it eagerly and autograd works; that is logged on the ``fallback`` topic at WARNING.
-Dynamo guards on grad mode, so the same model called under ``torch.no_grad()`` (or
-``torch.inference_mode()``) compiles with tilefuse.
+**Training.** When Dynamo compiles a graph with grad mode on and an input (usually a
+parameter) that requires grad, the forward and backward are compiled through AOTAutograd with
+parameters as runtime inputs (:mod:`~tilefuse.frontend.torch.training`). Dynamo guards on grad
+mode, so the same model under ``torch.no_grad()`` compiles as an inference graph with frozen
+weights. Ops that run in torch are logged once per graph at WARNING on ``fallback``.
 
 **Options** (``torch.compile(m, backend="tilefuse", options={...})`` or keywords of
 :func:`compile_exported`): ``dump`` (directory; default ``$TILEFUSE_DUMP``), ``target``
@@ -57,6 +57,7 @@ from torch.utils import _pytree as pytree
 from tilefuse.driver import CompileOptions, compile
 from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import TilefuseError
+from tilefuse.frontend.torch import optimizer, training
 from tilefuse.frontend.torch.convert import tensors_on
 from tilefuse.frontend.torch.device import follow_data
 from tilefuse.frontend.torch.partition import (
@@ -212,6 +213,8 @@ def compile_traced(traced: fx.GraphModule, frozen: Mapping[int, torch.Tensor],
         report = partition_and_compile(traced, constants, _compiler(options, dump))
     if dump is not None:
         write_report(dump, traced, report)
+    training.warn_fallbacks(graph_name(traced), report.fallbacks)
+    training.warn_host_steps(graph_name(traced), traced)
     return report
 
 
@@ -261,12 +264,11 @@ def tilefuse_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
     compiled, what runs in torch and which options exist."""
     options = follow_data(Options.parse(kwargs.get("options")), kwargs.get("options"),
                           example_inputs)
-    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        get_logger("fallback").warning(
-            "torch fallback: the whole graph runs in torch because gradients are required "
-            "(tilefuse compiles inference only; call the model under torch.no_grad())")
-        return gm.forward
+    if training.needs_training(example_inputs):  # forward and backward through AOTAutograd
+        return training.compile_training(gm, example_inputs, options, graph_name(gm))
+    state = optimizer.stateful_attributes(gm)   # an optimizer step: state updated in place
+    if state:
+        return optimizer.compile_stateful(gm, state, options)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = {i: v for i, (n, v) in enumerate(zip(placeholders, example_inputs))
                  if isinstance(v, torch.Tensor) and _is_parameter_or_buffer(n, v)}

@@ -1,0 +1,219 @@
+"""Training graphs: forward and backward compiled by tilefuse through AOTAutograd.
+
+When Dynamo hands the backend a graph with grad mode on and an input that requires grad,
+:func:`compile_training` gives it to ``aot_module_simplified``, which traces the joint
+forward-backward graph with the core-ATen decompositions, and splits it with a partition
+function (torch's min-cut rematerialisation partitioner: it decides what the forward saves for
+the backward and recomputes cheap elementwise values in the backward instead of saving them).
+Each half is then compiled like an inference graph (:class:`SpecializedGraph`: traced to core
+ATen per input signature, partitioned, each supported region one tilefuse executable).
+
+**Parameters are inputs.** Nothing is frozen: the parameters are runtime inputs of the forward
+graph, so an optimiser step that updates them in place is seen by the next call (inference
+freezes them, see :mod:`~tilefuse.frontend.torch.backend`).
+
+**Fallbacks are never silent.** An op tilefuse cannot compile runs in torch inside the graph,
+and :func:`warn_fallbacks` logs one WARNING per graph naming it and the reasons, for training
+and inference graphs alike. The partition's choice (values saved, values recomputed, bytes of
+saved activations) is kept in :attr:`TrainingGraph.report` and written to the dump as
+``partition.txt``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from tilefuse.log import get_logger
+
+_warned: set[str] = set()
+WRITE_BACKS = ("aten.copy_.default",)
+"""Ops that only write a functionalized result back into a mutated input: not fallbacks."""
+_warned_lock = threading.Lock()
+
+
+def warn_fallbacks(name: str, fallbacks: Sequence[tuple[str, str]], what: str = "graph"
+                   ) -> None:
+    """One WARNING per graph ``name`` that runs some ops in torch: which and why."""
+    fallbacks = [f for f in fallbacks if f[0] not in WRITE_BACKS]
+    if not fallbacks:
+        return
+    with _warned_lock:
+        if name in _warned:
+            return
+        _warned.add(name)
+    ops: dict[str, str] = {}
+    for op, reason in fallbacks:
+        ops.setdefault(op, reason)
+    shown = "; ".join(f"{op} ({reason})" for op, reason in ops.items())
+    get_logger("fallback").warning("torch fallback in %s %s: %d op(s) run in torch: %s",
+                                   what, name, len(fallbacks), shown)
+
+
+def warn_host_steps(name: str, gm: fx.GraphModule) -> None:
+    """One WARNING per graph ``name`` whose compiled regions run kernels on the host with the
+    NumPy references (``runtime/native.py`` logs each at DEBUG): which ops and why."""
+    steps: dict[str, str] = {}
+    for module in gm.modules():
+        executable = getattr(module, "executable", None)
+        for kernel, reason in getattr(executable, "fallbacks", None) or ():
+            steps.setdefault(reason, kernel)
+    if not steps:
+        return
+    key = f"{name}/host"
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    shown = "; ".join(f"{kernel}: {reason}" for reason, kernel in steps.items())
+    get_logger("fallback").warning("host fallback in graph %s: kernels run with the NumPy "
+                                   "references (one per reason): %s", name, shown)
+
+
+def warn_whole_graph(name: str, reason: str) -> None:
+    """One WARNING when a whole graph runs in torch."""
+    with _warned_lock:
+        if name in _warned:
+            return
+        _warned.add(name)
+    get_logger("fallback").warning("torch fallback: graph %s runs entirely in torch: %s",
+                                   name, reason)
+
+
+@dataclass
+class PartitionChoice:
+    """What the forward/backward partition saved and recomputed: saved activations (computed
+    by the forward, kept for the backward: the memory a step holds), inputs the backward reads
+    (parameters, batch: no extra memory), and forward ops the backward recomputes instead of
+    saving their results, with those results' bytes."""
+
+    saved: list[str] = field(default_factory=list)
+    saved_bytes: int = 0
+    inputs: list[str] = field(default_factory=list)
+    recomputed: list[str] = field(default_factory=list)
+    recomputed_bytes: int = 0
+
+    def __str__(self) -> str:
+        return (f"saved activations: {len(self.saved)} values, {self.saved_bytes} bytes\n"
+                f"  {', '.join(self.saved) or '-'}\n"
+                f"inputs read by the backward: {', '.join(self.inputs) or '-'}\n"
+                f"recomputed in the backward instead of saved: {len(self.recomputed)} ops, "
+                f"{self.recomputed_bytes} bytes not saved\n"
+                f"  {', '.join(self.recomputed) or '-'}")
+
+
+def _tensor_bytes(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        try:
+            return int(val.numel()) * val.element_size()
+        except Exception:  # symbolic sizes
+            return 0
+    return 0
+
+
+def _describe_partition(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int
+                        ) -> PartitionChoice:
+    """The saved values (forward outputs past the user's) and the backward's recomputed ops
+    (compute nodes of the backward that the forward also has, by name: the partitioner copies
+    them from the joint graph)."""
+    choice = PartitionChoice()
+    outs = fw.graph.output_node().args[0]
+    for node in list(outs)[num_fwd_outputs:]:
+        if not isinstance(node, fx.Node):
+            continue
+        if node.op == "placeholder":
+            choice.inputs.append(node.name)
+        else:
+            choice.saved.append(node.name)
+            choice.saved_bytes += _tensor_bytes(node)
+    forward_ops = {n.name for n in fw.graph.nodes if n.op == "call_function"}
+    for node in bw.graph.nodes:
+        if node.op == "call_function" and node.name in forward_ops:
+            choice.recomputed.append(node.name)
+            choice.recomputed_bytes += _tensor_bytes(node)
+    return choice
+
+
+class TrainingGraph:
+    """A Dynamo graph compiled for training. Calls go to AOTAutograd's function, whose
+    forward and backward are :class:`SpecializedGraph`\\ s; ``forward`` and ``backward`` hold
+    them (None until built), ``choice`` what the partition saved and recomputed."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], options: Any,
+                 name: str):
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        from tilefuse.frontend.torch.aten_training import training_decompositions
+        from tilefuse.frontend.torch.backend import _DECOMPOSITIONS
+
+        self.name = name
+        self.options = options
+        self.forward: Any = None
+        self.backward: Any = None
+        self.choice: PartitionChoice | None = None
+        # the math attention (matmuls and a softmax), differentiated by autograd, rather than
+        # the fused CPU flash kernel whose backward op tilefuse does not convert
+        with sdpa_kernel([SDPBackend.MATH]):
+            self._fn = aot_module_simplified(gm, list(example_inputs),
+                                             fw_compiler=self._compiler("forward"),
+                                             bw_compiler=self._compiler("backward"),
+                                             partition_fn=self._partition,
+                                             decompositions={**_DECOMPOSITIONS,
+                                                             **training_decompositions()})
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+    def _partition(self, joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
+                   **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        fw, bw = min_cut_rematerialization_partition(joint, joint_inputs,
+                                                     num_fwd_outputs=num_fwd_outputs, **kwargs)
+        self.choice = _describe_partition(fw, bw, num_fwd_outputs)
+        get_logger("fallback").debug("%s partition: %s", self.name, self.choice)
+        if self.options.dump is not None:
+            from tilefuse.dump import DumpWriter
+            DumpWriter(Path(self.options.dump) / self.name).write(
+                "partition.txt", f"{self.choice}\n")
+        return fw, bw
+
+    def _compiler(self, half: str) -> Callable[..., Any]:
+        def compile_half(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+            from torch._functorch.aot_autograd import make_boxed_func
+
+            from tilefuse.frontend.torch.backend import SpecializedGraph
+
+            options = self.options
+            if options.dump is not None:
+                options = dataclasses.replace(options, dump=Path(options.dump) / self.name / half)
+            compiled = SpecializedGraph(gm, {}, options)
+            setattr(self, half, compiled)
+            return make_boxed_func(compiled)
+        return compile_half
+
+
+def needs_training(example_inputs: Sequence[Any]) -> bool:
+    """Whether Dynamo's graph must be differentiable: grad mode on and a tensor input that
+    requires grad."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+
+
+def compile_training(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Any,
+                     name: str) -> Callable[..., Any]:
+    """The backend's training path (see the module docstring)."""
+    return TrainingGraph(gm, example_inputs, options, name)
+
+
+__all__ = ["PartitionChoice", "TrainingGraph", "compile_training", "needs_training",
+           "warn_fallbacks", "warn_host_steps", "warn_whole_graph"]
