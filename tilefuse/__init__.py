@@ -29,8 +29,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttrError", "CompileError", "DType", "DTypeError", "GradientError", "GuardError",
-    "ParseError", "ShapeError", "SourceLoc", "Sym", "TensorType", "TilefuseError", "TraceError",
-    "UnknownOpError", "VerifyError", "__version__", "grad", "jit", "value_and_grad",
+    "ParseError", "ShapeError", "SourceLoc", "Sym", "Target", "TensorType", "TilefuseError",
+    "TraceError", "UnknownOpError", "VerifyError", "__version__", "compile", "grad", "jit",
+    "value_and_grad",
 ]
 
 configure_from_env()  # TILEFUSE_LOG=topics turns on logging; idempotent
@@ -38,11 +39,21 @@ configure_from_env()  # TILEFUSE_LOG=topics turns on logging; idempotent
 
 def __getattr__(name: str) -> object:
     """``tilefuse.autotune``: :func:`tilefuse.tune.tune`, imported on first use (the tuner
-    is not loaded by ``import tilefuse``; ``tilefuse.tune`` is the package)."""
+    is not loaded by ``import tilefuse``; ``tilefuse.tune`` is the package);
+    ``tilefuse.compile``: the compile driver (:func:`tilefuse.driver.compile`);
+    ``tilefuse.Target``: :class:`tilefuse.target.Target`."""
     if name == "autotune":
         from tilefuse.tune.api import tune
 
         return tune
+    if name == "compile":
+        from tilefuse.driver import compile
+
+        return compile
+    if name == "Target":
+        from tilefuse.target import Target
+
+        return Target
     if name in ("save", "load"):  # tilefuse.artifact: compiled models in .tilefuse files
         from tilefuse import artifact
 

@@ -165,6 +165,7 @@ def test_loading_runs_no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     import tilefuse.codegen.jit as codegen_jit
     import tilefuse.codegen.launcher as launcher
     import tilefuse.codegen.llvm_cpu as llvm_cpu
+    import tilefuse.driver as driver
     import tilefuse.frontend.capture as capture
     import tilefuse.kernel.fusion as fusion
     import tilefuse.passes.decompose as decompose
@@ -174,8 +175,8 @@ def test_loading_runs_no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     for module, name in [(codegen_jit, "compile_kernel"), (codegen_jit, "optimise"),
                          (codegen_jit, "llvm_ir_text"), (llvm_cpu, "lower_to_llvm"),
                          (launcher, "_launcher_ir"), (capture, "capture"),
-                         (fusion, "form_kernels"), (native, "form_kernels"),
-                         (decompose, "decompose_composites"), (native, "decompose_composites"),
+                         (fusion, "form_kernels"), (driver, "plan_kernels"),
+                         (decompose, "decompose_composites"), (driver, "prepare"),
                          (manager, "run_pipeline"), (native._Builder, "__init__"),
                          (artifact_launcher, "_ir"), (artifact_launcher, "launcher_object")]:
         monkeypatch.setattr(module, name, _boom(f"{getattr(module, '__name__', module)}.{name}"))

@@ -28,6 +28,7 @@ from tilefuse.kernel import (
 )
 from tilefuse.kernel.schedule import as_cpu_target, pick_tile
 from tilefuse.passes.decompose import decompose_composites
+from tilefuse.target import Target
 
 AVX512_2 = CpuTarget(vector_bits=512, cores=2)
 
@@ -396,13 +397,16 @@ def test_defaults_with_symbolic_extents_and_low_precision():
 
 
 def test_targets_from_the_code_generator_and_their_checks():
-    assert as_cpu_target(SimpleNamespace(vector_bits=256)).lanes(
+    assert as_cpu_target(Target.parse("x86-64-v3")).lanes(
         only_group(W1).nodes[0].output.dtype) == 8
-    assert as_cpu_target(SimpleNamespace(vector_bits=512, cores=3)).cores == 3
+    assert as_cpu_target("x86-64-v4").vector_bits == 512
+    assert as_cpu_target(Target.parse("x86-64-v3").llvm_cpu()).vector_bits == 256
     assert as_cpu_target(AVX512_2) is AVX512_2
     assert as_cpu_target(None).cores >= 1
-    with pytest.raises(ScheduleError, match="names no vector_bits"):
-        as_cpu_target(object())
+    with pytest.raises(ScheduleError, match=r"not a tilefuse\.target\.Target"):
+        as_cpu_target(SimpleNamespace(vector_bits=256))
+    with pytest.raises(ScheduleError, match="unknown target 'tpu'"):
+        as_cpu_target("tpu")
     with pytest.raises(ScheduleError, match="vector_bits must be 128, 256 or 512"):
         CpuTarget(vector_bits=100)
     with pytest.raises(ScheduleError, match="cores must be a positive int"):

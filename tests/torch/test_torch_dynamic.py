@@ -12,7 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import tilefuse.frontend.torch.backend as backend  # noqa: E402
+import tilefuse.frontend.torch.backend  # noqa: E402, F401 (the "tilefuse" backend)
+from tilefuse import driver  # noqa: E402
 from tilefuse.graph.types import Sym  # noqa: E402
 from tilefuse.testing import assert_close  # noqa: E402
 
@@ -21,14 +22,15 @@ nn = torch.nn
 
 @pytest.fixture
 def builds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
-    """Every tilefuse build the torch backend starts (its regions' graphs)."""
+    """Every tilefuse build the torch backend starts (its regions' graphs), seen where every
+    build goes: the compile driver's back-end stages."""
     seen: list[object] = []
-    original = backend.build_executable
+    original = driver.build
 
-    def counting(graph, target, dump_dir=None):
+    def counting(graph, target, options=None):
         seen.append(graph)
-        return original(graph, target, dump_dir)
-    monkeypatch.setattr(backend, "build_executable", counting)
+        return original(graph, target, options)
+    monkeypatch.setattr(driver, "build", counting)
     yield seen
 
 

@@ -99,14 +99,14 @@ def peaks_for(args: argparse.Namespace) -> Peaks:
 def kernel_rows(lowered: Any, arrays: list[Any], peaks: Peaks, rounds: int,
                 progress: bool | None) -> tuple[list[KernelRow], float]:
     """One row per step of the launch sequence, and a whole call's median seconds."""
-    from tilefuse.kernel.fusion import form_kernels
-    from tilefuse.runtime.native import NativeExecutable, prepare_graph
+    from tilefuse.driver import plan_kernels
+    from tilefuse.runtime.native import NativeExecutable
     from tilefuse.runtime.profile import group_work, profile_steps
 
     executable = lowered.executable
     if not isinstance(executable, NativeExecutable):
         raise CliError(f"explain needs the native CPU executable, got {type(executable).__name__}")
-    plan = executable.kernel_plan or form_kernels(prepare_graph(lowered.optimized))
+    plan = executable.kernel_plan or plan_kernels(lowered.optimized)
     groups = {g.name: g for g in plan.groups}
     with Bar("timing kernels", rounds, show=progress) as bar:
         profile = profile_steps(executable, arrays, rounds=rounds, on_round=bar.step)

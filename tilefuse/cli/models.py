@@ -205,26 +205,24 @@ class TorchModule(Model):
             return [t.numpy() for t in (out if isinstance(out, tuple | list) else [out])]
         return call
 
-    def _graphs(self, arrays: list[np.ndarray], dump: Path | None) -> tuple[Any, Any, Any]:
-        from tilefuse.passes.manager import run_pipeline
+    def _pipeline(self) -> Any:
         from tilefuse.passes.quantize import parse_quantize, pipeline_for
-        from tilefuse.zoo import torch_graph
 
-        captured = torch_graph(self.module, arrays, name=_identifier(self.spec))
-        optimized, report = run_pipeline(captured, pipeline_for(parse_quantize(self.quantize)),
-                                         dump_dir=dump)
-        return captured, optimized, report
+        return pipeline_for(parse_quantize(self.quantize))
 
     def lower(self, arrays: list[np.ndarray], dump: Path | None = None) -> Lowered:
         """The whole module as one tilefuse graph (every ATen op must convert; ``run`` and
         ``bench`` go through ``torch.compile``, which can leave unsupported ops to torch)."""
-        from tilefuse.runtime.executable import build_executable
+        from tilefuse.driver import CompileOptions, compile_graph
 
-        captured, optimized, report = self._graphs(arrays, dump)
-        return Lowered(captured, optimized, report, build_executable(optimized, "cpu", dump))
+        compiled = compile_graph(self.graph(arrays), "cpu",
+                                 CompileOptions(dump_dir=dump, pipeline=self._pipeline()))
+        return Lowered(compiled.graph, compiled.optimized, compiled.report, compiled.executable)
 
     def tune_source(self, arrays: list[np.ndarray]) -> Any:
-        return self._graphs(arrays, None)[1]
+        from tilefuse.driver import CompileOptions, optimize
+
+        return optimize(self.graph(arrays), CompileOptions(pipeline=self._pipeline()))[0]
 
     def graph(self, arrays: list[np.ndarray]) -> Any:
         from tilefuse.zoo import torch_graph

@@ -24,9 +24,7 @@ from tilefuse.frontend.jit import DEFAULT_MAX_RECOMPILES, JitFunction, Key
 from tilefuse.frontend.tracer import Tracer
 from tilefuse.graph.autodiff import gradients
 from tilefuse.graph.builder import GraphBuilder
-from tilefuse.graph.ir import Graph, Value
-from tilefuse.passes.manager import run_pipeline
-from tilefuse.passes.pipeline import GRAPH_PIPELINE
+from tilefuse.graph.ir import Value
 
 ArgNums = int | tuple[int, ...]
 
@@ -57,13 +55,10 @@ class GradFunction(JitFunction):
                              "inside another traced function yet; call it on arrays")
         return super().__call__(*args, **kwargs)
 
-    def _trace_and_optimize(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
-                            dump_dir: Path | None) -> tuple[Captured, Graph, Any]:
+    def _capture(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured:
+        """The forward graph with its gradients appended (jit's compile driver builds it)."""
         forward = capture(self._fn, self._names, args, kwargs, key[1], key[2])
-        captured = self._differentiate(forward, len(args))
-        optimized, report = run_pipeline(captured.graph, GRAPH_PIPELINE, dump_dir=dump_dir,
-                                         debug=self._debug)
-        return captured, optimized, report
+        return self._differentiate(forward, len(args))
 
     def _differentiate(self, forward: Captured, n_args: int) -> Captured:
         """The forward graph with the gradients of its scalar output appended, and a packer

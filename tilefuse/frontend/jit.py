@@ -30,6 +30,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from tilefuse.driver import CompileOptions, compile_graph, optimize
 from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import CompileError, GuardError, TilefuseError, TraceError
 from tilefuse.frontend.arguments import (
@@ -47,14 +48,13 @@ from tilefuse.frontend.tracer import GraphBreakError
 from tilefuse.graph.ir import Graph
 from tilefuse.graph.types import Sym
 from tilefuse.log import get_logger
-from tilefuse.passes.manager import run_pipeline
-from tilefuse.passes.pipeline import graph_pipeline
 from tilefuse.passes.quantize import parse_quantize, pipeline_for
 from tilefuse.runtime.device_arrays import device_standins
 from tilefuse.runtime.dynamic import DynamicExecutable, SymbolConflict, SymbolGuardError
-from tilefuse.runtime.executable import Executable, build_executable, check_target
+from tilefuse.runtime.executable import Executable
+from tilefuse.target import Target
 
-Key = tuple[str, tuple[KeyPart, ...], tuple[tuple[str, KeyPart], ...]]
+Key = tuple[Target, tuple[KeyPart, ...], tuple[tuple[str, KeyPart], ...]]
 
 DEFAULT_MAX_RECOMPILES = 8
 """Recompiles of one jitted function (compiles after the first) before RecompileLimitError."""
@@ -136,21 +136,22 @@ class _Entry:
 class JitFunction:
     """A function compiled by :func:`jit`. Call it like the original function."""
 
-    def __init__(self, fn: Callable[..., Any], *, target: str = "cpu",
+    def __init__(self, fn: Callable[..., Any], *, target: str | Target = "cpu",
                  dump: str | Path | None = None, debug: bool = False,
                  static_argnames: Iterable[str] | str = (), dynamic: DynamicSpec = None,
                  max_recompiles: int = DEFAULT_MAX_RECOMPILES, reassociate: bool = False,
                  fullgraph: bool = False, quantize: Any = None):
         if not callable(fn):
             raise TraceError(f"jit needs a function, got {type(fn).__name__}")
-        check_target(target)
         if isinstance(static_argnames, str):
             static_argnames = (static_argnames,)
         functools.update_wrapper(self, fn)
         self._fn = fn
-        self._target = target
+        self._target = Target.parse(target)  # TargetError (a CompileError) naming it
         self._dump = dump
         self._debug = debug
+        from tilefuse.passes.pipeline import graph_pipeline  # egglog: on first use
+
         self._pipeline = pipeline_for(parse_quantize(quantize),
                                       graph_pipeline(reassociate=reassociate))
         self._fullgraph = fullgraph
@@ -167,7 +168,7 @@ class JitFunction:
 
     def __repr__(self) -> str:
         return f"<tilefuse.jit of {getattr(self._fn, '__qualname__', self._fn)} " \
-               f"(target {self._target!r}, {len(self._cache)} entries)>"
+               f"(target {str(self._target)!r}, {len(self._cache)} entries)>"
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """As a method: the instance becomes the first argument (name it in static_argnames)."""
@@ -287,18 +288,24 @@ class JitFunction:
                  ) -> _Entry | Program:
         dump_dir = resolve_dump_dir(self._dump)
         try:
-            captured, optimized, report = self._trace_and_optimize(key, args, kwargs, dump_dir)
+            captured = self._capture(key, args, kwargs)
         except GraphBreakError:
             if self._fullgraph or _key_symbols(key):   # symbolic: compiled static instead
                 raise
             return self._trace_in_regions(key, args, kwargs, None, 0)
-        if _key_symbols(key):
-            executable: Executable = DynamicExecutable(
-                optimized, lambda g, where: build_executable(g, self._target, where),
-                optimize=self._optimize_specialized, dump_dir=dump_dir)  # type: ignore[assignment]
-        else:
-            executable = build_executable(optimized, self._target, dump_dir)
-        return _Entry(key, captured, optimized, report, executable)
+        # The compile driver: graph pipeline, kernels, schedules, lowering, codegen; an entry
+        # with symbolic dims gets a DynamicExecutable whose specialisations run the pipeline
+        # again on their static graphs.
+        compiled = compile_graph(captured.graph, self._target, self._options(dump_dir))
+        return _Entry(key, captured, compiled.optimized, compiled.report, compiled.executable)
+
+    def _capture(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured:
+        """The graph of this call (``tilefuse.grad`` appends the gradients)."""
+        return capture(self._fn, self._names, args, kwargs, key[1], key[2],
+                       fullgraph=self._fullgraph)
+
+    def _options(self, dump_dir: Path | None) -> CompileOptions:
+        return CompileOptions(dump_dir=dump_dir, debug=self._debug, pipeline=self._pipeline)
 
     # ---- graph breaks (see tilefuse.frontend.graph_breaks) -----------------------------------
 
@@ -318,9 +325,8 @@ class JitFunction:
     def _compile_region(self, graph: Graph, number: int) -> tuple[Graph, Any, Any]:
         dump_dir = resolve_dump_dir(self._dump)
         where = None if dump_dir is None else dump_dir / f"region-{number:02d}"
-        optimized, report = run_pipeline(graph, self._pipeline, dump_dir=where,
-                                          debug=self._debug)
-        return optimized, report, build_executable(optimized, self._target, where)
+        compiled = compile_graph(graph, self._target, self._options(where))
+        return compiled.optimized, compiled.report, compiled.executable
 
     def _retrace(self, program: Program, args: tuple[Any, ...], kwargs: dict[str, Any],
                  printed: int) -> Any:
@@ -357,11 +363,6 @@ class JitFunction:
             else:
                 lines.append(f"{signature}: one region, no graph breaks")
         return "\n".join(lines)
-
-    def _optimize_specialized(self, graph: Graph) -> Graph:
-        """The pipeline again on a graph whose symbols were replaced by sizes (so that a
-        specialisation is what a static compile of those sizes builds)."""
-        return run_pipeline(graph, self._pipeline, debug=self._debug)[0]
 
     # ---- dynamic dims ----------------------------------------------------------------------
 
@@ -457,10 +458,8 @@ class JitFunction:
 
     def _trace_and_optimize(self, key: Key, args: tuple[Any, ...], kwargs: dict[str, Any],
                             dump_dir: Path | None) -> tuple[Captured, Graph, Any]:
-        captured = capture(self._fn, self._names, args, kwargs, key[1], key[2],
-                           fullgraph=self._fullgraph)
-        optimized, report = run_pipeline(captured.graph, self._pipeline, dump_dir=dump_dir,
-                                         debug=self._debug)
+        captured = self._capture(key, args, kwargs)
+        optimized, report = optimize(captured.graph, self._options(dump_dir))
         return captured, optimized, report
 
     # ---- introspection ---------------------------------------------------------------------
@@ -532,21 +531,21 @@ class JitFunction:
 
 
 @overload
-def jit(fn: Callable[..., Any], *, target: str = ..., dump: str | Path | None = ...,
+def jit(fn: Callable[..., Any], *, target: str | Target = ..., dump: str | Path | None = ...,
         debug: bool = ..., static_argnames: Iterable[str] | str = ...,
         dynamic: DynamicSpec = ..., max_recompiles: int = ..., reassociate: bool = ...,
         fullgraph: bool = ..., quantize: Any = ...) -> JitFunction: ...
 
 
 @overload
-def jit(fn: None = ..., *, target: str = ..., dump: str | Path | None = ...,
+def jit(fn: None = ..., *, target: str | Target = ..., dump: str | Path | None = ...,
         debug: bool = ..., static_argnames: Iterable[str] | str = ...,
         dynamic: DynamicSpec = ..., max_recompiles: int = ..., reassociate: bool = ...,
         fullgraph: bool = ..., quantize: Any = ...
         ) -> Callable[[Callable[..., Any]], JitFunction]: ...
 
 
-def jit(fn: Callable[..., Any] | None = None, *, target: str = "cpu",
+def jit(fn: Callable[..., Any] | None = None, *, target: str | Target = "cpu",
         dump: str | Path | None = None, debug: bool = False,
         static_argnames: Iterable[str] | str = (), dynamic: DynamicSpec = None,
         max_recompiles: int = DEFAULT_MAX_RECOMPILES, reassociate: bool = False,

@@ -10,12 +10,12 @@ callable and the user's line.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-import scipy.special
 
 from tilefuse.errors import TilefuseError, TraceError
 from tilefuse.frontend import np_math as m
@@ -26,7 +26,7 @@ from tilefuse.frontend.tracer import GraphBreakError, TraceContext, Tracer, find
 # ---- ufuncs ----------------------------------------------------------------------------------
 
 # Ufuncs that are one tilefuse op (operands cast to NumPy's loop dtypes, result cast back).
-UFUNC_OPS: Mapping[np.ufunc, str] = MappingProxyType({
+_NUMPY_UFUNC_OPS: Mapping[np.ufunc, str] = MappingProxyType({
     np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "div",
     np.floor_divide: "floordiv", np.remainder: "mod", np.power: "pow",
     np.maximum: "maximum", np.minimum: "minimum",
@@ -36,8 +36,34 @@ UFUNC_OPS: Mapping[np.ufunc, str] = MappingProxyType({
     np.exp: "exp", np.log: "log", np.log1p: "log1p", np.expm1: "expm1", np.sqrt: "sqrt",
     np.reciprocal: "reciprocal", np.tanh: "tanh", np.sin: "sin", np.cos: "cos",
     np.floor: "floor", np.ceil: "ceil", np.rint: "round", np.isnan: "isnan",
-    scipy.special.erf: "erf", scipy.special.expit: "sigmoid",
 })
+_SCIPY_UFUNC_OPS = {"erf": "erf", "expit": "sigmoid"}  # scipy.special name -> op
+
+
+def _scipy_ufuncs() -> dict[np.ufunc, str]:
+    """scipy.special's ufuncs, once the process has imported scipy.special (a caller can only
+    hand a tracer one of them after importing it; ``import tilefuse`` does not load SciPy)."""
+    special = sys.modules.get("scipy.special")
+    if special is None:
+        return {}
+    return {getattr(special, name): op for name, op in _SCIPY_UFUNC_OPS.items()}
+
+
+class _UfuncOps(Mapping[np.ufunc, str]):
+    """NumPy's one-op ufuncs, then scipy.special's (:func:`_scipy_ufuncs`)."""
+
+    def __getitem__(self, ufunc: np.ufunc) -> str:
+        op = _NUMPY_UFUNC_OPS.get(ufunc)
+        return op if op is not None else _scipy_ufuncs()[ufunc]
+
+    def __iter__(self) -> Iterator[np.ufunc]:
+        return iter({**_NUMPY_UFUNC_OPS, **_scipy_ufuncs()})
+
+    def __len__(self) -> int:
+        return len(_NUMPY_UFUNC_OPS) + len(_scipy_ufuncs())
+
+
+UFUNC_OPS: Mapping[np.ufunc, str] = _UfuncOps()
 
 # Logical ufuncs test their operands' truthiness (non-bool operands are cast to bool first).
 LOGICAL_UFUNCS: Mapping[np.ufunc, str] = MappingProxyType({
@@ -102,7 +128,8 @@ def describe(func: Any) -> str:
     """The name users know a callable by: ``np.add``, ``np.linalg.svd``, ``scipy.special.erf``."""
     name = getattr(func, "__name__", repr(func))
     if isinstance(func, np.ufunc):
-        if getattr(scipy.special, name, None) is func:
+        special = sys.modules.get("scipy.special")
+        if special is not None and getattr(special, name, None) is func:
             return f"scipy.special.{name}"
         return f"np.{name}"
     module = getattr(func, "__module__", None) or "numpy"

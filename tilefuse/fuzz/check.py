@@ -109,10 +109,9 @@ def check_graph(graph: Graph, inputs: Sequence[np.ndarray], *,
     """Compiles ``graph`` (default schedules, or random valid ones drawn with
     ``schedule_seed``) and compares it with the reference on ``inputs``."""
     from tilefuse.codegen.target import host_target
+    from tilefuse.driver import CompileOptions, compile, optimize
     from tilefuse.fuzz.schedules import RandomScheduleSource
-    from tilefuse.passes import GRAPH_PIPELINE, run_pipeline
     from tilefuse.runtime.kernel_cache import KernelCache
-    from tilefuse.runtime.native import NativeExecutable
 
     with np.errstate(all="ignore"):
         try:
@@ -122,7 +121,7 @@ def check_graph(graph: Graph, inputs: Sequence[np.ndarray], *,
         reduction = accumulates(graph)
         loosest = loosest_float(graph)
         try:
-            optimised, _ = run_pipeline(graph, GRAPH_PIPELINE)
+            optimised, _ = optimize(graph)  # the driver's stage 1, checked on its own
             verdict = _compare(interpret(optimised, *inputs), expected, reduction, "passes",
                                loosest)
         except Exception as err:
@@ -133,8 +132,8 @@ def check_graph(graph: Graph, inputs: Sequence[np.ndarray], *,
         schedules = None if schedule_seed is None \
             else RandomScheduleSource(target, schedule_seed)
         try:
-            executable = NativeExecutable(optimised, target=target,
-                                          cache=KernelCache(None, target), schedules=schedules)
+            executable = compile(optimised, "cpu", CompileOptions(
+                optimize=False, cache=KernelCache(None, target), schedules=schedules))
         except Exception as err:
             return _crash("build", err)
         given = [np.array(a, copy=True) for a in inputs]

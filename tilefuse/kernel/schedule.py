@@ -460,21 +460,28 @@ def _compute_dtype(group: KernelGroup) -> DType:
 
 
 def as_cpu_target(target: Any = None) -> CpuTarget:
-    """``target`` as a :class:`CpuTarget`: itself, the default ``CpuTarget()`` for None (512-bit
-    vectors, this machine's cores: pass the code generator's host target for this machine's
-    vector width), or built from any
-    object with ``vector_bits`` (and optionally ``cores``), such as the code generator's target.
-    """
+    """``target`` as the schedule rule's :class:`CpuTarget`: itself; the default
+    ``CpuTarget()`` for None (512-bit vectors, this machine's cores); from a
+    :class:`tilefuse.target.Target` or its string (``"x86-64-v3"``: 256-bit vectors); or from
+    the code generator's ``codegen.target.CpuTarget`` (its vector width). Anything else is a
+    ScheduleError."""
     if isinstance(target, CpuTarget):
         return target
     if target is None:
         return CpuTarget()
-    bits = getattr(target, "vector_bits", None)
-    if not _is_int(bits):
-        raise ScheduleError(f"cannot make a schedule for target {target!r}: it names no "
-                            "vector_bits")
-    cores = getattr(target, "cores", None)
-    return CpuTarget(bits, cores) if _is_int(cores) else CpuTarget(bits)
+    from tilefuse.target import Target, TargetError
+
+    if isinstance(target, Target | str):
+        try:
+            return Target.parse(target).schedule_cpu()
+        except TargetError as err:
+            raise ScheduleError(f"cannot make a schedule for target {target!r}: {err}") from None
+    from tilefuse.codegen.target import CpuTarget as LlvmCpu
+
+    if isinstance(target, LlvmCpu):
+        return CpuTarget(target.vector_bits)
+    raise ScheduleError(f"cannot make a schedule for target {target!r}: not a "
+                        "tilefuse.target.Target, a target string or a CpuTarget")
 
 
 def default_schedule(group: KernelGroup, target: CpuTarget | Any = None) -> Schedule:

@@ -1,4 +1,4 @@
-"""The loop IR: loops with kinds, vector loads and stores, locals; printer, simplifier,
+"""The loop IR: loops with kinds, vector loads and stores, locals; printer, parser, simplifier,
 verifier and a NumPy interpreter (the oracle for code generation)."""
 
 from tilefuse.loop.interp import interpret
@@ -37,6 +37,7 @@ from tilefuse.loop.ir import (
     unary,
     var,
 )
+from tilefuse.loop.parser import parse_function
 from tilefuse.loop.printer import format_expr, format_function
 from tilefuse.loop.simplify import fold_constants, fold_expr, hoist_invariants, simplify
 from tilefuse.loop.verify import verify
@@ -46,5 +47,6 @@ __all__ = [
     "LocalStore", "LoopFunction", "LoopKind", "Prefetch", "Stmt", "Store", "XOp", "binary", "block",
     "broadcast", "cast", "const", "fma", "fold_constants", "fold_expr", "format_expr",
     "format_function", "hoist_invariants", "interpret", "load", "local_load", "loop", "maximum",
-    "minimum", "reduce", "select", "simplify", "thread_id", "unary", "var", "verify",
+    "minimum", "parse_function", "reduce", "select", "simplify", "thread_id", "unary", "var",
+    "verify",
 ]

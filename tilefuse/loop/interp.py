@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import scipy.special
 
 from tilefuse.codegen.scalar_ops import apply_op, reduction_identity
 from tilefuse.dtypes import DType, from_numpy
@@ -38,6 +37,7 @@ from tilefuse.loop.ir import (
     XOp,
 )
 from tilefuse.loop.verify import verify
+from tilefuse.special import erf, expit
 
 Array = np.ndarray
 
@@ -178,10 +178,10 @@ class NumpyOps:
         return self._math(x, np.tanh)
 
     def sigmoid(self, t: LType, x: Array) -> Array:
-        return self._math(x, scipy.special.expit)
+        return self._math(x, expit)
 
     def erf(self, t: LType, x: Array) -> Array:
-        return self._math(x, scipy.special.erf)
+        return self._math(x, erf)
 
     def sin(self, t: LType, x: Array) -> Array:
         return self._math(x, np.sin)

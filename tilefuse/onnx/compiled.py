@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from tilefuse.driver import CompileOptions, compile_graph
 from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import GuardError, TilefuseError
 from tilefuse.frontend.jit import Lowered
@@ -34,10 +35,8 @@ from tilefuse.onnx.context import InputValueNeeded
 from tilefuse.onnx.importer import import_graph
 from tilefuse.onnx.model import ModelInfo, TensorSpec
 from tilefuse.onnx.tensors import OnnxError
-from tilefuse.passes.manager import run_pipeline
 from tilefuse.passes.quantize import parse_quantize, pipeline_for
-from tilefuse.runtime.dynamic import DynamicExecutable
-from tilefuse.runtime.executable import build_executable, check_target
+from tilefuse.target import Target
 
 # input shapes, then the bytes of the inputs compiled per value (see InputValueNeeded)
 Key = tuple[tuple[tuple[int, ...], ...], tuple[bytes, ...]]
@@ -126,12 +125,11 @@ class OnnxModel:
     """A model from :func:`tilefuse.onnx.load`. ``model(*arrays)`` returns the single output
     or a list of outputs; ``model.run(None, {"x": x})`` returns a list, as onnxruntime does."""
 
-    def __init__(self, info: ModelInfo, *, target: str = "cpu",
+    def __init__(self, info: ModelInfo, *, target: str | Target = "cpu",
                  dump: str | Path | None = None, quantize: Any = None):
-        check_target(target)
         self._pipeline = pipeline_for(parse_quantize(quantize))
         self.info = info
-        self._target = target
+        self._target = Target.parse(target)  # TargetError (a CompileError) naming it
         self._dump = dump
         self._cache: dict[Key, Lowered] = {}
         self._by_value: list[int] = []   # indices of inputs compiled per value, in order
@@ -142,7 +140,7 @@ class OnnxModel:
 
     def __repr__(self) -> str:
         return (f"<tilefuse.onnx model {self.info.name!r} (opset {self.info.opset}, target "
-                f"{self._target!r}, {len(self._cache)} compiled signatures)>")
+                f"{str(self._target)!r}, {len(self._cache)} compiled signatures)>")
 
     @property
     def input_names(self) -> list[str]:
@@ -235,7 +233,7 @@ class OnnxModel:
         types = symbolic_input_types(self.info.inputs)
         try:
             graph = import_graph(self.info, types)
-            self.symbolic = self._build(graph, symbolic=True)
+            self.symbolic = self._build(graph)  # symbolic dims: a DynamicExecutable
         except Exception as err:  # a bug in a symbolic build must not stop the load either
             named = sorted({str(d) for t in types for d in t.shape if not isinstance(d, int)})
             level = logging.INFO if isinstance(err, (OnnxError, TilefuseError)) \
@@ -246,16 +244,12 @@ class OnnxModel:
             return False
         return True
 
-    def _build(self, graph: Graph, *, symbolic: bool = False) -> Lowered:
+    def _build(self, graph: Graph) -> Lowered:
         dump_dir = resolve_dump_dir(self._dump)
-        optimized, report = run_pipeline(graph, self._pipeline, dump_dir=dump_dir)
-        if symbolic:
-            executable: Any = DynamicExecutable(
-                optimized, lambda g, at: build_executable(g, self._target, at),
-                optimize=lambda g: run_pipeline(g, self._pipeline)[0], dump_dir=dump_dir)
-        else:
-            executable = build_executable(optimized, self._target, dump_dir)
-        return Lowered(graph, optimized, report, executable)
+        # The compile driver (a graph with symbolic dims: a DynamicExecutable).
+        compiled = compile_graph(graph, self._target,
+                                 CompileOptions(dump_dir=dump_dir, pipeline=self._pipeline))
+        return Lowered(graph, compiled.optimized, compiled.report, compiled.executable)
 
     def compile_static(self) -> None:
         """Compiles the one signature of a model whose input shapes are all fixed, unless a

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import scipy.special
 
 from tilefuse.dtypes import ALL_TYPES, NUMERIC_TYPES, DType, promote_all
 from tilefuse.errors import AttrError, DTypeError
@@ -33,6 +32,7 @@ from tilefuse.ops.rules import (
     same_shape,
     work_dtype,
 )
+from tilefuse.special import erf, expit
 
 DTypeRule = Callable[[tuple[DType, ...], Any], tuple[DType, ...]]
 Lowering = Callable[..., Any]
@@ -83,7 +83,7 @@ def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
     if approximate == "tanh":
         c = np.sqrt(2.0 / np.pi).astype(x.dtype)
         return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x * x * x)))
-    return 0.5 * x * (1.0 + scipy.special.erf(x / np.sqrt(2.0).astype(x.dtype)))
+    return 0.5 * x * (1.0 + erf(x / np.sqrt(2.0).astype(x.dtype)))
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
@@ -268,16 +268,16 @@ RECIPROCAL = _unary("reciprocal", lambda x: 1.0 / x, doc="1/x (f64 for integer i
                     vjp=_chain(lambda d, x, out: d.op("neg", d.op("mul", out, out))))
 TANH = _unary("tanh", np.tanh, lowering=lambda ops, x: ops.unary("tanh", x),
               vjp=_chain(lambda d, x, out: _one_minus(d, d.op("mul", out, out))))
-SIGMOID = _unary("sigmoid", scipy.special.expit, doc="1/(1+exp(-x))",
+SIGMOID = _unary("sigmoid", expit, doc="1/(1+exp(-x))",
                  lowering=lambda ops, x: ops.unary("sigmoid", x),
                  vjp=_chain(lambda d, x, out: d.op("mul", out, _one_minus(d, out))))
-ERF = _unary("erf", scipy.special.erf, lowering=lambda ops, x: ops.unary("erf", x),
+ERF = _unary("erf", erf, lowering=lambda ops, x: ops.unary("erf", x),
              vjp=_chain(_erf_derivative))
 GELU = _unary("gelu", _gelu,
               attrs=(attr("approximate", AttrType.STR, "none", choices=("none", "tanh")),),
               doc="x·Φ(x), exactly (erf) or with the tanh approximation", lowering=_gelu_lowering,
               vjp=_gelu_vjp)
-SILU = _unary("silu", lambda x: x * scipy.special.expit(x), doc="x·sigmoid(x)",
+SILU = _unary("silu", lambda x: x * expit(x), doc="x·sigmoid(x)",
               lowering=lambda ops, x: ops.map(lambda v: v * ops.call("sigmoid", v), x),
               vjp=_chain(_silu_derivative))
 SOFTPLUS = _unary("softplus", lambda x: np.logaddexp(x.dtype.type(0), x), doc="log(1+exp(x))",

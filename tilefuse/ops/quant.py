@@ -24,13 +24,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import scipy.special
 
 from tilefuse.dtypes import DType
 from tilefuse.errors import DTypeError, ShapeError
 from tilefuse.graph.ir import Attrs
 from tilefuse.graph.types import Shape, format_shape
 from tilefuse.ops.registry import AttrType, OpDef, OpKind, Trait, attr
+from tilefuse.special import erf
 
 ACTIVATIONS = ("none", "relu", "gelu")
 _F32 = np.float32
@@ -78,7 +78,7 @@ def epilogue(v: np.ndarray, act: str) -> np.ndarray:
     """The fused activation: relu, or the exact (erf) GELU in the order ops.elementwise's
     ``gelu`` reference computes it."""
     if act == "gelu":
-        return (_F32(0.5) * v * (_F32(1) + scipy.special.erf(v / _F32(np.sqrt(2.0))))
+        return (_F32(0.5) * v * (_F32(1) + erf(v / _F32(np.sqrt(2.0))))
                 ).astype(_F32)
     return np.maximum(v, _F32(0)) if act == "relu" else v
 

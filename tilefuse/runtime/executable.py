@@ -15,11 +15,12 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from tilefuse.errors import CompileError
 from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph
+from tilefuse.target import Target
 
 KNOWN_TARGETS: tuple[str, ...] = ("cpu", "reference", "cuda")
+"""The target kinds (:class:`tilefuse.target.Target` parses the full spellings)."""
 
 
 @runtime_checkable
@@ -69,19 +70,14 @@ class InterpreterExecutable:
 
 
 def build_executable(graph: Graph, target: str, dump_dir: Path | str | None = None) -> Executable:
-    """An executable of ``graph`` for ``target`` ("cpu", "reference" or "cuda")."""
-    check_target(target)
-    if target == "cuda":
-        from tilefuse.runtime.gpu import build_cuda
-        return build_cuda(graph, dump_dir)
-    if target == "cpu":
-        from tilefuse.runtime.native import build_native  # lazy: "reference" needs no LLVM
-        return build_native(graph, dump_dir)
-    return InterpreterExecutable(graph)
+    """An executable of the optimised ``graph`` for ``target`` ("cpu", "reference", "cuda", ...):
+    the compile driver's back-end stages (:func:`tilefuse.driver.build`)."""
+    from tilefuse.driver import CompileOptions, build
+
+    return build(graph, target, CompileOptions(dump_dir=dump_dir))
 
 
-def check_target(target: str) -> None:
-    """CompileError unless ``target`` names a target tilefuse can build for."""
-    if target not in KNOWN_TARGETS:
-        raise CompileError(f"unknown target {target!r}; known targets: "
-                           + ", ".join(KNOWN_TARGETS))
+def check_target(target: object) -> None:
+    """CompileError (a :class:`~tilefuse.target.TargetError`) unless ``target`` names a target
+    tilefuse can build for (:meth:`tilefuse.target.Target.parse`)."""
+    Target.parse(target)  # type: ignore[arg-type]

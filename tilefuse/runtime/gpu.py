@@ -3,7 +3,8 @@
 Building has two halves so that everything but the launch runs (and is tested) on machines
 without a GPU:
 
-1. :func:`build_gpu_program` (no GPU needed): decompose composites, form kernel groups, fold
+1. :func:`build_gpu_program` (no GPU needed): take the driver's kernel plan
+   (:func:`tilefuse.driver.plan_kernels`: composites decomposed, kernel groups), fold
    constant groups, lower each group with the GPU lowerings (:mod:`tilefuse.kernel.lower_gpu`)
    and compile it to PTX (:mod:`tilefuse.codegen.llvm_nvptx`). A matmul group becomes a cuBLAS
    product (:mod:`tilefuse.runtime.cublas`) followed by its epilogue as a generated elementwise
@@ -43,28 +44,22 @@ from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.graph.types import is_static
 from tilefuse.kernel.access import kernel_buffers
-from tilefuse.kernel.fusion import KernelGroup, KernelKind, form_kernels
+from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan
 from tilefuse.kernel.lower_gpu import GPU_KINDS, lower_group_gpu
-from tilefuse.kernel.lower_gpu_attention import (
-    attention_alternatives,
-    group_attention,
-    unfuse_attention,
-)
+from tilefuse.kernel.lower_gpu_attention import attention_alternatives, group_attention
 from tilefuse.kernel.lower_gpu_contraction import split_contraction
 from tilefuse.kernel.lower_matmul import matmul_shape
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import LoopFunction
 from tilefuse.loop.printer import format_function
-from tilefuse.passes.decompose import decompose_composites
 from tilefuse.runtime.cublas import CUBLAS_DTYPES, Cublas, GemmShape
 from tilefuse.runtime.cuda_driver import CudaContext, CudaError, DeviceBuffer
 from tilefuse.runtime.cuda_graph import CudaGraph, GraphReplay, graphs_enabled
 from tilefuse.runtime.device_arrays import device_kind
 from tilefuse.runtime.dynamic import SymbolBinder
-from tilefuse.runtime.gpu_prepare import prepare_for_gpu
 from tilefuse.runtime.memory import MemoryPlan, plan_from_liveness, value_names
-from tilefuse.tune.database import TuningDatabase
-from tilefuse.tune.gpu import tuned_target
+from tilefuse.schedules.database import TuningDatabase
+from tilefuse.schedules.gpu import tuned_target
 
 
 @dataclass(frozen=True)
@@ -229,18 +224,24 @@ def _nbytes(value: Value) -> int:
 
 def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
                       dump_dir: Path | str | None = None,
-                      database: TuningDatabase | None = None) -> GpuProgram:
+                      database: TuningDatabase | None = None,
+                      plan: KernelPlan | None = None) -> GpuProgram:
     """Plans, lowers and compiles ``graph`` to PTX (see the module docstring); a kernel with
-    a schedule measured in ``database`` (:mod:`tilefuse.tune.gpu`) is built with it."""
+    a schedule measured in ``database`` (looked up by :mod:`tilefuse.schedules.gpu`) is built
+    with it."""
     for v in [*graph.inputs, *(o for n in graph.nodes for o in n.outputs)]:
         if not is_static(v.shape):
             raise CompileError(f"the cuda target needs static shapes, got {v.type}")
-    graph, _ = decompose_composites(unfuse_attention(prepare_for_gpu(graph)))
+    if plan is None:  # the driver's kernel formation (it passes the plan it made)
+        from tilefuse.driver import plan_kernels
+
+        plan = plan_kernels(graph, "cuda")
+    graph = plan.graph
     constants = {n.output: n.attrs["value"].array for n in graph.nodes
                  if n.op.name == "constant"}
     program = GpuProgram(graph, target, constants)
     log = get_logger("fallback")
-    for group in form_kernels(graph).groups:
+    for group in plan.groups:
         if all(v in constants for v in group.inputs):
             evaluate_group(group.nodes, constants)
             continue
@@ -615,12 +616,17 @@ def _agrees(got: np.ndarray, want: np.ndarray) -> bool:
     return bool(np.isfinite(got).all()) and float(np.linalg.norm(got - want)) <= 1e-2 * scale
 
 
-def build_cuda(graph: Graph, dump_dir: Path | str | None = None) -> CudaExecutable:
-    """The ``cuda`` target's executable of ``graph`` (CudaError without a usable GPU)."""
+def build_cuda(graph: Graph, dump_dir: Path | str | None = None, *,
+               target: Any = "cuda") -> CudaExecutable:
+    """The ``cuda`` target's executable of ``graph`` (CudaError without a usable GPU);
+    ``target`` ("cuda", "cuda:sm_80", a :class:`~tilefuse.target.Target`) names the compute
+    capability, else the device's is used."""
+    from tilefuse.target import Target
+
     context = CudaContext()
-    target = GpuTarget(arch="sm_90" if context.info.compute_capability >= (9, 0)
-                       else context.info.arch)
-    return CudaExecutable(build_gpu_program(graph, target, dump_dir), context)
+    gpu = Target.parse(target).gpu("sm_90" if context.info.compute_capability >= (9, 0)
+                                   else context.info.arch)
+    return CudaExecutable(build_gpu_program(graph, gpu, dump_dir), context)
 
 
 __all__ = ["CudaExecutable", "FusedStep", "GpuKernel", "GpuProgram", "HostGroup", "build_cuda",

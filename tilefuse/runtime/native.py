@@ -2,7 +2,8 @@
 
 Building one (:class:`NativeExecutable`) runs, once per graph:
 
-1. decompose composites (softmax, layer_norm, ...) and form kernel groups;
+1. take the kernel plan (decomposed composites, kernel groups) from the compile driver
+   (:func:`tilefuse.driver.plan_kernels`; :func:`tilefuse.driver.build` passes it in);
 2. evaluate the constants, and fold groups whose inputs are all constants (run with the
    references, kept as arrays);
 3. give each group its default schedule and lower it: matmul groups with
@@ -41,6 +42,7 @@ import numpy as np
 from tilefuse.codegen.jit import CompiledKernel, KernelSignature, aligned_empty
 from tilefuse.codegen.launcher import CompiledLauncher
 from tilefuse.codegen.target import CpuTarget, host_target
+from tilefuse.driver import plan_kernels
 from tilefuse.dump import DumpWriter
 from tilefuse.errors import CompileError, GuardError, TilefuseError
 from tilefuse.graph.interpreter import run_node
@@ -57,10 +59,8 @@ from tilefuse.kernel.fusion import (
     KernelGroup,
     KernelKind,
     KernelPlan,
-    form_kernels,
     is_pointwise,
 )
-from tilefuse.kernel.legalize import legalize_matmuls
 from tilefuse.kernel.lower_attention import lower_attention
 from tilefuse.kernel.lower_elementwise import lower_elementwise, lower_group
 from tilefuse.kernel.lower_gather import INDEX_ERROR, index_error, is_gather_group, lower_gather
@@ -74,7 +74,6 @@ from tilefuse.kernel.plan_printer import print_plan, value_names
 from tilefuse.kernel.schedule import Schedule, as_cpu_target, default_schedule
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import Expr, LoopFunction
-from tilefuse.passes.decompose import decompose_composites
 from tilefuse.passes.quantize import quantization_summary
 from tilefuse.progress import BuildProgress
 from tilefuse.runtime.addresses import AddressCache
@@ -166,27 +165,31 @@ def _nbytes(value: Value, sizes: Sizes = {}) -> int:  # noqa: B006 (read only)
 
 
 def prepare_graph(graph: Graph) -> Graph:
-    """The graph kernel formation sees in a CPU build: composites decomposed, and matmuls the
-    contraction kernel does not take legalised (:mod:`tilefuse.kernel.legalize`)."""
-    decomposed, _ = decompose_composites(graph)
-    return legalize_matmuls(decomposed)[0]
+    """The graph kernel formation sees in a CPU build (the compile driver's
+    :func:`~tilefuse.driver.prepare`)."""
+    from tilefuse.driver import prepare
+
+    return prepare(graph, "cpu")
 
 
 class _Builder:
     """Everything :class:`NativeExecutable` does once: plan, lower, compile, place buffers."""
 
     def __init__(self, graph: Graph, target: CpuTarget, cache: KernelCache,
-                 schedules: ScheduleSource | None = None, *, symbolic: bool = False):
+                 schedules: ScheduleSource | None = None, *, symbolic: bool = False,
+                 plan: KernelPlan | None = None):
         """``symbolic``: the graph may have symbolic dims; groups whose kind lowers with runtime
-        extents are lowered once, the others are left for :meth:`lower` per size binding."""
+        extents are lowered once, the others are left for :meth:`lower` per size binding.
+        ``plan``: the driver's kernel plan of ``graph`` (made here, by the driver's stage,
+        when None)."""
         for v in [*graph.inputs, *(o for n in graph.nodes for o in n.outputs)]:
             if not symbolic and not is_static(v.shape):
                 raise CompileError(f"the native executable needs static shapes, got {v.type}")
         self.target = target
         self.cache = cache
         self.schedules = schedules or ScheduleSource(target)
-        self.graph = prepare_graph(graph)
-        self.plan: KernelPlan = form_kernels(self.graph)
+        self.plan: KernelPlan = plan if plan is not None else plan_kernels(graph)
+        self.graph = self.plan.graph
         self.names = value_names(self.graph)
         self.log = get_logger("fallback")
         self.constants: dict[Value, np.ndarray] = {  # literals as they are: only read
@@ -552,9 +555,10 @@ class NativeExecutable:
 
     def __init__(self, graph: Graph, dump_dir: Path | str | None = None, *,
                  target: CpuTarget | None = None, cache: KernelCache | None = None,
-                 schedules: ScheduleSource | None = None):
+                 schedules: ScheduleSource | None = None, plan: KernelPlan | None = None):
         target = target or host_target()
-        build = _Builder(graph, target, cache or KernelCache.from_env(target), schedules)
+        build = _Builder(graph, target, cache or KernelCache.from_env(target), schedules,
+                         plan=plan)
         self._assemble(graph, build, build.pending, {})
         if dump_dir is not None:
             build.dump(dump_dir, self.memory_plan)
@@ -775,10 +779,9 @@ def _describe(array: object) -> str:
 
 def build_native(graph: Graph, dump_dir: Path | str | None = None
                  ) -> NativeExecutable | SymbolicNativeExecutable:
-    """The native CPU executable of ``graph`` (what ``build_executable(graph, "cpu")`` makes):
-    with symbolic input dims, one :class:`SymbolicNativeExecutable` serving every size."""
-    if any(not is_static(v.shape) for v in graph.inputs):
-        from tilefuse.runtime.native_symbolic import SymbolicNativeExecutable
+    """The native CPU executable of ``graph`` (the compile driver's back-end stages for
+    target "cpu"): with symbolic input dims, one :class:`SymbolicNativeExecutable` serving
+    every size."""
+    from tilefuse.driver import CompileOptions, build
 
-        return SymbolicNativeExecutable(graph, dump_dir)
-    return NativeExecutable(graph, dump_dir)
+    return build(graph, "cpu", CompileOptions(dump_dir=dump_dir))  # type: ignore[return-value]

@@ -1,8 +1,8 @@
 """The native CPU executable of a graph with symbolic dims: one build for every size.
 
-The build (:class:`SymbolicNativeExecutable`) runs once on the symbolic graph: decompose, form
-kernels, fold constant groups, and lower every group whose kind takes runtime extents
-(:data:`~tilefuse.runtime.native.SYMBOLIC_KINDS`) with each symbol as an ``i64`` scalar
+The build (:class:`SymbolicNativeExecutable`) runs once on the symbolic graph: it takes the
+driver's kernel plan, folds constant groups, and lowers every group whose kind takes runtime
+extents (:data:`~tilefuse.runtime.native.SYMBOLIC_KINDS`) with each symbol as an ``i64`` scalar
 parameter ``dim_<symbol>`` of the kernel; those kernels are compiled once.
 
 A call binds each symbol from the input shapes (:class:`SymbolConflict` when one symbol meets
@@ -34,7 +34,7 @@ from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.errors import CompileError, TilefuseError
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.graph.types import Sym, TensorType
-from tilefuse.kernel.fusion import KernelGroup
+from tilefuse.kernel.fusion import KernelGroup, KernelPlan
 from tilefuse.log import get_logger
 from tilefuse.passes.shape_infer import specialize
 from tilefuse.runtime.dynamic import SymbolBinder, SymbolGuardError, symbols_of
@@ -46,6 +46,7 @@ from tilefuse.runtime.native import (
     _Pending,
     bound_shape,
 )
+from tilefuse.runtime.schedules import ScheduleSource
 
 DEFAULT_MAX_SIZES = 64
 """Size bindings whose arena, launcher and per-size kernels are kept."""
@@ -61,12 +62,13 @@ class SymbolicNativeExecutable:
 
     def __init__(self, graph: Graph, dump_dir: Path | str | None = None, *,
                  target: CpuTarget | None = None, cache: KernelCache | None = None,
-                 max_sizes: int = DEFAULT_MAX_SIZES):
+                 max_sizes: int = DEFAULT_MAX_SIZES, schedules: ScheduleSource | None = None,
+                 plan: KernelPlan | None = None):
         target = target or host_target()
         self.graph = graph
         self.symbols: tuple[Sym, ...] = symbols_of(graph)
         self._builder = _Builder(graph, target, cache or KernelCache.from_env(target),
-                                 symbolic=True)
+                                 schedules, symbolic=True, plan=plan)
         self._signature = SymbolBinder.of(graph)
         self._sized: OrderedDict[tuple[int, ...], NativeExecutable] = OrderedDict()
         self._max_sizes = max(1, int(max_sizes))

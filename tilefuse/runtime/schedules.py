@@ -49,7 +49,7 @@ class ScheduleSource:
 
     The database is opened once per build, on the first tunable kernel, with one connection;
     each kernel costs one indexed query (the fastest finite row of its key). The key is computed
-    from the group alone (:func:`tilefuse.tune.fingerprint.group_fingerprint`: no graph is
+    from the group alone (:func:`tilefuse.schedules.fingerprint.group_fingerprint`: no graph is
     rebuilt and no constant's bytes are hashed), so a warm hit adds well under a millisecond
     per kernel once the database module is imported."""
 
@@ -78,8 +78,8 @@ class ScheduleSource:
 
     def _lookup(self, group: KernelGroup, constants: Mapping[Value, np.ndarray]
                 ) -> tuple[Schedule, float] | None:
-        from tilefuse.tune.database import SQLiteDatabase, TuneKey
-        from tilefuse.tune.fingerprint import group_fingerprint, target_string
+        from tilefuse.schedules.database import SQLiteDatabase, TuneKey
+        from tilefuse.schedules.fingerprint import group_fingerprint, target_string
 
         try:
             if self._db is None:

@@ -4,14 +4,15 @@ One module per concept, each an abstract base with a trivial and a real implemen
 
 - :mod:`~tilefuse.tune.task` the kernel under tuning (standalone graph, built by the native
   runtime's own builder with the candidate schedule, reference outputs);
-- :mod:`~tilefuse.tune.fingerprint` the database key of a kernel (what builds compute);
+- :mod:`~tilefuse.schedules.fingerprint` the database key of a kernel (what builds compute);
 - :mod:`~tilefuse.tune.space` ``FixedSpace`` / knob spaces generated from the group;
 - :mod:`~tilefuse.tune.search` ``RandomSearch`` / ``EvolutionarySearch``;
 - :mod:`~tilefuse.tune.features` loop-IR features; :mod:`~tilefuse.tune.cost_model`
   ``RandomModel`` / ``LightGBMModel`` (a ranking objective);
 - :mod:`~tilefuse.tune.runner` ``InProcessRunner`` / ``LocalRunner`` (isolated worker, timeout);
   :mod:`~tilefuse.tune.runner_ray` ``RayRunner`` (Ray tasks, for a cluster);
-- :mod:`~tilefuse.tune.database` ``MemoryDatabase`` / ``SQLiteDatabase`` (WAL);
+- :mod:`~tilefuse.schedules.database` ``MemoryDatabase`` / ``SQLiteDatabase`` (WAL): the
+  schedule store, its own package (builds read it and never import the tuner);
 - :mod:`~tilefuse.tune.roofline` ``NoRoofline`` / ``MeasuredRoofline``;
 - :mod:`~tilefuse.tune.tuner` ``tune_group`` / ``tune_task``;
 - :mod:`~tilefuse.tune.budget` the budget split by each kernel's share of the time;
@@ -22,7 +23,7 @@ One module per concept, each an abstract base with a trivial and a real implemen
   tilefuse.tune --demo``).
 
 Every name is imported on first use, so a build that only looks up tuned schedules (which
-imports :mod:`~tilefuse.tune.database` and :mod:`~tilefuse.tune.fingerprint`) does not load
+imports :mod:`tilefuse.schedules`) does not load
 the tuner, the runners or LightGBM.
 """
 

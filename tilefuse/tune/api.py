@@ -54,9 +54,9 @@ from tilefuse.runtime.disk_cache import (
     create_private_directory,
 )
 from tilefuse.runtime.schedules import tune_db_path
+from tilefuse.schedules.database import SQLiteDatabase
 from tilefuse.tune.budget import MIN_SHARE, Allocation, BudgetPlan, profile_kernels
 from tilefuse.tune.cost_model import CostModel, best_model
-from tilefuse.tune.database import SQLiteDatabase
 from tilefuse.tune.in_model import ModelCheck, TunedKernel, check_in_model
 from tilefuse.tune.progress import Progress
 from tilefuse.tune.roofline import MeasuredRoofline, Roofline
@@ -222,10 +222,9 @@ def graph_of(source: Any, args: Sequence[Any]) -> Graph:
 
 def optimize_graph(graph: Graph) -> Graph:
     """``graph`` through the pass pipeline builds run (what they compile)."""
-    from tilefuse.passes.manager import run_pipeline
-    from tilefuse.passes.pipeline import GRAPH_PIPELINE
+    from tilefuse.driver import optimize
 
-    return run_pipeline(graph, GRAPH_PIPELINE)[0]
+    return optimize(graph)[0]
 
 
 def _is_model_proto(source: Any) -> bool:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,9 +30,9 @@ from tilefuse.graph.ir import Graph
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.schedule import Schedule
 from tilefuse.log import get_logger
+from tilefuse.schedules.database import TuningDatabase
+from tilefuse.schedules.gpu import gpu_key, gpu_target_string, knob_target, tuned_target
 from tilefuse.testing import assert_close, random_array
-from tilefuse.tune.database import TuneKey, TuningDatabase
-from tilefuse.tune.fingerprint import group_fingerprint
 
 KNOBS: dict[KernelKind, dict[str, tuple[int, ...]]] = {
     KernelKind.ELEMENTWISE: {"elementwise_unroll": (1, 2, 4, 8),
@@ -44,34 +44,12 @@ KNOBS: dict[KernelKind, dict[str, tuple[int, ...]]] = {
 """The knobs each kind's GPU lowering reads, with the values tried (``register_row`` 1 keeps
 rows out of registers)."""
 
-_FIELDS = {f.name for f in fields(GpuTarget)}
-
-
-def gpu_target_string(target: GpuTarget = SM90) -> str:
-    """What a GPU measurement is valid for (the database's target column)."""
-    return f"cuda/{target.triple}/{target.arch}/ptx{target.ptx_isa}"
-
-
-def gpu_key(group: KernelGroup, constants: object, target: GpuTarget = SM90) -> TuneKey:
-    known = constants if isinstance(constants, dict) else {}
-    return TuneKey(group_fingerprint(group, known), gpu_target_string(target))
-
-
 def gpu_candidates(group: KernelGroup) -> list[Schedule]:
     """Every combination of the kind's knobs (none for kinds without GPU knobs)."""
     knobs = KNOBS.get(group.kind, {})
     names = sorted(knobs)
     return [Schedule(group.kind, unroll=tuple(zip(names, values)))
             for values in itertools.product(*(knobs[n] for n in names))] if knobs else []
-
-
-def knob_target(base: GpuTarget, schedule: Schedule) -> GpuTarget:
-    """``base`` with the schedule's knobs set (TilefuseError for a knob GpuTarget lacks)."""
-    knobs = dict(schedule.unroll)
-    unknown = sorted(set(knobs) - _FIELDS)
-    if unknown:
-        raise TilefuseError(f"GPU schedule names unknown knobs {unknown}")
-    return replace(base, **knobs)
 
 
 @dataclass(frozen=True)
@@ -157,15 +135,6 @@ class _KernelBench:
             assert_close(got, want, reduction=self.reduction)
         return statistics.median(self.ctx.time_ms(run, self.repeats)
                                  for _ in range(self.rounds))
-
-
-def tuned_target(group: KernelGroup, constants: object, target: GpuTarget,
-                 database: TuningDatabase | None) -> GpuTarget:
-    """``target`` with the database's fastest schedule of ``group`` applied, if any."""
-    if database is None:
-        return target
-    found = database.best(gpu_key(group, constants, target))
-    return target if found is None else knob_target(target, found[0])
 
 
 __all__ = ["KNOBS", "GpuTuned", "gpu_candidates", "gpu_key", "gpu_target_string",

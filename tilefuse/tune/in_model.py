@@ -22,14 +22,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilefuse.codegen.target import CpuTarget, host_target
+from tilefuse.driver import CompileOptions, compile
 from tilefuse.graph.ir import Graph
 from tilefuse.kernel.schedule import Schedule
 from tilefuse.runtime.kernel_cache import KernelCache
-from tilefuse.runtime.native import NativeExecutable
 from tilefuse.runtime.profile import step_calls
 from tilefuse.runtime.schedules import ForcedSchedules
+from tilefuse.schedules.database import TuneKey, TuningDatabase
 from tilefuse.testing import random_array
-from tilefuse.tune.database import TuneKey, TuningDatabase
 from tilefuse.tune.task import TuneError
 from tilefuse.tune.tuner import paired_gain
 
@@ -106,11 +106,11 @@ def check_in_model(graph: Graph, tuned: Sequence[TunedKernel], db: TuningDatabas
     target = target or host_target()
     arrays = list(inputs) if inputs is not None else example_arrays(graph)
     cache = KernelCache(None, target)   # the kernels both builds share compile once
-    default = NativeExecutable(graph, target=target, cache=cache,
-                               schedules=ForcedSchedules(target, {}))
     verdicts = {name: t.verdict for t in changed for name in t.names}
-    tuned_exe = NativeExecutable(graph, target=target, cache=cache,
-                                 schedules=ForcedSchedules(target, verdicts))
+    default, tuned_exe = (  # the optimised graph through the driver's back-end stages
+        compile(graph, "cpu", CompileOptions(optimize=False, cache=cache,
+                                             schedules=ForcedSchedules(target, forced)))
+        for forced in ({}, verdicts))
     builds = {"default": step_calls(default, arrays), "tuned": step_calls(tuned_exe, arrays)}
     for steps in builds.values():
         _timed_round(steps)   # warm-up

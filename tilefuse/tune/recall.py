@@ -24,6 +24,8 @@ import numpy as np
 from tilefuse.codegen.target import host_target
 from tilefuse.errors import TilefuseError
 from tilefuse.kernel.schedule import Schedule
+from tilefuse.schedules.database import TuneKey, TuningDatabase
+from tilefuse.schedules.fingerprint import target_string
 from tilefuse.tune.cost_model import (
     DEFAULT_OBJECTIVE,
     CostModel,
@@ -32,9 +34,7 @@ from tilefuse.tune.cost_model import (
     cross_validated_recall,
     lightgbm_available,
 )
-from tilefuse.tune.database import TuneKey, TuningDatabase
 from tilefuse.tune.features import candidate_features
-from tilefuse.tune.fingerprint import target_string
 from tilefuse.tune.runner import Runner
 from tilefuse.tune.space import space_for
 from tilefuse.tune.task import TuneError, TuneTask

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilefuse.dtypes import DType
+from tilefuse.schedules.database import TuningDatabase
 from tilefuse.tune.bandwidth import Level, StreamProbe, cache_sizes
-from tilefuse.tune.database import TuningDatabase
 
 
 @dataclass(frozen=True)
@@ -165,15 +165,15 @@ counts; ~0.6 s in all here)."""
 def _tilefuse_matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:
     """``c = a @ b`` by tilefuse's matmul kernel (default schedule, B packed once)."""
     from tilefuse.codegen import compile_kernel, host_target
+    from tilefuse.driver import plan_kernels
     from tilefuse.graph.builder import GraphBuilder
-    from tilefuse.kernel.fusion import form_kernels
     from tilefuse.kernel.lower_matmul import lower_matmul
     from tilefuse.kernel.schedule import default_schedule
 
     builder = GraphBuilder("peak")
     x = builder.input((a.shape, DType.f32), "a")
     w = builder.input((b.shape, DType.f32), "b")
-    [group] = form_kernels(builder.build([builder.add1("matmul", [x, w])])).groups
+    [group] = plan_kernels(builder.build([builder.add1("matmul", [x, w])])).groups
     lowered = lower_matmul(group, default_schedule(group, host_target()), constant_b=True)
     [fn] = lowered.functions
     kernel = compile_kernel(fn)

@@ -14,7 +14,7 @@ cache), so what is timed is exactly what a build with that schedule runs: the sa
 B packing, arena and launcher, called through ``run_trusted`` as ``tilefuse.jit`` calls it.
 :meth:`TuneTask.loop_functions` only lowers (for the cost model's features, no compiling).
 
-The task also gives the group's fingerprint (:mod:`tilefuse.tune.fingerprint`, the key builds
+The task also gives the group's fingerprint (:mod:`tilefuse.schedules.fingerprint`, the key builds
 look up) and its reference outputs (the ops' NumPy references, node by node).
 """
 
@@ -28,25 +28,26 @@ from typing import Any
 import numpy as np
 
 from tilefuse.codegen.jit import aligned_empty
-from tilefuse.codegen.target import CpuTarget, host_target
+from tilefuse.codegen.target import host_target
+from tilefuse.driver import CompileOptions, compile, plan_kernels
 from tilefuse.errors import TilefuseError
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Graph, Value
 from tilefuse.graph.types import is_static
-from tilefuse.kernel.fusion import KernelGroup, KernelKind, form_kernels
+from tilefuse.kernel.fusion import KernelGroup, KernelKind
 from tilefuse.kernel.lower_attention import lower_attention
 from tilefuse.kernel.lower_elementwise import lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.schedule import Schedule, iteration_axes, validate
 from tilefuse.loop.ir import LoopFunction
-from tilefuse.passes.decompose import decompose_composites
 from tilefuse.runtime.kernel_cache import KernelCache
 from tilefuse.runtime.native import NativeExecutable
 from tilefuse.runtime.profile import group_work
 from tilefuse.runtime.schedules import ForcedSchedules
+from tilefuse.schedules.fingerprint import group_fingerprint
+from tilefuse.target import Target
 from tilefuse.testing import random_array
-from tilefuse.tune.fingerprint import group_fingerprint
 
 TUNABLE_KINDS = frozenset({KernelKind.CONTRACTION, KernelKind.ELEMENTWISE,
                            KernelKind.ROW_REDUCTION, KernelKind.ATTENTION})
@@ -120,8 +121,8 @@ class TuneTask:
         for v in [*graph.inputs, *(o for n in graph.nodes for o in n.outputs)]:
             if not is_static(v.shape):
                 raise TuneError(f"tuning needs static shapes, got {v.type}")
-        self.graph, _ = decompose_composites(graph)
-        plan = form_kernels(self.graph)
+        plan = plan_kernels(graph)   # the compile driver's kernel formation
+        self.graph = plan.graph
         self.constants = _evaluate_constants(self.graph, plan.groups)
         live = [g for g in plan.groups if not all(v in self.constants for v in g.inputs)]
         if len(live) != 1 or live[0].kind not in TUNABLE_KINDS:
@@ -163,7 +164,8 @@ class TuneTask:
         return iteration_axes(self.group)
 
     def fingerprint(self) -> str:
-        """The database key's kernel part (:func:`~tilefuse.tune.fingerprint.group_fingerprint`)."""
+        """The database key's kernel part
+        (:func:`~tilefuse.schedules.fingerprint.group_fingerprint`)."""
         return self._fingerprint
 
     def random_inputs(self, rng: np.random.Generator) -> dict[Value, np.ndarray]:
@@ -195,15 +197,16 @@ class TuneTask:
         return (lower_group(self.group, schedule),)
 
     def build(self, schedule: Schedule, inputs: Mapping[Value, np.ndarray],
-              target: CpuTarget | None = None) -> BuiltKernel:
+              target: Target | str = "cpu") -> BuiltKernel:
         """The runtime's build of the task's graph with ``schedule`` for the kernel (module
         docstring), bound to aligned copies of ``inputs``. TuneError when the build did not run
         the kernel natively with that schedule (a lowering that failed falls back to the host
         in a build; here that is the candidate's failure)."""
         validate(schedule, self.extents())
-        target = target or host_target()
-        exe = NativeExecutable(self.graph, target=target, cache=KernelCache(None, target),
-                               schedules=ForcedSchedules(target, {self.group.name: schedule}))
+        cpu = Target.parse(target).llvm_cpu()
+        exe = compile(self.graph, target, CompileOptions(   # already decomposed: no pipeline
+            optimize=False, cache=KernelCache(None, cpu),
+            schedules=ForcedSchedules(cpu, {self.group.name: schedule})))
         if exe.fallbacks:
             reasons = "; ".join(f"{name}: {why}" for name, why in exe.fallbacks)
             raise TuneError(f"schedule {schedule} does not build natively: {reasons}")
@@ -240,8 +243,8 @@ def tasks_from_graph(graph: Graph) -> list[TuneTask]:
 def named_tasks(graph: Graph) -> list[tuple[str, TuneTask]]:
     """:func:`tasks_from_graph` with each kernel's name in ``graph``'s plan (``k3``: the name
     ``kernels.plan`` shows; a task's own group is re-formed alone and always named ``k0``)."""
-    decomposed, _ = decompose_composites(graph)
-    plan = form_kernels(decomposed)
+    plan = plan_kernels(graph)
+    decomposed = plan.graph
     constants = _evaluate_constants(decomposed, plan.groups)
     return [(g.name, TuneTask.of_group(g, {v: constants[v] for v in g.inputs if v in constants}))
             for g in plan.groups

@@ -40,15 +40,15 @@ from tilefuse.graph.ir import Value
 from tilefuse.kernel.fusion import KernelGroup
 from tilefuse.kernel.schedule import Schedule
 from tilefuse.log import get_logger
+from tilefuse.schedules.database import Record, SQLiteDatabase, TuneKey, TuningDatabase
+from tilefuse.schedules.fingerprint import target_string
 from tilefuse.tune.cost_model import (
     CostModel,
     best_model,
     cross_validated_recall,
     lightgbm_available,
 )
-from tilefuse.tune.database import Record, SQLiteDatabase, TuneKey, TuningDatabase
 from tilefuse.tune.features import candidate_features
-from tilefuse.tune.fingerprint import target_string
 from tilefuse.tune.roofline import MeasuredRoofline, NoRoofline, Roofline, bound_at, mean_peaks
 from tilefuse.tune.runner import LocalRunner, MeasureOptions, Runner
 from tilefuse.tune.search import EvolutionarySearch, History, SearchStrategy

@@ -54,6 +54,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
+from tilefuse.driver import CompileOptions, compile
 from tilefuse.dump import resolve_dump_dir
 from tilefuse.errors import TilefuseError
 from tilefuse.frontend.torch import optimizer, training
@@ -68,10 +69,9 @@ from tilefuse.frontend.torch.partition import (
 from tilefuse.frontend.torch.symbolic import is_symbolic_graph, trace_symbolic
 from tilefuse.graph.ir import Graph
 from tilefuse.log import get_logger
-from tilefuse.passes.manager import run_pipeline
 from tilefuse.passes.quantize import QuantizeOptions, parse_quantize, pipeline_for
-from tilefuse.runtime.dynamic import DynamicExecutable, is_symbolic
-from tilefuse.runtime.executable import Executable, build_executable, check_target
+from tilefuse.runtime.executable import Executable
+from tilefuse.target import Target
 
 _DECOMPOSITIONS = core_aten_decompositions()
 KNOWN_OPTIONS = ("dump", "target", "debug", "quantize")
@@ -93,8 +93,7 @@ class Options:
         if unknown:
             raise TilefuseError(f"unknown tilefuse option(s) {', '.join(unknown)} "
                                 f"(known: {', '.join(KNOWN_OPTIONS)})")
-        target = str(given.get("target", "cpu"))
-        check_target(target)
+        target = str(Target.parse(str(given.get("target", "cpu"))))  # TargetError naming it
         return Options(resolve_dump_dir(given.get("dump")), target, bool(given.get("debug")),
                        parse_quantize(given.get("quantize")))
 
@@ -210,7 +209,7 @@ def compile_traced(traced: fx.GraphModule, frozen: Mapping[int, torch.Tensor],
     placeholder positions to the tensors frozen into the compiled code."""
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     constants = {placeholders[i]: t.detach() for i, t in frozen.items()}
-    with tensors_on("cuda" if options.target == "cuda" else "cpu"):
+    with tensors_on("cuda" if options.target.startswith("cuda") else "cpu"):
         report = partition_and_compile(traced, constants, _compiler(options, dump))
     if dump is not None:
         write_report(dump, traced, report)
@@ -222,18 +221,10 @@ def compile_traced(traced: fx.GraphModule, frozen: Mapping[int, torch.Tensor],
 def _compiler(options: Options, dump: Path | None) -> Callable[[Graph, str], Executable]:
     """One region's build: a static graph as one executable, a graph with symbolic input dims
     as one DynamicExecutable (one native build for every size on "cpu")."""
-    def optimize(graph: Graph, where: Path | None = None) -> Graph:
-        return run_pipeline(graph, pipeline_for(options.quantize), dump_dir=where,
-                            debug=options.debug)[0]
-
     def compile_graph(graph: Graph, name: str) -> Executable:
         where = None if dump is None else dump / name
-        optimized = optimize(graph, where)
-        if is_symbolic(optimized):
-            return DynamicExecutable(  # type: ignore[return-value]
-                optimized, lambda g, at: build_executable(g, options.target, at),
-                optimize=optimize, dump_dir=where)
-        return build_executable(optimized, options.target, where)
+        return compile(graph, options.target, CompileOptions(
+            dump_dir=where, debug=options.debug, pipeline=pipeline_for(options.quantize)))
     return compile_graph
 
 
