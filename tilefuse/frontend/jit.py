@@ -178,7 +178,7 @@ class JitFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         device = None
-        if self._target == "cuda" and (kwargs or not all(type(a) is np.ndarray for a in args)):
+        if self._target.is_cuda and (kwargs or not all(type(a) is np.ndarray for a in args)):
             device = (args, kwargs)   # device arrays: keyed and traced through stand-ins
             args, kwargs = device_standins(args, kwargs)
             if args is device[0] and kwargs is device[1]:
