@@ -20,6 +20,7 @@ op onto an operand: to a run over the operand's trailing ``n`` axes, to a single
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -320,6 +321,13 @@ class KernelBuffers:
         return {b.name for b in self.params}
 
 
+def _user_name(name: str) -> str:
+    """A buffer name for the user's value ``name`` that no lowering's own names take: those
+    are letters then digits (``w1``, ``k0``, ``acc0_0``), so such a user name gets a trailing
+    ``_`` (an argument ``w1`` read in place beside the write-back loop ``w1``)."""
+    return f"{name}_" if re.fullmatch(r"[A-Za-z]+[0-9]+(_[0-9]+)?", name) else name
+
+
 def kernel_buffers(inputs: Sequence[Value], outputs: Sequence[Value]) -> KernelBuffers:
     """Buffers named after the inputs' names where those are identifiers (else ``in0``, ...)
     and ``out0, out1, ...`` for the outputs (an output listed twice gets one buffer)."""
@@ -328,7 +336,7 @@ def kernel_buffers(inputs: Sequence[Value], outputs: Sequence[Value]) -> KernelB
     for pos, v in enumerate(inputs):
         if v in ins:
             continue
-        hint = v.name if v.name and v.name.isidentifier() else f"in{pos}"
+        hint = _user_name(v.name) if v.name and v.name.isidentifier() else f"in{pos}"
         ins[v] = BufferParam(namer.fresh(hint), v.dtype, readonly=True)
     outs: dict[Value, BufferParam] = {}
     for v in outputs:

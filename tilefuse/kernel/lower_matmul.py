@@ -773,7 +773,9 @@ def lower_matmul(group: KernelGroup, schedule: Schedule, *,
     body = matmul_body(low.shape, low.dtype, params, outputs, a, b, small_panel=panel,
                        window=window)
     used = _loaded(body)
-    extra = tuple(p for p in low.buffers.inputs.values() if p.name in used and p not in (a, b))
+    # by name: B read in place is the input's own buffer, possibly declared with other flags
+    extra = tuple(p for p in low.buffers.inputs.values()
+                  if p.name in used and p.name not in (a.name, b.name))
     main = _assemble(low.name, body, a, b, outputs, extra, low.scalars)
     bindings = {p.name: v for v, p in low.buffers.inputs.items()}
     bindings.update({p.name: v for v, p in low.buffers.outputs.items()})
