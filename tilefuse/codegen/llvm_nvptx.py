@@ -86,9 +86,7 @@ class GpuTarget:
     block_threads: int = 256
     max_blocks: int = 1 << 20
     """At most this many blocks a launch: enough that every warp of a static kernel runs one
-    iteration of its grid-stride loop (measured on an H200 against the former cap of 16
-    blocks an SM, 2112: G7 0.554 -> 0.529 ms, softmax bf16 0.285 -> 0.262, f32 0.544 ->
-    0.528, layer norm f32 0.288 -> 0.280, bf16 unchanged)."""
+    iteration of its grid-stride loop (a cap of 16 blocks an SM was slower: PERFORMANCE_LOG)."""
     row_unroll: int = 4
     """Independent accumulators per warp in row reductions (loads in flight)."""
     elementwise_unroll: int = 4

@@ -24,11 +24,9 @@ def initialise_llvm() -> None:
 SPIN_COUNT = 3000
 """``GOMP_SPINCOUNT`` for the OpenMP runtimes of other libraries in a tilefuse process (torch's
 libgomp, in benchmarks and ``tilefuse bench``), set when the user has set neither it nor
-``OMP_WAIT_POLICY``: how long an idle OpenMP thread busy-waits before it sleeps. libgomp's own
-default (300,000 iterations, about a millisecond) keeps a core busy after every torch call,
-which slowed whatever ran next on the 2 cores here (onnxruntime's 128×768×768 matmul 0.8 → 1.2
-ms after a spin of 20,000). tilefuse's own kernels run on :mod:`tilefuse.codegen.pool`, which
-does not read it."""
+``OMP_WAIT_POLICY``: libgomp's default spin (about a millisecond) keeps a core busy after every
+torch call, which slows whatever runs next on a small machine. tilefuse's own kernels run on
+:mod:`tilefuse.codegen.pool`, which does not read it."""
 
 
 def usable_cpus() -> int:

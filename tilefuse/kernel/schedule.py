@@ -49,11 +49,9 @@ SYMBOLIC_DIM_HINT = 256
 """The size the default rules assume for a symbolic dim (``batch``, ``seq``)."""
 CACHE_TILES = {"m": 96, "k": 768, "n": 384}
 """Target contraction cache blocks (MC, KC, NC): an MC×KC block of A and a KC×NC block of B
-(768 × 384 f32: 1.2 MB) in a core's L2 (2 MiB here), reused by every MC block of the NC block.
-KC = 768 measured ~4% faster than 384 on W1 (512×768×3072, 2 threads): with K ≤ KC the
-accumulators are never stored and reloaded between K blocks. NC was 3072 (B's block in L3,
-read again for each MC block): one thread, thread CPU time, 2026-12-01, NC 1536 → 384 took
-BERT's 128×768×3072 from 111 to 122–125 GFLOP/s and W1 (25th percentile) 17.9 → 17.0 ms."""
+(768 × 384 f32: 1.2 MB) in a core's L2, reused by every MC block of the NC block; KC covers
+BERT's and W1's K so the accumulators are never reloaded between K blocks (measurements in
+docs/PERFORMANCE_LOG.md)."""
 MIN_ACCUMULATORS = 8
 """Independent FMA chains a micro-kernel needs to keep two FMA units busy (latency 4 × 2)."""
 PACKABLE = ("A", "B")
