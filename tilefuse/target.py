@@ -39,7 +39,7 @@ _V2 = (*_BASELINE, "cx16", "sahf", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3"
 _V3 = (*_V2, "avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave")
 _V4 = (*_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
 
-X86_LEVELS: dict[str, tuple[str, ...]] = {"x86-64-v3": _V3, "x86-64-v4": _V4}
+X86_LEVELS: dict[str, tuple[str, ...]] = {"x86-64-v2": _V2, "x86-64-v3": _V3, "x86-64-v4": _V4}
 """The x86-64 micro-architecture levels (the psABI's), as LLVM feature names."""
 
 CUDA_ARCHS = ("sm_80", "sm_90")

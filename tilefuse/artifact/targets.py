@@ -1,39 +1,24 @@
 """CPU targets an artifact can be built for, and the check that this host can run one.
 
 ``"cpu"`` (or ``"host"``) is this machine. ``"x86-64-v2"``, ``"x86-64-v3"`` (AVX2, FMA) and
-``"x86-64-v4"`` (AVX-512) are the x86-64 micro-architecture levels: LLVM's CPU of that name
-with exactly the level's features enabled and every other feature LLVM knows disabled, so that
-code built on an AVX-512 host for v3 uses no AVX-512 instruction (no zmm register).
+``"x86-64-v4"`` (AVX-512) are the x86-64 micro-architecture levels as :mod:`tilefuse.target`
+defines them (LLVM's CPU of that name with the level's features), so that code built on an
+AVX-512 host for v3 uses no AVX-512 instruction (no zmm register).
 """
 
 from __future__ import annotations
 
 from tilefuse.codegen.target import CpuTarget, host_target
-from tilefuse.errors import TilefuseError
+from tilefuse.target import X86_LEVELS, Target
 
-_V1 = ("64bit", "cmov", "cx8", "fxsr", "mmx", "sse", "sse2")
-_V2 = (*_V1, "cx16", "sahf", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3", "crc32")
-_V3 = (*_V2, "avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave")
-_V4 = (*_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
-LEVELS = {"x86-64-v2": _V2, "x86-64-v3": _V3, "x86-64-v4": _V4}
-NAMES = ("cpu", *LEVELS)
+NAMES = ("cpu", *X86_LEVELS)
 
 
 def cpu_target(name: str) -> CpuTarget:
-    """The :class:`CpuTarget` called ``name`` (see the module docstring); TilefuseError for
-    another name."""
-    host = host_target()
-    if name in ("cpu", "host"):
-        return host
-    level = LEVELS.get(name)
-    if level is None:
-        raise TilefuseError(f"unknown artifact target {name!r}; known: {', '.join(NAMES)}")
-    if not host.triple.startswith("x86_64"):
-        raise TilefuseError(f"target {name} needs an x86-64 host to build on, not {host.triple}")
-    known = [f[1:] for f in host.features.split(",") if f[:1] in "+-" and len(f) > 1]
-    wanted = set(level)
-    features = [f"+{f}" for f in level] + [f"-{f}" for f in known if f not in wanted]
-    return CpuTarget(host.triple, name, ",".join(features))
+    """The LLVM description of the CPU target called ``name`` (``"host"`` is ``"cpu"``): the
+    one :class:`~tilefuse.target.Target` defines, so an artifact's kernels are the ones
+    ``tilefuse.jit(target=name)`` builds. TargetError (a TilefuseError) for another name."""
+    return Target.parse("cpu" if name == "host" else name).llvm_cpu()
 
 
 def target_name(target: CpuTarget) -> str:
