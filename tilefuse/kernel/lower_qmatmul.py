@@ -282,6 +282,14 @@ def _lane_mask(f: _Fn, n0: str, n: int) -> str:
 
 # ---- int8 ------------------------------------------------------------------------------------
 
+def _tile_origin(f: _Fn, r: str, mblocks: int, rows: int) -> tuple[str, str]:
+    """A worker's tile ``%lo + r`` as (its N panel, its first row): tiles run M-block fastest,
+    so consecutive tiles share one packed weight panel."""
+    t = f(f"add i64 %lo, {r}")
+    nb = f(f"udiv i64 {t}, {mblocks}")
+    return nb, f(f"mul i64 {f(f'urem i64 {t}, {mblocks}')}, {rows}")
+
+
 @dataclass(frozen=True)
 class Int8Shape:
     m: int
@@ -389,9 +397,7 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
     k4 = s.kp // 4
 
     def tile(r: str) -> None:
-        t = f(f"add i64 %lo, {r}")
-        nb = f(f"udiv i64 {t}, {mblocks}")
-        m0 = f(f"mul i64 {f(f'urem i64 {t}, {mblocks}')}, {MR8}")
+        nb, m0 = _tile_origin(f, r, mblocks, MR8)
         panel = f(f"getelementptr i8, ptr {w}, i64 {f(f'mul i64 {nb}, {k4 * PANEL * 4}')}")
         rows = []
         for i in range(MR8):
@@ -526,9 +532,7 @@ def _int4_tiles(name: str, s: Int4Shape, act: str) -> str:
     half = s.group // 2
 
     def tile(r: str) -> None:
-        t = f(f"add i64 %lo, {r}")
-        nb = f(f"udiv i64 {t}, {mblocks}")
-        m0 = f(f"mul i64 {f(f'urem i64 {t}, {mblocks}')}, {mr}")
+        nb, m0 = _tile_origin(f, r, mblocks, mr)
         panel = f(f"getelementptr i8, ptr {wq}, i64 {f(f'mul i64 {nb}, {k2 * PANEL}')}")
         rows = []
         for i in range(mr):
