@@ -25,7 +25,7 @@ from llvmlite import ir
 
 from tilefuse.artifact.format import ArtifactError
 from tilefuse.codegen.elf_check import check_object
-from tilefuse.codegen.target import CpuTarget, target_machine
+from tilefuse.codegen.target import CpuTarget, link_objects, target_machine
 from tilefuse.errors import TilefuseError
 from tilefuse.runtime.launch import NativeStep, Step
 
@@ -100,12 +100,8 @@ def link_launcher(obj: bytes, target: CpuTarget, path: str) -> tuple[int, object
         check_object(obj)
     except TilefuseError as err:
         raise ArtifactError(f"{path}: the launcher: {err}") from None
-    empty = llvm.parse_assembly("")
-    empty.triple = target.triple
-    engine = llvm.create_mcjit_compiler(empty, target_machine(target))
     try:
-        engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
-        engine.finalize_object()
+        engine = link_objects([obj], target)
     except RuntimeError as err:
         raise ArtifactError(f"{path}: LLVM could not link the launcher: {err}") from None
     address = engine.get_function_address(SYMBOL)

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import llvmlite.binding as llvm
-
 from tilefuse.artifact.format import ArtifactError
 from tilefuse.codegen.elf_check import check_object
 from tilefuse.codegen.jit import CompiledKernel, KernelSignature
 from tilefuse.codegen.pool import start_pool_from_object
-from tilefuse.codegen.target import CpuTarget, target_machine
+from tilefuse.codegen.target import CpuTarget, link_objects
 from tilefuse.errors import TilefuseError
 
 
@@ -54,14 +52,8 @@ def link_kernels(objects: Sequence[tuple[bytes, KernelSignature]], target: CpuTa
         batch[1].append(i)
     made: list[CompiledKernel | None] = [None] * len(objects)
     for _, members in batches:
-        empty = llvm.parse_assembly("")
-        empty.triple = target.triple
-        # an engine owns (and frees) its target machine: one each, never shared
-        engine = llvm.create_mcjit_compiler(empty, target_machine(target))
         try:
-            for i in members:
-                engine.add_object_file(llvm.ObjectFileRef.from_data(objects[i][0]))
-            engine.finalize_object()
+            engine = link_objects([objects[i][0] for i in members], target)
         except RuntimeError as err:
             raise ArtifactError(f"{path}: LLVM could not link the kernels' object code: "
                                 f"{err}") from None

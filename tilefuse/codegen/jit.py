@@ -23,7 +23,7 @@ import numpy as np
 from tilefuse.codegen.elf_check import check_object
 from tilefuse.codegen.llvm_cpu import lower_to_llvm, uses_threads
 from tilefuse.codegen.pool import thread_pool
-from tilefuse.codegen.target import CpuTarget, host_target, target_machine
+from tilefuse.codegen.target import CpuTarget, host_target, link_objects, target_machine
 from tilefuse.dtypes import parse_dtype
 from tilefuse.errors import CompileError, GuardError, TilefuseError
 from tilefuse.loop.interp import check_arguments
@@ -201,15 +201,10 @@ def load_kernel(obj: bytes, signature: KernelSignature, *, target: CpuTarget | N
     """A kernel from object code made by :meth:`CompiledKernel.object_code` on this target."""
     check_object(obj)
     target = target or host_target()
-    tm = target_machine(target)
     if signature.uses_threads:
         thread_pool()  # defines tilefuse_parallel, which the kernel's parallel loops call
-    empty = llvm.parse_assembly("")
-    empty.triple = target.triple
-    engine = llvm.create_mcjit_compiler(empty, tm)
     try:
-        engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
-        engine.finalize_object()
+        engine = link_objects([obj], target)
     except RuntimeError as exc:
         raise CompileError(f"could not load object code of kernel {signature.name}: {exc}") \
             from exc

@@ -53,7 +53,13 @@ from llvmlite import ir
 from llvmlite.ir import instructions
 
 from tilefuse.codegen.llvm_types import I32, I64, PTR, VOID, declare
-from tilefuse.codegen.target import CpuTarget, host_target, target_machine, usable_cpus
+from tilefuse.codegen.target import (
+    CpuTarget,
+    host_target,
+    link_objects,
+    target_machine,
+    usable_cpus,
+)
 from tilefuse.errors import CompileError
 
 SPIN_CYCLES = 200_000
@@ -445,12 +451,8 @@ def start_pool_from_object(obj: bytes, target: CpuTarget) -> ThreadPool:
     :func:`pool_object` for ``target``, which the caller has checked) instead of being
     compiled. CompileError when LLVM cannot link ``obj`` (nothing is started then)."""
     if thread_pool.cache_info().currsize == 0:
-        empty = llvm.parse_assembly("")
-        empty.triple = target.triple
-        engine = llvm.create_mcjit_compiler(empty, target_machine(target))
         try:
-            engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
-            engine.finalize_object()
+            engine = link_objects([obj], target)
         except RuntimeError as err:
             raise CompileError(f"could not link the thread pool's object code: {err}") from err
         _LINKED[:] = [engine]

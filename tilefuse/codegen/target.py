@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -88,3 +88,17 @@ def target_machine(target: CpuTarget) -> llvm.TargetMachine:
             cpu=target.cpu, features=target.features, opt=3, jit=True)
     except RuntimeError as exc:
         raise CompileError(f"no LLVM target machine for {target}: {exc}") from exc
+
+
+def link_objects(objects: Sequence[bytes], target: CpuTarget) -> llvm.ExecutionEngine:
+    """An MCJIT engine holding ``objects`` (relocatable object code for ``target``) linked
+    together. Each engine gets a target machine of its own: an engine owns and frees it, and
+    two engines sharing one crashed when freed. RuntimeError from LLVM when they do not link;
+    callers name what was being linked."""
+    empty = llvm.parse_assembly("")
+    empty.triple = target.triple
+    engine = llvm.create_mcjit_compiler(empty, target_machine(target))
+    for obj in objects:
+        engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+    engine.finalize_object()
+    return engine
