@@ -23,6 +23,7 @@ from tilefuse.artifact.program import Decoder
 from tilefuse.codegen.jit import CompiledKernel, KernelSignature
 from tilefuse.codegen.target import CpuTarget
 from tilefuse.errors import GuardError
+from tilefuse.runtime.executable import select_outputs
 from tilefuse.runtime.native import NativeExecutable
 
 _KINDS = ("jit", "onnx", "exported", "executable")
@@ -157,13 +158,7 @@ class LoadedModel:
         arrays = [_array(input_feed[n]) for n in self.input_names]
         exe, _ = self.executable_for(arrays)
         outs = exe(*arrays)
-        if output_names is None:
-            return outs
-        index = {n: i for i, n in enumerate(self.output_names)}
-        bad = [n for n in output_names if n not in index]
-        if bad:
-            raise GuardError(f"unknown outputs {bad} (the model's outputs: {self.output_names})")
-        return [outs[index[n]] for n in output_names]
+        return select_outputs(outs, self.output_names, output_names)
 
 
 def _array(value: Any) -> np.ndarray:

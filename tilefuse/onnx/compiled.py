@@ -36,6 +36,7 @@ from tilefuse.onnx.importer import import_graph
 from tilefuse.onnx.model import ModelInfo, TensorSpec
 from tilefuse.onnx.tensors import OnnxError
 from tilefuse.passes.quantize import parse_quantize, pipeline_for
+from tilefuse.runtime.executable import select_outputs
 from tilefuse.target import Target
 
 # input shapes, then the bytes of the inputs compiled per value (see InputValueNeeded)
@@ -182,13 +183,7 @@ class OnnxModel:
             raise GuardError(f"input_feed names unknown inputs {unknown} and lacks {missing} "
                              f"(the model's inputs: {names})")
         outs = self._run(tuple(input_feed[n] for n in names))
-        if output_names is None:
-            return outs
-        index = {n: i for i, n in enumerate(self.output_names)}
-        bad = [n for n in output_names if n not in index]
-        if bad:
-            raise GuardError(f"unknown outputs {bad} (the model's outputs: {self.output_names})")
-        return [outs[index[n]] for n in output_names]
+        return select_outputs(outs, self.output_names, output_names)
 
     def lower(self, *arrays: Any) -> Lowered:
         """The imported and optimised graphs (and executable) for these inputs, compiling them

@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from tilefuse.errors import GuardError
 from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph
 from tilefuse.target import Target
@@ -81,3 +82,16 @@ def check_target(target: object) -> None:
     """CompileError (a :class:`~tilefuse.target.TargetError`) unless ``target`` names a target
     tilefuse can build for (:meth:`tilefuse.target.Target.parse`)."""
     Target.parse(target)  # type: ignore[arg-type]
+
+
+def select_outputs(outs: Sequence[np.ndarray], names: Sequence[str],
+                   wanted: Sequence[str] | None) -> list[np.ndarray]:
+    """onnxruntime's ``run(output_names, ...)`` choice: the outputs named in ``wanted`` (None:
+    all, in order) of ``outs``, whose names are ``names``; GuardError naming unknown ones."""
+    if wanted is None:
+        return list(outs)
+    index = {n: i for i, n in enumerate(names)}
+    bad = [n for n in wanted if n not in index]
+    if bad:
+        raise GuardError(f"unknown outputs {bad} (the model's outputs: {list(names)})")
+    return [outs[index[n]] for n in wanted]
