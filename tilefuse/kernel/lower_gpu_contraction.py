@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from tilefuse.errors import CompileError
 from tilefuse.graph.ir import Node, Value
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
-from tilefuse.kernel.lower_matmul import matmul_node
+from tilefuse.kernel.lower_matmul import matmul_node, operand_cone
 
 VIEW_OPS = frozenset({"reshape", "expand_dims", "squeeze"})
 """Ops whose result is the operand's bytes in the same order: a chain of them is an alias."""
@@ -43,25 +43,6 @@ class ContractionSplit:
     epilogue: KernelGroup | None
     aliases: tuple[str, ...] = ()
     """Operands read in place through a view chain, as text (for the partition report)."""
-
-
-def _cone(group: KernelGroup, value: Value, stop: frozenset[Value]
-          ) -> tuple[tuple[Node, ...], tuple[Value, ...]]:
-    """The group's nodes computing ``value`` (in group order) and the values they read from
-    outside the cone (group inputs, or a value in ``stop``)."""
-    producers = {v: n for n in group.nodes for v in n.outputs}
-    cone: set[Node] = set()
-    reads: dict[Value, None] = {}
-    pending = [value]
-    while pending:
-        v = pending.pop()
-        node = None if v in stop else producers.get(v)
-        if node is None:
-            reads[v] = None
-        elif node not in cone:
-            cone.add(node)
-            pending.extend(node.inputs)
-    return tuple(n for n in group.nodes if n in cone), tuple(reads)
 
 
 def _view_source(nodes: tuple[Node, ...], reads: tuple[Value, ...]) -> Value | None:
@@ -84,7 +65,7 @@ def split_contraction(group: KernelGroup) -> ContractionSplit:
         if operand in inputs:
             operands.append(operand)
             continue
-        nodes, reads = _cone(group, operand, frozenset())
+        nodes, reads = operand_cone(group, operand)
         source = _view_source(nodes, reads)
         if source is not None:
             operands.append(source)
@@ -98,7 +79,7 @@ def split_contraction(group: KernelGroup) -> ContractionSplit:
     reads_after: dict[Value, None] = {}
     outputs = tuple(v for v in group.outputs if v is not node.output)
     for v in outputs:
-        nodes, reads = _cone(group, v, after)
+        nodes, reads = operand_cone(group, v, after)
         rest.update(dict.fromkeys(n for n in nodes if n is not node))
         reads_after.update(dict.fromkeys(reads))
     epilogue = None

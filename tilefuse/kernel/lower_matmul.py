@@ -606,16 +606,18 @@ def matmul_shape(node: Node) -> MatmulShape:
                        b_batch == batch and bool(batch))
 
 
-def operand_cone(group: KernelGroup, value: Value) -> tuple[tuple[Node, ...], tuple[Value, ...]]:
-    """The group's nodes that compute ``value`` (its prologue, in group order) and the group
-    inputs they read. A group input itself has no nodes and is its own input."""
+def operand_cone(group: KernelGroup, value: Value, stop: frozenset[Value] = frozenset()
+                 ) -> tuple[tuple[Node, ...], tuple[Value, ...]]:
+    """The group's nodes that compute ``value`` (its prologue, in group order) and the values
+    they read from outside the cone: group inputs, or values in ``stop`` (treated as inputs).
+    A group input itself has no nodes and is its own input."""
     producers = {v: n for n in group.nodes for v in n.outputs}
     cone: set[Node] = set()
     reads: dict[Value, None] = {}
     stack = [value]
     while stack:
         v = stack.pop()
-        node = producers.get(v)
+        node = None if v in stop else producers.get(v)
         if node is None:
             reads[v] = None
         elif node not in cone:
