@@ -352,9 +352,15 @@ class For:
 
 @dataclass(frozen=True)
 class Store:
+    """``buffer[index:+lanes] = value``. ``streaming``: a non-temporal store (written
+    ``stream buffer[...] = ...``), for output that is not read again soon: it goes to memory
+    without reading the line first or evicting what the cache holds. Targets without such
+    stores (the GPU, the interpreter) store normally."""
+
     buffer: str
     index: Expr
     value: Expr
+    streaming: bool = False
 
 
 @dataclass(frozen=True)

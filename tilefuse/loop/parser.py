@@ -14,7 +14,7 @@ naming the line and what was expected.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tilefuse.dtypes import DType
 from tilefuse.errors import ParseError
@@ -256,6 +256,12 @@ class _Parser:
             t.expect("]")
             t.done()
             return Prefetch(buffer.name, index, 4 - int(level) if level else 3)
+        if first == "stream" and t.kind(1) == "name" and t.peek(2) == "[":
+            t.next()
+            store = self._store(t)
+            if not isinstance(store, Store):
+                t.fail("a streaming store writes a buffer, not a local")
+            return replace(store, streaming=True)
         return self._store(t)
 
     def _for(self, t: _Tokens, indent: int) -> For:

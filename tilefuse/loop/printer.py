@@ -108,7 +108,8 @@ def format_stmt(s: Stmt, indent: int = 0) -> list[str]:
     if isinstance(s, Store):
         lanes = s.value.lanes
         where = format_expr(s.index) + ("" if lanes == 1 else f":+{lanes}")
-        return [f"{pad}{s.buffer}[{where}] = {format_expr(s.value)}"]
+        stream = "stream " if s.streaming else ""
+        return [f"{pad}{stream}{s.buffer}[{where}] = {format_expr(s.value)}"]
     if isinstance(s, LocalStore):
         return [f"{pad}{s.name}[{format_expr(s.index)}] = {format_expr(s.value)}"]
     if isinstance(s, Let):
