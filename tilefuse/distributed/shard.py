@@ -30,10 +30,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tilefuse.errors import CompileError
-from tilefuse.graph.builder import GraphBuilder
-from tilefuse.graph.ir import Graph, Literal, Node, Value
-from tilefuse.graph.types import normalize_axes, normalize_axis
 from tilefuse.distributed.spec import (
     PARTIAL,
     REP,
@@ -48,6 +44,10 @@ from tilefuse.distributed.spec import (
     through_squeeze,
     through_transpose,
 )
+from tilefuse.errors import CompileError
+from tilefuse.graph.builder import GraphBuilder
+from tilefuse.graph.ir import Graph, Literal, Node, Value
+from tilefuse.graph.types import normalize_axes, normalize_axis
 from tilefuse.ops.registry import OpKind
 
 _LINEAR_IN_ALL = frozenset({"add", "sub"})           # partial op partial -> partial
@@ -218,10 +218,10 @@ class _Sharder:
         if spec.outer == 1:
             return self._emit("all_gather", [x], {"world": self.world, "axis": a})
         inner = shape[a] // spec.outer
-        split = tuple(shape[:a]) + (spec.outer, inner) + tuple(shape[a + 1:])
+        split = (*tuple(shape[:a]), spec.outer, inner, *tuple(shape[a + 1:]))
         y = self._emit("reshape", [x], {"shape": split})
         y = self._emit("all_gather", [y], {"world": self.world, "axis": a + 1})
-        full = tuple(shape[:a]) + (shape[a] * self.world,) + tuple(shape[a + 1:])
+        full = (*tuple(shape[:a]), shape[a] * self.world, *tuple(shape[a + 1:]))
         return self._emit("reshape", [y], {"shape": full})
 
     def laid(self, v: Value, spec: Spec) -> Value:
@@ -246,7 +246,7 @@ class _Sharder:
     def _slice(self, x: Value, spec: Spec) -> Value:
         shape, a = tuple(x.type.shape), spec.axis
         inner = shape[a] // spec.outer
-        view = shape[:a] + (spec.outer, inner) + shape[a + 1:]
+        view = (*shape[:a], spec.outer, inner, *shape[a + 1:])
         y = self._emit("reshape", [x], {"shape": view}) if spec.outer > 1 else x
         step = inner // self.world
         vshape = view if spec.outer > 1 else shape
@@ -497,8 +497,8 @@ class _Sharder:
                 ax = right_aligned(spec.axis, len(value.type.shape), ro)
                 nxt = Spec.split(ax, spec.outer)
             elif name == "matmul":
-                return user.inputs[0] is value and spec.axis == len(value.type.shape) - 1 \
-                    and spec.outer == 1 and user.inputs[1] in self.consts \
+                return (user.inputs[0] is value and spec.axis == len(value.type.shape) - 1 \
+                    and spec.outer == 1 and user.inputs[1] in self.consts) \
                     or spec.axis < len(value.type.shape) - 2
             elif name in _ROW_OPS or name == "attention":
                 nxt = spec
@@ -581,7 +581,7 @@ def _expand_dims(s: _Sharder, node: Node) -> None:
 
 
 def _squeeze(s: _Sharder, node: Node) -> None:
-    (x,), out = node.inputs, node.outputs[0]
+    (x,), _out = node.inputs, node.outputs[0]
     spec = s.spec[x]
     rank = len(x.type.shape)
     given = node.attrs["axes"]

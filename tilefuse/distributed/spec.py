@@ -72,10 +72,10 @@ def block(array: np.ndarray, spec: Spec, world: int, rank: int) -> np.ndarray:
         return array
     a, shape = spec.axis, array.shape
     inner = shape[a] // spec.outer
-    view = array.reshape(shape[:a] + (spec.outer, inner) + shape[a + 1:])
+    view = array.reshape((*shape[:a], spec.outer, inner, *shape[a + 1:]))
     step = inner // world
     part = np.take(view, np.arange(rank * step, (rank + 1) * step), axis=a + 1)
-    return np.ascontiguousarray(part.reshape(shape[:a] + (spec.outer * step,) + shape[a + 1:]))
+    return np.ascontiguousarray(part.reshape((*shape[:a], spec.outer * step, *shape[a + 1:])))
 
 
 def through_reshape(src: Sequence[int], spec: Spec, dst: Sequence[int], world: int

@@ -31,7 +31,7 @@ def _gather_shape(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
     dim = shape[axis]
     if not isinstance(dim, int):
         raise ShapeError(f"all_gather along a symbolic dim {dim}")
-    return (tuple(shape[:axis]) + (dim * attrs["world"],) + tuple(shape[axis + 1:]),)
+    return ((*tuple(shape[:axis]), dim * attrs["world"], *tuple(shape[axis + 1:])),)
 
 
 def _same_dtype(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
