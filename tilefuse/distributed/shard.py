@@ -126,6 +126,8 @@ class _Sharder:
         for node in graph.nodes:
             for v in node.inputs:
                 self.users[v].append(node)
+            if node.op.name == "constant":   # known before their node: look-ahead reads them
+                self.consts[node.outputs[0]] = node.attrs["value"].array
         self.node: Node | None = None
         self.const_nodes = 0
 
@@ -405,17 +407,18 @@ class _Sharder:
         sa, sb = self.resolve(a), self.resolve(b)
         w = self.world
         if sa == REP and sb == REP:
-            if b in self.consts and rb == 2:
+            if b in self.consts:
                 outer = self._column_outer(out, ro - 1)
-                if outer is not None and splittable(b.type.shape, 1, outer, w):
-                    spec = Spec.split(1, outer)
+                if outer is not None and splittable(b.type.shape, rb - 1, outer, w):
+                    spec = Spec.split(rb - 1, outer)
                     self._weight(node, b, spec, "column-parallel")
                     return self._same(node, [self.rep(a), self.laid(b, spec)],
                                       Spec.split(ro - 1, outer))
             return self._replicated(node)
-        if sa == Spec.split(ra - 1) and sb == REP and b in self.consts and rb == 2:
-            self._weight(node, b, Spec.split(0), "row-parallel")
-            return self._same(node, [self.local[a], self.laid(b, Spec.split(0))], PARTIAL)
+        if sa == Spec.split(ra - 1) and sb == REP and b in self.consts:
+            self._weight(node, b, Spec.split(rb - 2), "row-parallel")
+            return self._same(node, [self.local[a], self.laid(b, Spec.split(rb - 2))],
+                              PARTIAL)
         if sa.is_split and sa.axis < ra - 1:
             o = right_aligned(sa.axis, ra, ro) if sa.axis < ra - 2 else ro - 2
             j = o - (ro - rb)
