@@ -5,6 +5,8 @@ compared with the single-device build or torch eager on fresh random weights."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -148,3 +150,37 @@ def test_cli_run_devices_prints_the_plan_then_the_outputs(tmp_path, capsys, devi
     assert plan_at < printed.index("y: float32[4, 24]")
     np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"),
                                np.maximum(x @ W1, 0) @ W2, rtol=1e-4, atol=1e-4)
+
+
+def test_rank_programs_cross_compile_for_cuda_with_no_host_step(tmp_path):
+    """Each rank's segments of the transformer block build for cuda:sm_90 without a GPU, run no
+    step on the host, and (simulated on the host) compute the block's output."""
+    from tilefuse.distributed.executable import SimulatedCluster
+    from tilefuse.distributed.program import compile_program, cut
+    from tilefuse.distributed.shard import shard_graph
+    from tilefuse.driver import optimize
+    from tilefuse.runtime.gpu_cross import assemble, cross_compile
+    from tilefuse.runtime.gpu_simulate import simulate as run_on_host
+    from tilefuse.zoo import torch_graph
+
+    block, x = _block_and_input()
+    graph = optimize(torch_graph(block, [x.numpy()]))[0]
+    built = []
+
+    def build(g, index):
+        cross = cross_compile(g, optimize=False)
+        built.append(cross)
+        return lambda *arrays: run_on_host(cross.program, arrays)
+
+    programs, plan = [], None
+    for rank in range(2):
+        rank_graph, plan = shard_graph(graph, 2, rank)
+        programs.append(compile_program(cut(rank_graph), build))
+    assert all(not c.host_steps for c in built)
+    if shutil.which("ptxas"):
+        for ptx in built[0].ptx().values():
+            assemble(ptx)
+    with torch.no_grad():
+        want = block(x).numpy()
+    for outs in SimulatedCluster(graph, programs, plan)(x.numpy()):
+        np.testing.assert_allclose(outs[0], want, rtol=1e-4, atol=1e-4)

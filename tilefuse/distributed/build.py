@@ -55,7 +55,8 @@ def build_sharded(graph: Graph, target: Target, options: CompileOptions
                            f"{comm.world} ranks")
     rank_graph, plan = _shard(graph, devices.world, comm.rank, options, announce=comm.rank == 0)
     program = _build(rank_graph, target, options, comm.rank)
-    return DistributedExecutable(graph, program, plan, comm)
+    return DistributedExecutable(graph, program, plan, comm,
+                                 device="cuda" if target.is_cuda else "cpu")
 
 
 def simulate(graph: Graph, world: int, target: Target | str = "cpu",

@@ -27,6 +27,14 @@ def _torch() -> Any:
     return torch, dist
 
 
+def torch_dtype(dtype: Any) -> Any:
+    """The torch dtype of a tilefuse :class:`~tilefuse.dtypes.DType`."""
+    torch, _ = _torch()
+    if dtype.name == "bf16":
+        return torch.bfloat16
+    return torch.from_numpy(np.empty(0, dtype.np)).dtype
+
+
 def _as_tensor(x: Any) -> tuple[Any, Any]:
     """``x`` as a torch tensor sharing its memory, and how to turn the result back."""
     torch, _ = _torch()

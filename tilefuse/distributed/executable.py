@@ -27,16 +27,62 @@ class DistributedExecutable:
     """This rank's part of a sharded graph: ``executable(*arrays)`` takes the full (replicated)
     inputs and returns the full outputs, the same on every rank."""
 
-    def __init__(self, graph: Graph, program: Program, plan: ShardPlan, comm: Any):
+    def __init__(self, graph: Graph, program: Program, plan: ShardPlan, comm: Any,
+                 device: str = "cpu"):
         self.graph = graph              # the graph before sharding (the user's signature)
         self.program, self.plan, self.comm = program, plan, comm
+        self._device = device
 
     def __repr__(self) -> str:
         return (f"DistributedExecutable(@{self.graph.name}, rank {self.comm.rank} of "
                 f"{self.comm.world}, {len(self.program.segments)} segments)")
 
+    @property
+    def device(self) -> str:
+        """"cuda" when the segments run on the GPU (then :meth:`run_torch` is the call)."""
+        return self._device
+
     def run_trusted(self, arrays: Sequence[Any]) -> list[Any]:
         return self(*arrays)
+
+    def run_torch(self, tensors: Sequence[Any]) -> list[Any]:
+        """One call on torch CUDA tensors (the torch backend's path on the cuda target):
+        each segment writes fresh tensors through ``run_device`` on torch's current stream,
+        and the collectives take the tensors in place (NCCL, or gloo's CUDA path)."""
+        import torch
+
+        from tilefuse.distributed.comm import torch_dtype
+
+        program = self.program
+        env: dict[Value, Any] = dict(zip(program.graph.inputs, tensors))
+        device = tensors[0].device if tensors else torch.device("cuda")
+        pending: dict[int, tuple[Any, Value]] = {}
+        for step in program.steps:
+            if isinstance(step, Collective):
+                pending[step.index] = (self._start(step, env[step.node.inputs[0]]),
+                                       step.node.outputs[0])
+                continue
+            for c in step.waits:
+                handle, out = pending.pop(c)
+                env[out] = handle.wait()
+            if not step.outputs:
+                continue
+            ins = [env[v].contiguous() for v in step.inputs]
+            outs = [torch.empty(tuple(v.type.shape), dtype=torch_dtype(v.type.dtype),
+                                device=device) for v in step.outputs]
+            stream = torch.cuda.current_stream(device).cuda_stream
+            step.executable.run_device([t.data_ptr() for t in ins],  # type: ignore[attr-defined]
+                                       [t.data_ptr() for t in outs], stream)
+            env.update(zip(step.outputs, outs))
+        for _, (handle, out) in sorted(pending.items()):
+            env[out] = handle.wait()
+        return [env[v] for v in program.graph.outputs]
+
+    def _start(self, step: Collective, x: Any) -> Any:
+        node = step.node
+        if node.op.name == "all_reduce":
+            return self.comm.all_reduce(x)
+        return self.comm.all_gather(x, node.attrs["axis"])
 
     def __call__(self, *arrays: Any) -> list[Any]:
         if len(arrays) != len(self.graph.inputs):
@@ -46,13 +92,8 @@ class DistributedExecutable:
         pending: dict[int, tuple[Any, Value]] = {}
         for step in self.program.steps:
             if isinstance(step, Collective):
-                node = step.node
-                x = env[node.inputs[0]]
-                if node.op.name == "all_reduce":
-                    handle = self.comm.all_reduce(x)
-                else:
-                    handle = self.comm.all_gather(x, node.attrs["axis"])
-                pending[step.index] = (handle, node.outputs[0])
+                pending[step.index] = (self._start(step, env[step.node.inputs[0]]),
+                                       step.node.outputs[0])
                 continue
             for c in step.waits:
                 handle, out = pending.pop(c)
