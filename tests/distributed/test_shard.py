@@ -156,3 +156,24 @@ def test_bad_rank_is_a_compile_error():
     x = _rand(5, 48)
     with pytest.raises(tilefuse.CompileError, match="rank 2 of 2 ranks"):
         shard_graph(_graph(mlp, x), 2, 2)
+
+
+WA, WB = _rand(16, 32), _rand(32, 16)
+
+
+def two_branches(x, y):
+    a = np.tanh(np.maximum(x @ WA, 0) @ WB)      # its all-reduce ...
+    b = np.tanh(np.maximum(y @ WA, 0) @ WB)      # ... overlaps this branch's products
+    return a + b
+
+
+def test_a_collective_overlaps_independent_work():
+    from tilefuse.distributed.program import cut
+
+    x, y = _rand(3, 16), _rand(3, 16)
+    graph = _graph(two_branches, x, y)
+    _check(graph, [x, y], 2)
+    program = cut(shard_graph(graph, 2, 0)[0])
+    first = program.collectives[0]
+    assert first.overlaps, program.text()
+    assert "overlaps s" in program.text()

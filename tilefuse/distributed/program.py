@@ -1,10 +1,11 @@
 """A rank's graph cut at its collectives: compiled segments and collective steps, in order.
 
 Every node gets the set of collectives it depends on (transitively); nodes with the same set
-form one segment, which the compile driver builds like any graph (stages 2-6). Collectives are
-started as soon as the segment that makes their input has run and are waited for only by the
-first segment that reads them, so a segment that does not depend on a collective in flight
-runs while it moves (the overlap the plan reports). Constants and other source nodes are copied
+form a group, cut again after each node that makes a collective's input, and each piece is one
+segment, which the compile driver builds like any graph (stages 2-6). Collectives start as
+soon as the segment that makes their input has run and are waited for only by the first
+segment that reads them, so work that does not depend on a collective in flight (the rest of
+its group, an independent branch) runs while it moves: the overlap ``Program.text`` reports. Constants and other source nodes are copied
 into every segment that reads them. The cut depends only on the graph's structure, which the
 sharding pass makes the same on every rank: all ranks issue the same collectives in the same
 order, as NCCL and gloo require.
@@ -86,8 +87,7 @@ def cut(graph: Graph) -> Program:
     for node in graph.nodes:
         if node.op.name in COLLECTIVES:
             c = coll_index.setdefault(node, len(coll_index))
-            base = needs[node.inputs[0]]
-            needs[node.outputs[0]] = base | {c}
+            needs[node.outputs[0]] = needs[node.inputs[0]] | {c}
             continue
         if not node.inputs and node.op.kind == OpKind.SOURCE:
             for o in node.outputs:
@@ -99,40 +99,43 @@ def cut(graph: Graph) -> Program:
         groups.setdefault(key, []).append(node)
         for o in node.outputs:
             needs[o] = key
-    order = sorted(groups, key=lambda k: (len(k), sorted(k)))
-    seg_of_key = {k: i for i, k in enumerate(order)}
-    # Who reads what after its own segment: later segments, collectives, graph outputs.
-    produced_in: dict[Value, int] = {}
-    for k, nodes in groups.items():
-        for n in nodes:
-            for o in n.outputs:
-                produced_in[o] = seg_of_key[k]
-    wanted: dict[int, list[Value]] = {i: [] for i in range(len(order))}
+    # A group is cut again after each node that makes a collective's input, so that the
+    # collective starts while the rest of the group runs.
+    feeds = {node.inputs[0] for node in coll_index}
+    pieces: list[tuple[frozenset[int], list[Node]]] = []
+    for key in sorted(groups, key=lambda k: (len(k), sorted(k))):
+        piece: list[Node] = []
+        for node in groups[key]:
+            piece.append(node)
+            if any(o in feeds for o in node.outputs):
+                pieces.append((key, piece))
+                piece = []
+        if piece:
+            pieces.append((key, piece))
+    produced_in = {o: i for i, (_, nodes) in enumerate(pieces) for n in nodes
+                   for o in n.outputs}
+    wanted: dict[int, list[Value]] = {i: [] for i in range(len(pieces))}
 
     def want(v: Value, reader: int | None) -> None:
         seg = produced_in.get(v)
         if seg is not None and seg != reader and v not in wanted[seg]:
             wanted[seg].append(v)
 
-    for k, nodes in groups.items():
+    for i, (_, nodes) in enumerate(pieces):
         for n in nodes:
             for v in n.inputs:
-                want(v, seg_of_key[k])
+                want(v, i)
     for node in coll_index:
         want(node.inputs[0], None)
     for v in graph.outputs:
         want(v, None)
-
-    segments = []
-    for i, key in enumerate(order):
-        segments.append(_segment(i, groups[key], sources, wanted[i], graph.name))
-    # Issue order: each collective right after the segment that makes its input (or first,
-    # when its input is a graph input); each segment waits for what it reads, not yet waited.
-    start_after: dict[int, int] = {}
-    for node, c in coll_index.items():
-        start_after[c] = produced_in.get(node.inputs[0], -1)
-    steps: list[Segment | Collective] = []
+    segments = [_segment(i, nodes, sources, wanted[i], graph.name)
+                for i, (_, nodes) in enumerate(pieces)]
+    # Issue order: each collective right after the segment that makes its input (first, when
+    # its input is a graph input); a segment waits for the collectives it reads, not yet waited.
+    start_after = {c: produced_in.get(node.inputs[0], -1) for node, c in coll_index.items()}
     collectives = {c: Collective(c, node, start_after[c]) for node, c in coll_index.items()}
+    steps: list[Segment | Collective] = []
     waited: set[int] = set()
     in_flight: list[int] = []
 
@@ -143,7 +146,7 @@ def cut(graph: Graph) -> Program:
                 in_flight.append(c)
 
     launch(-1)
-    for i, key in enumerate(order):
+    for i, (key, _) in enumerate(pieces):
         seg = segments[i]
         seg.waits = tuple(sorted(key - waited))
         waited |= key
