@@ -177,3 +177,31 @@ def test_a_collective_overlaps_independent_work():
     first = program.collectives[0]
     assert first.overlaps, program.text()
     assert "overlaps s" in program.text()
+
+
+def _fused_attention_graph(with_mask: bool):
+    b = GraphBuilder("fused")
+    x = b.input(TensorType((2, 7, 32), DType.f32), "x")
+    flat = b.add1("reshape", [x], {"shape": (14, 32)})
+    heads = []
+    for w in (_rand(32, 32), _rand(32, 32), _rand(32, 32)):
+        y = b.add1("matmul", [flat, b.add1("constant", [], {"value": Literal(w)})])
+        y = b.add1("reshape", [y], {"shape": (2, 7, 4, 8)})
+        heads.append(b.add1("transpose", [y], {"perm": (0, 2, 1, 3)}))
+    if with_mask:
+        mask = b.add1("constant", [], {"value": Literal(_rand(2, 4, 7, 7))})
+        heads.append(mask)
+    a = b.add1("attention", heads, {"scale": 0.35})
+    a = b.add1("reshape", [b.add1("transpose", [a], {"perm": (0, 2, 1, 3)})],
+               {"shape": (14, 32)})
+    wo = b.add1("constant", [], {"value": Literal(_rand(32, 32))})
+    return b.build([b.add1("matmul", [a, wo])])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_the_fused_attention_op_splits_by_heads(world, with_mask):
+    x = _rand(2, 7, 32)
+    plan = _check(_fused_attention_graph(with_mask), [x], world)
+    assert plan.text().count("column-parallel") == 3 and "row-parallel" in plan.text()
+    assert [c.op for c in plan.collectives] == ["all_reduce"]

@@ -345,17 +345,27 @@ class _Sharder:
         self._replicated(node)
 
     def _attention(self, node: Node) -> None:
-        q, k, v, *mask = node.inputs
-        specs = [self.resolve(t) for t in (q, k, v)]
-        heads = Spec.split(1)
-        if all(s == heads for s in specs) and all(len(t.type.shape) == 4 for t in (q, k, v)):
-            extra = []
-            for m in mask:
-                self.resolve(m)
-                full = len(m.type.shape) == 4 and m.type.shape[1] == q.type.shape[1]
-                extra.append(self.laid(m, heads) if full else self.rep(m))
-            return self._same(node, [self.local[t] for t in (q, k, v)] + extra, heads)
-        self._replicated(node)
+        """Split along a batch axis of q (heads, say): k, v and the mask follow where they
+        have that axis, else they are read whole."""
+        q, *rest = node.inputs
+        out = node.outputs[0]
+        sq = self.resolve(q)
+        for t in rest:
+            self.resolve(t)
+        rq, ro = len(q.type.shape), len(out.type.shape)
+        if not (sq.is_split and sq.axis < rq - 2):
+            return self._replicated(node)
+        axis = right_aligned(sq.axis, rq, ro)
+        locals_ = [self.local[q]]
+        for i, t in enumerate(rest):
+            rt = len(t.type.shape)
+            ax = axis - (ro - rt)
+            batch = ax < rt - 2 if i < 2 else ax < rt - 2 or rt < 2
+            if 0 <= ax and batch and t.type.shape[ax] == out.type.shape[axis]:
+                locals_.append(self.laid(t, Spec.split(ax, sq.outer)))
+            else:
+                locals_.append(self.rep(t))
+        self._same(node, locals_, Spec.split(axis, sq.outer))
 
     def _take(self, node: Node) -> None:
         data, idx = node.inputs
