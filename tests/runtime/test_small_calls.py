@@ -143,3 +143,20 @@ def test_outputs_stay_the_callers_on_the_fast_path():
         fn(x, y)   # dropped at once: its buffer may be reused
     for got, want in kept:
         assert_close(got, want)
+
+
+def test_a_function_with_graph_breaks_takes_the_general_path(capsys):
+    """A cache entry that is a program of regions (graph breaks) has no direct call: arrays
+    alone still run it, every call, through the general path."""
+    def branchy(x):
+        s = float(x.sum())
+        print("sum", round(s, 3))
+        return x * 2.0 if s > 0 else x - 1.0
+
+    fn = tilefuse.jit(branchy)
+    rng = np.random.default_rng(9)
+    for _ in range(3):
+        x = rng.standard_normal(40, dtype=np.float32)
+        assert_close(fn(x), x * 2.0 if x.sum() > 0 else x - 1.0)
+    assert fn._last_hit == (None, None)
+    assert capsys.readouterr().out.count("sum") == 3

@@ -197,9 +197,11 @@ class JitFunction:
                 last_parts, entry = self._last_hit   # one tuple: read and set atomically
                 if key_parts != last_parts:   # equal: no hashing, no lookup
                     entry = self._cache.get((self._target, key_parts, ()))
-                    if entry is not None:
+                    if type(entry) is not _Entry or entry.direct is None:
+                        entry = None   # a miss, graph breaks (a Program) or a general entry
+                    else:
                         self._last_hit = (key_parts, entry)
-                if entry is not None and entry.direct is not None:
+                if entry is not None:
                     self._hits += 1
                     try:
                         return entry.pack(entry.direct(args))
