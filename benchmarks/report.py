@@ -4,7 +4,8 @@ docs/PERFORMANCE.md between the ``generated`` markers.
 A record: ``workload``, ``title``, ``group`` (compass, onnx-light, bert), ``status`` (ok, not
 supported, error, not measured), ``note``, ``median_s`` (implementation -> median seconds),
 ``checks`` (implementation -> ok / reference / differs: ...), ``skipped`` (peer -> why).
-Ratios are a peer's time over tilefuse's: above 1.00x tilefuse is faster.
+Ratios are a peer's time over tilefuse's: above 1.00x tilefuse is faster. The "tilefuse / best
+peer" column and the targets take the fastest peer whose output agreed with the reference.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ PEERS = ("numpy", "torch", "inductor", "onnxruntime", "jax", "openvino")
 BEGIN, END = "<!-- generated:begin -->", "<!-- generated:end -->"
 
 Medians = dict[str, float]
+
+
+def _agreeing(record: dict[str, Any]) -> Medians:
+    """The record's medians without peers whose output differed from the reference (a wrong
+    answer is no one's best time)."""
+    checks = record.get("checks", {})
+    return {k: v for k, v in record["median_s"].items()
+            if checks.get(k, "ok") in ("ok", "reference")}
 
 
 def _best_peer(m: Medians) -> float:
@@ -46,7 +55,7 @@ def _target_cells(record: dict[str, Any]) -> tuple[str, str]:
         return "", ""
     text, met = target
     try:
-        return text, "**yes**" if met(record["median_s"]) else "no"
+        return text, "**yes**" if met(_agreeing(record)) else "no"
     except KeyError:
         return text, "n/a"
 
@@ -75,10 +84,10 @@ def table(records: list[dict[str, Any]]) -> str:
         tilefuse = format_seconds(m["tilefuse"])
         if r.get("checks", {}).get("tilefuse", "ok") not in ("ok", "reference"):
             tilefuse += " ⚠ " + r["checks"]["tilefuse"]
-        best = m["tilefuse"] / _best_peer(m)
+        best = m["tilefuse"] / _best_peer(_agreeing(r))
         target, met = _target_cells(r)
         rows.append(f"| {label} | {tilefuse} | " + " | ".join(_cell(r, p) for p in PEERS)
-                    + f" | {best:.2f}x | {target} | {met} |")
+                    + f" | {'–' if best != best else f'{best:.2f}x'} | {target} | {met} |")
     return "\n".join(rows)
 
 

@@ -34,8 +34,17 @@ def test_table_shows_ratios_targets_and_unsupported_models():
     w1, w5, light = text.splitlines()[2:]
     assert "| 9 ms |" in w1 and "30 ms (3.33x)" in w1 and "9.9 ms (1.10x)" in w1
     assert "| 0.91x | ≤ 0.8x best peer | no" in w1 and "| n/a |" in w1  # torch left out
-    assert "10 us (0.50x) ⚠" in w5 and "| 2.00x | ≤ 10 µs and ≤ 0.8x best peer | no" in w5
+    assert "10 us (0.50x) ⚠" in w5 and "| – | ≤ 10 µs and ≤ 0.8x best peer | no" in w5
     assert "**not supported**: OnnxError: unsupported op Foo" in light
+
+
+def test_a_peer_with_a_wrong_output_is_not_the_best_peer():
+    record = {"workload": "W3", "title": "softmax", "group": "compass", "status": "ok",
+              "median_s": {"tilefuse": 2e-3, "onnxruntime": 1e-3, "openvino": 4e-3},
+              "checks": {"tilefuse": "ok", "onnxruntime": "differs: max abs error 1",
+                         "openvino": "ok"}, "skipped": {}}
+    row = report.table([record]).splitlines()[2]
+    assert "1 ms (0.50x) ⚠" in row and "| 0.50x | ≤ 0.8x best peer | **yes** |" in row
 
 
 def test_write_docs_replaces_only_the_generated_block(tmp_path):
