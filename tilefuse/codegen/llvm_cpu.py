@@ -408,6 +408,10 @@ class LoopLowering:
             value = st.env[e.arg]  # type: ignore[index]
         elif e.op is XOp.THREAD_ID:
             value = st.thread_id
+        elif e.op is XOp.IOTA:
+            element = llvm_type(e.type.scalar)
+            value = ir.Constant(llvm_type(e.type), [ir.Constant(element, k)
+                                                    for k in range(e.lanes)])
         elif e.op is XOp.LOAD:
             value = self.load(st, e, self.expr(st, e.args[0], memo))
         elif e.op is XOp.LOCAL_LOAD:

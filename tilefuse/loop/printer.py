@@ -69,6 +69,8 @@ def format_expr(e: Expr) -> str:
         return f"{e.arg}[{format_expr(e.args[0])}]"
     if op is XOp.BROADCAST:
         return f"bcast<{e.lanes}>({format_expr(e.args[0])})"
+    if op is XOp.IOTA:
+        return f"iota<{e.type}>"
     if op is XOp.CAST:
         return f"cast<{e.dtype}>({format_expr(e.args[0])})"
     if op is XOp.NEG:
