@@ -63,7 +63,9 @@ def group_of(fmt: str, group: int, k: int) -> int:
 @functools.lru_cache(maxsize=32)
 def fragment_coords(k: int, n: int, lanes: int) -> tuple[np.ndarray, np.ndarray]:
     """(k index, n index) of every A-fragment element, shape [N/16, K/16, 32, 4, 2]: tile,
-    mma along K, lane, fragment register a0..a3, half (low: even k of the pair)."""
+    mma along K, lane, fragment register a0..a3, half (low: even k of the pair). The map
+    written out from PTX's m16n8k16 fragment layout (what the kernel assumes); the packer
+    computes the same by reshapes (tests hold the two equal)."""
     tiles, mmas = n // TILE_N, k // 16
     per_chunk = lanes // 4              # mmas per chunk of 4L rows of K
     t = np.arange(tiles).reshape(-1, 1, 1, 1, 1)
@@ -79,40 +81,56 @@ def fragment_coords(k: int, n: int, lanes: int) -> tuple[np.ndarray, np.ndarray]
     return np.broadcast_to(kk, shape), np.broadcast_to(nn, shape)
 
 
+def _fragments(codes: np.ndarray, lanes: int) -> np.ndarray:
+    """Codes [K, N] as A-fragment elements [N/16, K/16, 32, 4, 2] (tile, mma, lane, register,
+    half): :func:`fragment_coords` by reshapes and one transpose, no index arrays."""
+    k, n = codes.shape
+    per_chunk = lanes // 4
+    # k = ((chunk·4 + q)·J + j)·4 + r2·2 + h; n = (t·2 + r1)·8 + g; register r = 2·r2 + r1
+    v = codes.reshape(k // (4 * lanes), 4, per_chunk, 2, 2, n // TILE_N, 2, 8)
+    v = v.transpose(5, 0, 2, 7, 1, 3, 6, 4)      # t, chunk, j, g, q, r2, r1, h
+    return v.reshape(n // TILE_N, k // 16, 32, 4, 2)
+
+
+def _from_fragments(vals: np.ndarray, k: int, n: int, lanes: int) -> np.ndarray:
+    per_chunk = lanes // 4
+    v = vals.reshape(n // TILE_N, k // (4 * lanes), per_chunk, 8, 4, 2, 2, 2)
+    return np.ascontiguousarray(v.transpose(1, 4, 2, 5, 7, 0, 6, 3)).reshape(k, n)
+
+
+_SHIFTS = (4 * (np.arange(4).reshape(4, 1) + 4 * np.arange(2).reshape(1, 2))).astype(np.uint32)
+"""Nibble position of fragment element (register r, half h) in its int4 word: r + 4h."""
+
+
 def pack_tiles(codes: np.ndarray, fmt: str, lanes: int) -> np.ndarray:
     """Codes [K, N] (u8: int4 nibbles 0..15, int8 two's complement bytes, e4m3 bits) in the
     tile layout: u8 [N/16, BYTES_PER_K·K]."""
     k, n = codes.shape
-    kk, nn = fragment_coords(k, n, lanes)
-    vals = codes[kk, nn].astype(np.uint32)           # [T, K/16, 32, 4, 2]
     tiles = n // TILE_N
+    vals = _fragments(np.asarray(codes, np.uint8), lanes)    # [T, K/16, 32, 4, 2]
     if fmt == "int4":
-        shift = (4 * (np.arange(4).reshape(4, 1) + 4 * np.arange(2).reshape(1, 2))).astype(
-            np.uint32)
-        words = np.bitwise_or.reduce((vals << shift).reshape(tiles, k // 16, 32, 8), axis=3)
+        words = np.zeros((tiles, k // 16, 32), np.uint32)
+        for r in range(4):
+            for h in range(2):
+                words |= vals[..., r, h].astype(np.uint32) << _SHIFTS[r, h]
         # mma m = 4·load + p: [T, load, p, lane] -> [T, load, lane, p]
         words = words.reshape(tiles, k // 64, 4, 32).transpose(0, 1, 3, 2)
         return np.ascontiguousarray(words.astype("<u4")).view(np.uint8).reshape(tiles, -1)
-    data = vals.astype(np.uint8).reshape(tiles, k // 32, 2, 32, 8).transpose(0, 1, 3, 2, 4)
+    data = vals.reshape(tiles, k // 32, 2, 32, 8).transpose(0, 1, 3, 2, 4)
     return np.ascontiguousarray(data).reshape(tiles, -1)
 
 
 def unpack_tiles(packed: np.ndarray, fmt: str, k: int, n: int, lanes: int) -> np.ndarray:
     """The codes [K, N] (u8) :func:`pack_tiles` packed."""
     tiles = n // TILE_N
-    kk, nn = fragment_coords(k, n, lanes)
     if fmt == "int4":
         words = np.ascontiguousarray(packed).view("<u4").reshape(tiles, k // 64, 32, 4)
         words = words.transpose(0, 1, 3, 2).reshape(tiles, k // 16, 32, 1, 1)
-        shift = (4 * (np.arange(4).reshape(4, 1) + 4 * np.arange(2).reshape(1, 2))).astype(
-            np.uint32)
-        vals = ((words >> shift) & 0xF).astype(np.uint8)
+        vals = ((words >> _SHIFTS) & 0xF).astype(np.uint8)
     else:
         vals = np.ascontiguousarray(packed).reshape(tiles, k // 32, 32, 2, 8)
         vals = vals.transpose(0, 1, 3, 2, 4).reshape(tiles, k // 16, 32, 4, 2)
-    codes = np.empty((k, n), np.uint8)
-    codes[kk, nn] = vals
-    return codes
+    return _from_fragments(vals, k, n, lanes)
 
 
 def e4m3_values(bits: np.ndarray) -> np.ndarray:
