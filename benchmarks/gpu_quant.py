@@ -145,7 +145,7 @@ def bench_products(args: argparse.Namespace, log: list[dict]) -> None:
             xt = torch.from_numpy(x.astype(np.float32)).to(dev).to(torch.bfloat16)
             ms_tf = _median_ms(exe.context.time_ms, exe.launch_all, 50, 5) / ROTATE
             ms_cb = torch_ms(lambda xt=xt: [xt @ w for w in ws]) / ROTATE
-            chosen = [f[0].name for f in exe._fused.values()][0]
+            chosen = next(f[0].name for f in exe._fused.values())
             wbytes = sum(a.nbytes for a in weights[0])
             row = {"fmt": fmt, "m": m, "k": k, "n": n, "tilefuse_us": ms_tf * 1e3,
                    "cublas_bf16_us": ms_cb * 1e3, "speedup": ms_cb / ms_tf, "rel_err": err,
