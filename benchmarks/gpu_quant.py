@@ -156,7 +156,45 @@ def bench_products(args: argparse.Namespace, log: list[dict]) -> None:
                   f"({row['weight_gbs']:6.0f} GB/s of weights), cuBLAS bf16 "
                   f"{ms_cb * 1e3:7.1f} us, {row['speedup']:.2f}x, rel err {err:.1e} "
                   f"[{chosen}] (weights built in {built:.1f} s)", flush=True)
+            if fmt == "int4" and m in (1, 16) and args.sweep:
+                sweep(exe, m, k, n, weights, x, log)
             del exe
+
+
+SWEEP = [dict(tiles=t, warps=w, loads=ld) for t in (1, 2, 4) for w in (4, 8)
+         for ld in (1, 2, 4) if t * ld <= 8]
+
+
+def sweep(exe: Any, m: int, k: int, n: int, weights: list[tuple], x: np.ndarray,
+          log: list[dict]) -> None:
+    """Every launch configuration of the int4 kernel at this M, timed on the same rotated
+    weights (the defaults are a guess; this is what to tune them by)."""
+    from dataclasses import replace
+
+    from tilefuse.codegen.nvptx_qgemm import QGemmConfig, qgemm, supports
+
+    ctx = exe.context
+    ops = [[ctx.upload(np.ascontiguousarray(a)) for a in (x, *w, np.zeros(n, np.float32))]
+           for w in weights]
+    out = ctx.alloc(m * n * 2)
+    base = QGemmConfig(m, n, k, BF16, "int4")
+    found = []
+    for knobs in SWEEP:
+        cfg = replace(base, **knobs)
+        if supports(cfg) is not None:
+            continue
+        kernel = qgemm(cfg)
+        fn = ctx.load_ptx(kernel.ptx).function(kernel.name)
+
+        def run(fn=fn, kernel=kernel) -> None:
+            for o in ops:
+                ctx.launch(fn, kernel.grid, kernel.block, [b.ptr for b in o] + [out.ptr])
+        us = _median_ms(ctx.time_ms, run, 30, 3) / len(ops) * 1e3
+        found.append((us, kernel.name))
+        log.append({"sweep": kernel.name, "m": m, "us": us})
+    found.sort()
+    print(f"  sweep M={m}: " + ", ".join(f"{name.rsplit('_', 1)[-1]} {us:.1f}"
+                                           for us, name in found[:6]), flush=True)
 
 
 def bench_decode(args: argparse.Namespace, log: list[dict]) -> None:
@@ -228,6 +266,7 @@ def main() -> None:
     parser.add_argument("--dry", action="store_true")
     parser.add_argument("--size", type=int, default=8192)
     parser.add_argument("--no-decode", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="time every int4 launch config")
     args = parser.parse_args()
     if args.dry:
         dry()
