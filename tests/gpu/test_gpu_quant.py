@@ -67,9 +67,9 @@ def test_every_configuration_matches_the_dequantized_reference(mode: str, dtype:
     operands = [context.upload(np.ascontiguousarray(a))
                 for a in (x, *(consts[v] for v in node.inputs[1:]))]
     base = config_of(node)
-    configs = [base] + [replace(base, **k) for k in (*ALTERNATIVE_KNOBS,
-                                                     {"tiles": 4, "warps": 2, "loads": 1},
-                                                     {"tiles": 1, "warps": 1, "loads": 2})]
+    extra = ({"tiles": 4, "warps": 2, "loads": 1}, {"tiles": 1, "warps": 1, "loads": 2}) \
+        if m in (5, 16) else ()   # a few odd configurations (one warp: no shared memory)
+    configs = [base] + [replace(base, **k) for k in (*ALTERNATIVE_KNOBS, *extra)]
     checked = 0
     for cfg in configs:
         if supports(cfg) is not None:
