@@ -63,6 +63,9 @@ class QGemmConfig:
     """Warps a block, splitting K."""
     loads: int = 2
     """16-byte weight loads per tile and K step (bytes in flight per thread)."""
+    prefetch: bool = False
+    """Load the next K step's weights and scales before this step's products (registers
+    carried round the loop): twice the bytes in flight."""
 
     @property
     def k_per_load(self) -> int:
@@ -94,8 +97,8 @@ class QGemmConfig:
         zp = "zp" if self.zero_points else ""
         g = f"g{self.group}{zp}_" if self.fmt == "int4" else ""
         return (f"qgemm_{self.fmt}_{g}{self.dtype.value}_{self.m}x{self.n}x{self.k}_"
-                f"t{self.tiles}w{self.warps}l{self.loads}" + ("_relu" if self.act == "relu"
-                                                               else ""))
+                f"t{self.tiles}w{self.warps}l{self.loads}{'p' if self.prefetch else ''}"
+                + ("_relu" if self.act == "relu" else ""))
 
 
 def supports(cfg: QGemmConfig) -> str | None:
@@ -226,10 +229,26 @@ class _Kernel:
         accs = [b.phi(F32) for _ in range(regs)]
         for acc in accs:
             acc.add_incoming(ir.Constant(F32, 0.0), before)
+        fetched: list[ir.Value] = []
+        if cfg.prefetch:   # step ``warp``'s operands (clamped: a warp past K loads, unused)
+            b.position_before(before.terminator)
+            ahead = self.fetch(b.select(b.icmp_unsigned("<", warp, self.i32(steps)), warp,
+                                        self.i32(steps - 1)))
+            b.position_at_end(head)
+            fetched = [b.phi(v.type) for v in ahead]
+            for phi, v in zip(fetched, ahead):
+                phi.add_incoming(v, before)
         b.cbranch(b.icmp_unsigned("<", step, self.i32(steps)), body, done)
         b.position_at_end(body)
-        new = self.k_step(step, list(accs))
         nxt = b.add(step, self.i32(cfg.warps))
+        if cfg.prefetch:   # the next step's loads in flight during this step's products
+            following = self.fetch(b.select(b.icmp_unsigned("<", nxt, self.i32(steps)), nxt,
+                                            step))
+            new = self.compute(step, list(fetched), list(accs))
+            for phi, v in zip(fetched, following):
+                phi.add_incoming(v, b.block)
+        else:
+            new = self.compute(step, self.fetch(step), list(accs))
         step.add_incoming(nxt, b.block)
         for phi, v in zip(accs, new):
             phi.add_incoming(v, b.block)
@@ -238,20 +257,35 @@ class _Kernel:
         self.reduce_and_store(warp, tid, list(accs), bias, out)
         b.ret_void()
 
-    def k_step(self, step: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-        """One K step of ``k_step`` rows: every load first, then the products."""
+    def fetch(self, step: ir.Value) -> list[ir.Value]:
+        """The global loads of K step ``step``: the packed weight words of every tile and load
+        ([tile][load][word], flat), then (int4) each group's scales and zero-point pairs
+        ([group][tile][s_lo, s_hi, z_lo, z_hi])."""
         cfg, b = self.cfg, self.b
         tile_bytes = BYTES_PER_K[cfg.fmt] * cfg.k
-        loads = []
+        found: list[ir.Value] = []
         for i in range(cfg.tiles):
             base = b.mul(self.wide(b.add(self.tile0, self.i32(i))), self.i64(tile_bytes))
-            row = []
             for li in range(cfg.loads):
                 index = b.add(b.mul(step, self.i32(cfg.loads)), self.i32(li))
                 off = b.add(base, self.wide(b.add(b.mul(index, self.i32(512)),
                                                   b.mul(self.lane, self.i32(16)))))
-                row.append(self.words(self.load(self.w, off, V4, 16)))
-            loads.append(row)
+                found += self.words(self.load(self.w, off, V4, 16))
+        if cfg.fmt == "int4":
+            for gi in range(cfg.k_step // cfg.group):
+                grp = b.add(b.mul(step, self.i32(cfg.k_step // cfg.group)), self.i32(gi))
+                for i in range(cfg.tiles):
+                    found += self.group_params(grp, i)
+        return found
+
+    def compute(self, step: ir.Value, fetched: list[ir.Value], accs: list[ir.Value]
+                ) -> list[ir.Value]:
+        """The products of K step ``step`` from the operands :meth:`fetch` loaded (and x,
+        loaded here: it is small and stays in L1)."""
+        cfg, b = self.cfg, self.b
+        words = cfg.tiles * cfg.loads * 4
+        loads = [[fetched[(i * cfg.loads + li) * 4:(i * cfg.loads + li + 1) * 4]
+                  for li in range(cfg.loads)] for i in range(cfg.tiles)]
         k0 = b.mul(step, self.i32(cfg.k_step))
         chunk = 4 * self.lanes
         xs = [[self.x_fragments(b.add(k0, self.i32(c * chunk)), tt)
@@ -274,9 +308,9 @@ class _Kernel:
         per_group = cfg.group // 16
         zero = ir.Constant(F32, 0.0)
         for gi in range(mmas // per_group):
-            grp = b.add(b.mul(step, self.i32(cfg.k_step // cfg.group)), self.i32(gi))
             for i in range(cfg.tiles):
-                s_lo, s_hi, z_lo, z_hi = self.group_params(grp, i)
+                at_params = words + (gi * cfg.tiles + i) * 4
+                s_lo, s_hi, z_lo, z_hi = fetched[at_params:at_params + 4]
                 part = [[zero] * 4 for _ in range(self.btiles)]
                 for mi in range(gi * per_group, (gi + 1) * per_group):
                     c, j = divmod(mi, self.lanes // 4)
