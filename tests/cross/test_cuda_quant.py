@@ -254,3 +254,45 @@ def test_onnx_matmul_w4_is_repacked_for_the_gpu() -> None:
     xs = _inputs(graph, 13)
     program = build_gpu_program(quantized)
     assert _rel(simulate(program, xs)[0], interpret(graph, *xs)[0]) < 1e-6
+
+
+def test_torch_linears_in_bf16_become_quantized_products() -> None:
+    """A torch MLP (nn.Linear: x @ W.T + b, 3-D activations) in bf16: every linear is a
+    ``matmul_wq`` with its bias (and the first one's relu) absorbed, no host step."""
+    torch = pytest.importorskip("torch")
+    from tilefuse.zoo import torch_graph
+
+    class Mlp(torch.nn.Module):   # f32 in and out (torch_graph takes NumPy inputs)
+        def __init__(self) -> None:
+            super().__init__()
+            self.seq = torch.nn.Sequential(torch.nn.Linear(256, 384), torch.nn.ReLU(),
+                                           torch.nn.Linear(384, 128)).to(torch.bfloat16)
+
+        def forward(self, x):
+            return self.seq(x.to(torch.bfloat16)).float()
+
+    torch.manual_seed(0)
+    x = np.random.default_rng(14).standard_normal((2, 3, 256)).astype(np.float32)
+    graph = torch_graph(Mlp().eval(), [x])
+    quantized = run_pipeline(graph, cuda_pipeline("int4"))[0]
+    ops = [n.op.name for n in quantized.nodes if n.op.name != "constant"]
+    assert ops.count("matmul_wq") == 2 and "matmul" not in ops and "relu" not in ops
+    assert {n.inputs[0].dtype for n in quantized.nodes if n.op.name == "matmul_wq"} == {BF16}
+    program = build_gpu_program(quantized)
+    assert not [s for s in program.steps if isinstance(s, HostGroup)]
+    got = simulate(program, [x])[0]
+    assert _rel(got, interpret(quantized, x)[0]) < 1e-2
+    assert _rel(got, interpret(graph, x)[0]) < 0.2
+
+
+def test_the_driver_quantizes_for_the_cuda_target(monkeypatch) -> None:
+    """``compile_graph(target="cuda")`` runs the cuda form of the quantize pass (the build
+    itself, which needs a GPU, is replaced)."""
+    import tilefuse.driver as driver
+
+    monkeypatch.setattr(driver, "build", lambda graph, target, options: None)
+    options = driver.CompileOptions(pipeline=pipeline_for(parse_quantize("int8")))
+    on_gpu = driver.compile_graph(mlp(F32), "cuda", options).optimized
+    on_cpu = driver.compile_graph(mlp(F32), "cpu", options).optimized
+    assert [n.op.name for n in on_gpu.nodes].count("matmul_wq") == 2
+    assert [n.op.name for n in on_cpu.nodes].count("qmatmul_i8") == 2
