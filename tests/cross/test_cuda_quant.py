@@ -296,3 +296,21 @@ def test_the_driver_quantizes_for_the_cuda_target(monkeypatch) -> None:
     on_cpu = driver.compile_graph(mlp(F32), "cpu", options).optimized
     assert [n.op.name for n in on_gpu.nodes].count("matmul_wq") == 2
     assert [n.op.name for n in on_cpu.nodes].count("qmatmul_i8") == 2
+
+
+def test_cli_dump_for_cuda_quantizes(tmp_path, monkeypatch, capsys) -> None:
+    """``tilefuse dump MODEL --target cuda --quantize int4``: the partition shows the
+    quantized kernel, no host step."""
+    from tilefuse.cli import main
+
+    (tmp_path / "gq_cli_fn.py").write_text(
+        "import numpy as np\n"
+        "W = (np.random.default_rng(3).standard_normal((256, 128)) * 0.1).astype(np.float32)\n"
+        "def ffn(x):\n    return np.maximum(x @ W, 0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "dump"
+    assert main(["dump", "gq_cli_fn:ffn", "--input", "x=3x256", "--target", "cuda",
+                 "--quantize", "int4", "-o", str(out)]) == 0
+    partition = (out / "partition.txt").read_text()
+    assert "qgemm_int4_g128_f32_3x128x256" in partition and ", 0 on the host" in partition
+    assert "warning" not in capsys.readouterr().out
