@@ -181,7 +181,9 @@ def test_quantized_mlp_cross_compiles_with_no_host_step(mode: str, dtype: DType)
     xs = _inputs(graph, 11)
     got = simulate(program, xs)[0]
     assert got.dtype == dtype.np
-    assert _rel(got, interpret(quantized, *xs)[0]) < 1e-5
+    # the kernel's model against the exact dequantized reference: f32 x goes through bf16
+    # high and low parts (~2^-16), half outputs may round the other way (one ulp)
+    assert _rel(got, interpret(quantized, *xs)[0]) < (3e-5 if dtype is F32 else 4e-3)
     # the quantized model is the f32 one to within the scheme's error
     assert _rel(got, interpret(graph, *xs)[0]) < {"int8": 0.02, "fp8": 0.06}.get(mode, 0.15)
 
@@ -253,7 +255,7 @@ def test_onnx_matmul_w4_is_repacked_for_the_gpu() -> None:
     assert "matmul_wq" in [n.op.name for n in quantized.nodes]
     xs = _inputs(graph, 13)
     program = build_gpu_program(quantized)
-    assert _rel(simulate(program, xs)[0], interpret(graph, *xs)[0]) < 1e-6
+    assert _rel(simulate(program, xs)[0], interpret(graph, *xs)[0]) < 3e-5   # f32 x: hi + lo
 
 
 def test_torch_linears_in_bf16_become_quantized_products() -> None:
@@ -314,3 +316,50 @@ def test_cli_dump_for_cuda_quantizes(tmp_path, monkeypatch, capsys) -> None:
     partition = (out / "partition.txt").read_text()
     assert "qgemm_int4_g128_f32_3x128x256" in partition and ", 0 on the host" in partition
     assert "warning" not in capsys.readouterr().out
+
+
+EMULATED = [("int4", BF16, 1), ("int4:32+zp", F16, 9), ("int4:64+zp", F32, 3), ("int8", BF16, 16),
+            ("int8", F16, 5), ("int8", F32, 2), ("fp8", BF16, 4), ("fp8", F16, 17)]
+
+
+@pytest.mark.parametrize("mode,dtype,m", EMULATED)
+def test_the_kernel_model_matches_the_dequantized_reference(mode: str, dtype: DType,
+                                                            m: int) -> None:
+    """:func:`emulate` (the kernel's arithmetic: its load offsets, bit-trick dequantization,
+    fragment layout, k permutation, group scaling and warp split) against the op's exact
+    reference, for the default, the timed alternatives, one warp and prefetching."""
+    from dataclasses import replace
+
+    from tilefuse.codegen.nvptx_qgemm import supports
+    from tilefuse.kernel.lower_gpu_qmatmul import ALTERNATIVE_KNOBS, config_of, emulate
+
+    graph = run_pipeline(mlp(dtype, m=m, seed=m), cuda_pipeline(mode))[0]
+    node = next(n for n in graph.nodes if n.op.name == "matmul_wq")
+    consts = {n.output: n.attrs["value"].array for n in graph.nodes if n.op.name == "constant"}
+    x = np.random.default_rng(m).standard_normal((m, 256)).astype(dtype.np)
+    operands = [consts[v] for v in node.inputs[1:]]
+    want = node.op.reference(x, *operands, **node.attrs)
+    base = config_of(node)
+    for knobs in ({}, *ALTERNATIVE_KNOBS, {"tiles": 1, "warps": 1, "loads": 1},
+                  {"tiles": 2, "warps": 4, "loads": 1, "prefetch": True}):
+        cfg = replace(base, **knobs)
+        if supports(cfg) is None:
+            got = emulate(cfg, x, *operands)
+            assert got.dtype == dtype.np and got.shape == want.shape
+            assert _rel(got, want) < (3e-5 if dtype is F32 else 4e-3), cfg.name
+
+
+def test_the_kernel_model_reads_the_packed_bytes() -> None:
+    """Bytes in another order (two lanes' words swapped) give another product: the model
+    reads the layout, it does not unpack through the packer."""
+    from tilefuse.kernel.lower_gpu_qmatmul import config_of, emulate
+
+    graph = run_pipeline(mlp(BF16), cuda_pipeline("int4"))[0]
+    node = next(n for n in graph.nodes if n.op.name == "matmul_wq")
+    consts = {n.output: n.attrs["value"].array for n in graph.nodes if n.op.name == "constant"}
+    w, *rest = (consts[v] for v in node.inputs[1:])
+    swapped = w.copy().view("<u4")
+    swapped[:, [0, 4]] = swapped[:, [4, 0]]
+    x = np.random.default_rng(2).standard_normal((5, 256)).astype(BF16.np)
+    cfg = config_of(node)
+    assert _rel(emulate(cfg, x, w, *rest), emulate(cfg, x, swapped.view(np.uint8), *rest)) > 1e-3
