@@ -363,3 +363,21 @@ def test_the_kernel_model_reads_the_packed_bytes() -> None:
     x = np.random.default_rng(2).standard_normal((5, 256)).astype(BF16.np)
     cfg = config_of(node)
     assert _rel(emulate(cfg, x, w, *rest), emulate(cfg, x, swapped.view(np.uint8), *rest)) > 1e-3
+
+
+def test_a_transposed_constant_weight_is_quantized() -> None:
+    """``x @ transpose(W)`` (nn.Linear past constant folding's 64 MiB cap) is quantized with
+    W.T; the transpose is left dead."""
+    from tilefuse.passes.quantize import MIN_WEIGHTS
+    from tilefuse.passes.quantize_gpu import quantize_weights_gpu
+
+    rng = np.random.default_rng(15)
+    w = (rng.standard_normal((128, 256)) / 16).astype(BF16.np)     # [N, K], as nn.Linear
+    b = GraphBuilder("linear_t")
+    x = b.input(((4, 256), BF16), "x")
+    wt = b.add1("transpose", [_const(b, w, BF16)], {"perm": [1, 0]})
+    graph = b.build([b.add1("matmul", [x, wt])])
+    quantized, changed = quantize_weights_gpu(graph, parse_quantize("int8"), MIN_WEIGHTS)
+    assert changed and "matmul_wq" in [n.op.name for n in quantized.nodes]
+    xs = _inputs(graph, 16)
+    assert _rel(interpret(quantized, *xs)[0], interpret(graph, *xs)[0]) < 0.02

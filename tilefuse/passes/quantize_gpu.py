@@ -10,10 +10,12 @@ bf16/f16, so every scheme there is weight-only and takes f32, bf16 and f16 produ
 - ``int8``: symmetric per output column (:func:`~tilefuse.passes.quantize.quantize_int8`);
 - ``fp8``: e4m3 per output column, ``s = max|W[:, n]| / 448``.
 
-A following ``add`` of a constant bias [N] and a ``relu`` are absorbed (the kernel applies
-them to its f32 sums); a GELU is left to the elementwise kernel after it. A ``matmul_w4``
-already in the graph (ONNX ``MatMulNBits``) is re-packed the same way. Products the kernel
-does not take stay as they are (cuBLAS), logged on the ``passes`` topic with the reason.
+A weight is a constant or the ``transpose`` of one (``nn.Linear``'s ``W.T`` past constant
+folding's size cap). A following ``add`` of a constant bias [N] and a ``relu`` are absorbed
+(the kernel applies them to its f32 sums); a GELU is left to the elementwise kernel after
+it. A ``matmul_w4`` already in the graph (ONNX ``MatMulNBits``) is re-packed the same way.
+Products the kernel does not take stay as they are (cuBLAS), logged on the ``passes`` topic
+with the reason.
 """
 
 from __future__ import annotations
@@ -50,6 +52,20 @@ def _constant(value: Value, producers: dict[Value, Node]) -> np.ndarray | None:
         return None
     literal = node.attrs["value"]
     return literal.array if isinstance(literal, Literal) else None
+
+
+def _weight(value: Value, producers: dict[Value, Node]) -> np.ndarray | None:
+    """The constant matrix ``value`` is: a constant, or ``transpose`` of a 2-D constant
+    (``nn.Linear``'s ``W.T``, which constant folding leaves alone past its 64 MiB cap: a
+    4096×11008 bf16 MLP weight)."""
+    found = _constant(value, producers)
+    if found is not None:
+        return found
+    node = producers.get(value)
+    if node is None or node.op.name != "transpose" or tuple(node.attrs["perm"]) != (1, 0):
+        return None
+    inner = _constant(node.inputs[0], producers)
+    return None if inner is None or inner.ndim != 2 else inner.T
 
 
 def _only_user(value: Value, readers: dict[Value, list[Node]], graph: Graph) -> Node | None:
@@ -136,7 +152,7 @@ def quantize_weights_gpu(graph: Graph, options, min_weights: int) -> tuple[Graph
                 continue
             plans[node] = (np.empty(0), None, None)
             continue
-        w = _constant(node.inputs[1], producers)
+        w = _weight(node.inputs[1], producers)
         why = _refusal(node.inputs[0], w, options.mode, min_weights)
         if why is not None:
             if w is not None:
