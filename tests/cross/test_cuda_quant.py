@@ -381,3 +381,22 @@ def test_a_transposed_constant_weight_is_quantized() -> None:
     assert changed and "matmul_wq" in [n.op.name for n in quantized.nodes]
     xs = _inputs(graph, 16)
     assert _rel(interpret(quantized, *xs)[0], interpret(graph, *xs)[0]) < 0.02
+
+
+@ptxas
+def test_sm80_gets_the_fma_form_and_fp8_is_refused_there(caplog) -> None:
+    """Before sm_90 there is no ``sub.bf16x2``: the int4 kernel subtracts with
+    ``fma.rn.bf16x2`` (assembled for sm_80); fp8 needs sm_89, so on sm_80 its product runs on
+    the host, with the reason logged."""
+    from tilefuse.codegen.llvm_nvptx import GpuTarget
+
+    sm80 = GpuTarget("sm_80", 70)
+    program = build_gpu_program(run_pipeline(mlp(BF16), cuda_pipeline("int4+zp"))[0], sm80)
+    kernels = [s.kernel for s in program.steps if isinstance(s, FusedStep)]
+    assert len(kernels) == 2 and all("fma.rn.bf16x2" in k.ptx for k in kernels)
+    for kernel in kernels:
+        assemble(kernel.ptx)
+    with caplog.at_level(logging.WARNING, logger="tilefuse.fallback"):
+        program = build_gpu_program(run_pipeline(mlp(BF16), cuda_pipeline("fp8"))[0], sm80)
+    assert len([s for s in program.steps if isinstance(s, HostGroup)]) == 2
+    assert "sm_89 for fp8" in caplog.text

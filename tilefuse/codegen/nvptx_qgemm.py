@@ -150,16 +150,21 @@ def qgemm(cfg: QGemmConfig, target: GpuTarget = SM90) -> QGemmKernel:
     if why is not None:
         raise CompileError(f"no quantized GPU product for {cfg.m}x{cfg.k} · {cfg.k}x{cfg.n} "
                            f"{cfg.fmt}: {why}")
+    arch = int(target.arch.removeprefix("sm_").rstrip("a"))
+    if arch < 80 or (cfg.fmt == "fp8" and arch < 89):
+        raise CompileError(f"the quantized GPU product ({cfg.fmt}) needs sm_80 (bf16/f16 mma), "
+                           f"sm_89 for fp8 (cvt from e4m3); the target is {target.arch}")
     module = ir.Module(name=cfg.name)
     module.triple = PTX_TRIPLE
     module.data_layout = str(gpu_target_machine(target).target_data)
-    _Kernel(module, cfg).build()
+    _Kernel(module, cfg, arch).build()
     return QGemmKernel(cfg, emit_ptx(module, target, f"the quantized product {cfg.name}"))
 
 
 class _Kernel:
-    def __init__(self, module: ir.Module, cfg: QGemmConfig):
+    def __init__(self, module: ir.Module, cfg: QGemmConfig, arch: int = 90):
         self.cfg = cfg
+        self.arch = arch
         self.module = module
         self.fn = kernel_function(module, cfg.name, 6, cfg.block, 1)
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
@@ -357,13 +362,23 @@ class _Kernel:
         """A fragment (a0..a3) of 8 nibbles: ``(nibble | magic) - (magic + z)``, exact."""
         b = self.b
         magic = MAGIC[self.half] * 0x10001
-        sub = "sub.rn.bf16x2 $0, $1, $2;" if self.half == "bf16" else "sub.f16x2 $0, $1, $2;"
         frags = []
         for r in range(4):
             shifted = b.lshr(word, self.i32(4 * r)) if r else word
             biased = b.or_(b.and_(shifted, self.i32(0x000F000F)), self.i32(magic))
-            frags.append(self.asm(I32, [biased, z_hi if r % 2 else z_lo], sub, "=r,r,r"))
+            frags.append(self.sub_pairs(biased, z_hi if r % 2 else z_lo))
         return frags
+
+    def sub_pairs(self, a: ir.Value, c: ir.Value) -> ir.Value:
+        """``a - c`` on both 16-bit halves (exact here: small integers): ``sub.rn.bf16x2`` on
+        sm_90, ``fma.rn.bf16x2(a, 1, -c)`` before it (bf16 sub is sm_90's), ``sub.f16x2``."""
+        if self.half == "f16":
+            return self.asm(I32, [a, c], "sub.f16x2 $0, $1, $2;", "=r,r,r")
+        if self.arch >= 90:
+            return self.asm(I32, [a, c], "sub.rn.bf16x2 $0, $1, $2;", "=r,r,r")
+        negated = self.b.xor(c, self.i32(-0x7FFF8000))   # 0x80008000: both signs flipped
+        return self.asm(I32, [a, self.i32(0x3F803F80), negated],
+                        "fma.rn.bf16x2 $0, $1, $2, $3;", "=r,r,r,r")
 
     def dequant8(self, first: ir.Value, second: ir.Value) -> list[ir.Value]:
         """A fragment from two words of 8-bit codes: (a0, a1) from ``first``, (a2, a3) from

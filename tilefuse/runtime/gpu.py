@@ -38,6 +38,7 @@ import numpy as np
 from tilefuse.codegen.llvm_nvptx import SM90, GpuTarget, compile_ptx, launch_extent
 from tilefuse.codegen.nvptx_attention import FlashKernel, flash_attention
 from tilefuse.codegen.nvptx_mma import MmaGemm, mma_gemm, supports
+from tilefuse.codegen.nvptx_qgemm import QGemmKernel
 from tilefuse.dump import DumpWriter
 from tilefuse.errors import CompileError, GuardError, TilefuseError
 from tilefuse.graph.interpreter import run_node
@@ -115,15 +116,16 @@ class HostGroup:
 
 @dataclass(frozen=True)
 class FusedStep:
-    """A kernel generated directly as LLVM IR (the fused attention): ``bindings`` are the
-    graph values of its pointer parameters, in order; ``alternatives`` are other kernels of
-    the same function (the wgmma attention), timed against ``kernel`` when the executable
-    loads (:meth:`CudaExecutable._choose_fused`)."""
+    """A kernel generated directly as LLVM IR (the fused attention, a quantized product):
+    ``bindings`` are the graph values of its pointer parameters, in order; ``alternatives``
+    are other kernels of the same function (the wgmma attention, other launch
+    configurations), timed against ``kernel`` when the executable loads
+    (:meth:`CudaExecutable._choose_fused`)."""
 
     group: KernelGroup
-    kernel: FlashKernel
+    kernel: FlashKernel | QGemmKernel
     bindings: tuple[Value, ...]
-    alternatives: tuple[FlashKernel, ...] = ()
+    alternatives: tuple[FlashKernel | QGemmKernel, ...] = ()
 
     @property
     def outputs(self) -> tuple[Value, ...]:
