@@ -164,8 +164,8 @@ def bench_products(args: argparse.Namespace, log: list[dict]) -> None:
             del exe
 
 
-SWEEP = [dict(tiles=t, warps=w, loads=ld) for t in (1, 2, 4) for w in (4, 8)
-         for ld in (1, 2, 4) if t * ld <= 8]
+SWEEP = [dict(tiles=t, warps=w, loads=ld, prefetch=p) for t in (1, 2, 4) for w in (4, 8)
+         for ld in (1, 2, 4) for p in (False, True) if t * ld <= 8 and (w == 8 or not p)]
 
 
 def sweep(exe: Any, m: int, k: int, n: int, weights: list[tuple], x: np.ndarray,
