@@ -400,3 +400,54 @@ def test_sm80_gets_the_fma_form_and_fp8_is_refused_there(caplog) -> None:
         program = build_gpu_program(run_pipeline(mlp(BF16), cuda_pipeline("fp8"))[0], sm80)
     assert len([s for s in program.steps if isinstance(s, HostGroup)]) == 2
     assert "sm_89 for fp8" in caplog.text
+
+
+def test_the_kernels_erf_is_erf() -> None:
+    """The GELU epilogue's erf (``erf_f32``, the same IR builder the kernel uses), JIT-compiled
+    for this CPU with ``llvm.exp2`` for the GPU's ``ex2.approx``, against tilefuse's erf."""
+    import ctypes
+
+    from llvmlite import binding as llvm
+    from llvmlite import ir
+
+    from tilefuse.codegen.llvm_types import F32, intrinsic
+    from tilefuse.codegen.nvptx_qgemm import erf_f32
+    from tilefuse.special import erf
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    module = ir.Module("erf_check")
+    fn = ir.Function(module, ir.FunctionType(F32, [F32]), "erf_check")
+    b = ir.IRBuilder(fn.append_basic_block())
+    b.ret(erf_f32(b, fn.args[0], lambda bb, v: intrinsic(bb, "exp2", [v])))
+    parsed = llvm.parse_assembly(str(module))
+    engine = llvm.create_mcjit_compiler(parsed,
+                                        llvm.Target.from_default_triple().create_target_machine())
+    engine.finalize_object()
+    call = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_float)(engine.get_function_address(
+        "erf_check"))
+    xs = np.concatenate([np.linspace(-6, 6, 4001), [0.0, -0.0, 0.927734375, 1e-30, 40.0]])
+    got = np.array([call(float(v)) for v in xs.astype(np.float32)], np.float32)
+    assert np.abs(got - erf(xs.astype(np.float32))).max() < 3e-7
+
+
+@pytest.mark.parametrize("dtype", [BF16, F32])
+def test_gelu_after_the_product_is_fused(dtype: DType) -> None:
+    rng = np.random.default_rng(17)
+    b = GraphBuilder("gelu_mlp")
+    x = b.input(((6, 256), dtype), "x")
+    y = b.add1("add", [b.add1("matmul", [x, _const(b, rng.standard_normal((256, 128)) / 16,
+                                                   dtype)]),
+                       _const(b, rng.standard_normal(128), dtype)])
+    graph = b.build([b.add1("gelu", [y], {"approximate": "none"})])
+    quantized = run_pipeline(graph, cuda_pipeline("int8"))[0]
+    (node,) = [n for n in quantized.nodes if n.op.name != "constant"]
+    assert node.op.name == "matmul_wq" and node.attrs["act"] == "gelu"
+    program = build_gpu_program(quantized)
+    (step,) = program.steps
+    assert step.kernel.name.endswith("_gelu") and "ex2.approx" in step.kernel.ptx
+    if shutil.which("ptxas"):
+        assemble(step.kernel.ptx)
+    xs = _inputs(graph, 18)
+    assert _rel(simulate(program, xs)[0], interpret(quantized, *xs)[0]) < (
+        3e-5 if dtype is F32 else 4e-3)

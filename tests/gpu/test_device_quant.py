@@ -1,6 +1,7 @@
 """The cuda target's weight-only quantized products on a GPU (``matmul_wq``,
-:mod:`tilefuse.codegen.nvptx_qgemm`): every weight format, activation dtype and launch
-configuration against the exact dequantized reference (the op's f32 reference on the host),
+:mod:`tilefuse.codegen.nvptx_qgemm`): every weight format, activation dtype, launch
+configuration (prefetching too) and epilogue (bias; relu, GELU) against the exact dequantized
+reference (the op's f32 reference on the host),
 on fresh random inputs, the output poisoned first; and a quantized MLP built by the pass for
 the cuda target run end to end with no host step."""
 
@@ -25,8 +26,8 @@ gpu = pytest.mark.skipif(not cuda_available(), reason="no CUDA device here")
 F32, BF16, F16 = DType.f32, DType.bf16, DType.f16
 
 
-def linear(m: int, k: int, n: int, dtype: DType, relu: bool, seed: int) -> Graph:
-    """relu?(x @ W + b) with a constant W [k, n] and bias b."""
+def linear(m: int, k: int, n: int, dtype: DType, act: str | None, seed: int) -> Graph:
+    """act(x @ W + b) with a constant W [k, n] and bias b; act relu, gelu or none."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder("linear")
     x = b.input(((m, k), dtype), "x")
@@ -34,7 +35,9 @@ def linear(m: int, k: int, n: int, dtype: DType, relu: bool, seed: int) -> Graph
         (rng.standard_normal((k, n)) / np.sqrt(k)).astype(dtype.np))})
     bias = b.add1("constant", [], {"value": Literal(rng.standard_normal(n).astype(dtype.np))})
     y = b.add1("add", [b.add1("matmul", [x, w]), bias])
-    return b.build([b.add1("relu", [y]) if relu else y])
+    if act == "gelu":
+        return b.build([b.add1("gelu", [y], {"approximate": "none"})])
+    return b.build([b.add1("relu", [y]) if act == "relu" else y])
 
 
 def quantized(graph: Graph, mode: str) -> Graph:
@@ -57,7 +60,8 @@ def test_every_configuration_matches_the_dequantized_reference(mode: str, dtype:
                                                                m: int) -> None:
     from tilefuse.runtime.cuda_driver import CudaContext
 
-    graph = quantized(linear(m, 512, 256, dtype, relu=m % 2 == 1, seed=m), mode)
+    act = "relu" if m % 2 else "gelu" if m % 4 == 0 else None
+    graph = quantized(linear(m, 512, 256, dtype, act, seed=m), mode)
     (node,) = [n for n in graph.nodes if n.op.name == "matmul_wq"]
     consts = {n.output: n.attrs["value"].array for n in graph.nodes if n.op.name == "constant"}
     context = CudaContext()

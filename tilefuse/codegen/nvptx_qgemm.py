@@ -35,13 +35,14 @@ later; fp8 sm_89 and later.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
 from llvmlite import ir
 
 from tilefuse.codegen.llvm_nvptx import PTX_TRIPLE, SM90, GpuTarget, emit_ptx, gpu_target_machine
-from tilefuse.codegen.llvm_types import F32, I32, I64
+from tilefuse.codegen.llvm_types import F32, I32, I64, declare, intrinsic
 from tilefuse.codegen.nvptx_prims import I16, PtxBuilder, kernel_function
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
@@ -107,15 +108,15 @@ class QGemmConfig:
         g = f"g{self.group}{zp}_" if self.fmt == "int4" else ""
         return (f"qgemm_{self.fmt}_{g}{self.dtype.value}_{self.m}x{self.n}x{self.k}_"
                 f"t{self.tiles}w{self.warps}l{self.loads}{'p' if self.prefetch else ''}"
-                + ("_relu" if self.act == "relu" else ""))
+                + (f"_{self.act}" if self.act != "none" else ""))
 
 
 def supports(cfg: QGemmConfig) -> str | None:
     """Why this kernel cannot be built (None when it can)."""
     if cfg.dtype not in (DType.bf16, DType.f16, DType.f32):
         return f"activations of {cfg.dtype} (bf16, f16 or f32 only)"
-    if cfg.act not in ("none", "relu"):
-        return f"the {cfg.act} epilogue (none or relu only)"
+    if cfg.act not in ("none", "relu", "gelu"):
+        return f"the {cfg.act} epilogue"
     if cfg.n % (TILE_N * cfg.tiles):
         return f"N = {cfg.n} is no multiple of {TILE_N * cfg.tiles}"
     if cfg.k % cfg.k_step:
@@ -510,6 +511,10 @@ class _Kernel:
         value = b.fadd(value, self.load(bias, b.mul(nn, self.i64(4)), F32, 4))
         if cfg.act == "relu":
             value = self.p.fmax(value, ir.Constant(F32, 0.0))
+        elif cfg.act == "gelu":   # 0.5·v·(1 + erf(v/√2)), the reference's exact GELU
+            half_v = b.fmul(ir.Constant(F32, 0.5), value)
+            e = erf_f32(b, b.fmul(value, ir.Constant(F32, 0.7071067811865476)), nvvm_exp2)
+            value = b.fmul(half_v, b.fadd(ir.Constant(F32, 1.0), e))
         index = b.add(b.mul(self.wide(t), self.i64(cfg.n)), nn)
         size = cfg.dtype.itemsize
         if cfg.dtype is DType.f32:
@@ -524,4 +529,40 @@ class _Kernel:
         b.position_at_end(after)
 
 
-__all__ = ["QGemmConfig", "QGemmKernel", "qgemm", "supports"]
+def nvvm_exp2(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """2**x on the special-function unit (``ex2.approx.f32``)."""
+    return b.call(declare(b.module, "llvm.nvvm.ex2.approx.f", F32, [F32]), [x])
+
+
+def erf_f32(b: ir.IRBuilder, x: ir.Value, exp2: Callable[[ir.IRBuilder, ir.Value], ir.Value]
+            ) -> ir.Value:
+    """f32 erf, branch-free, the polynomials of the NVPTX lowering's ``erf``
+    (:meth:`tilefuse.codegen.llvm_nvptx.NvptxLowering.erf`: N. Juffa's ``erff``), with
+    ``exp2`` given (the GPU's ``ex2.approx``; the CPU's ``llvm.exp2`` in its test)."""
+    def c(v: float) -> ir.Constant:
+        return ir.Constant(F32, v)
+
+    def fma(a: ir.Value, m: ir.Value, add: ir.Value) -> ir.Value:
+        return intrinsic(b, "fma", [a, m, add])
+
+    def horner(v: ir.Value, first: ir.Value, coeffs: tuple[float, ...]) -> ir.Value:
+        for k in coeffs:
+            first = fma(first, v, c(k))
+        return first
+
+    a = intrinsic(b, "fabs", [x])
+    s = b.fmul(x, x)
+    r = fma(c(-1.72853470e-5), a, c(3.83197126e-4))
+    u = fma(c(-3.88396438e-3), a, c(2.42546219e-2))
+    r = horner(a, fma(r, s, u), (-1.06777877e-1, -6.34846687e-1, -1.28717512e-1))
+    r = fma(r, a, b.fneg(a))
+    big = intrinsic(b, "copysign", [b.fsub(c(1.0), exp2(b, b.fmul(r, c(LOG2_E)))), x])
+    small = horner(s, c(-5.96761703e-4), (4.99119423e-3, -2.67681349e-2, 1.12819925e-1,
+                                          -3.76125336e-1, 1.28379166e-1))
+    small = fma(small, x, x)
+    return b.select(b.fcmp_ordered(">", a, c(0.927734375)), big, small)
+
+
+LOG2_E = 1.4426950408889634
+
+__all__ = ["QGemmConfig", "QGemmKernel", "erf_f32", "nvvm_exp2", "qgemm", "supports"]

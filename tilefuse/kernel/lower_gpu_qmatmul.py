@@ -200,9 +200,9 @@ def emulate(cfg: QGemmConfig, x: np.ndarray, w: np.ndarray, scales: np.ndarray,
     out = total.reshape(n, -1).T                                        # [M, N]
     if cfg.fmt != "int4":
         out = out * np.asarray(scales, np.float32).reshape(1, n)
-    out = (out + np.asarray(bias, np.float32)).astype(np.float32)
-    if cfg.act == "relu":
-        out = np.maximum(out, np.float32(0))
+    from tilefuse.ops.quant import epilogue
+
+    out = epilogue((out + np.asarray(bias, np.float32)).astype(np.float32), cfg.act)
     return out.astype(cfg.dtype.np).reshape(*x.shape[:-1], n)
 
 

@@ -11,9 +11,9 @@ bf16/f16, so every scheme there is weight-only and takes f32, bf16 and f16 produ
 - ``fp8``: e4m3 per output column, ``s = max|W[:, n]| / 448``.
 
 A weight is a constant or the ``transpose`` of one (``nn.Linear``'s ``W.T`` past constant
-folding's size cap). A following ``add`` of a constant bias [N] and a ``relu`` are absorbed
-(the kernel applies them to its f32 sums); a GELU is left to the elementwise kernel after
-it. A ``matmul_w4`` already in the graph (ONNX ``MatMulNBits``) is re-packed the same way.
+folding's size cap). A following ``add`` of a constant bias [N] and a ``relu`` or exact GELU
+are absorbed (the kernel applies them to its f32 sums; ``passes/quantize.py``'s matching).
+A ``matmul_w4`` already in the graph (ONNX ``MatMulNBits``) is re-packed the same way.
 Products the kernel does not take stay as they are (cuBLAS), logged on the ``passes`` topic
 with the reason.
 """
@@ -86,18 +86,6 @@ def _bias(node: Node | None, out: Value, producers: dict[Value, Node], n: int
     return np.asarray(array, _F32).reshape(n)
 
 
-def _relu(node: Node | None, value: Value, producers: dict[Value, Node]) -> bool:
-    if node is None or node.outputs[0].type != value.type:
-        return False
-    if node.op.name == "relu":
-        return True
-    if node.op.name != "maximum" or value not in node.inputs:
-        return False
-    other = node.inputs[1] if node.inputs[0] is value else node.inputs[0]
-    array = _constant(other, producers)
-    return array is not None and array.size == 1 and float(array.reshape(())) == 0.0
-
-
 def _refusal(x: Value, w: np.ndarray | None, fmt: str, min_weights: int) -> str | None:
     if w is None or w.ndim != 2 or from_numpy(w.dtype) not in FLOATS:
         return "the weight is not a constant 2-D float matrix"
@@ -134,10 +122,12 @@ def _packed(w: np.ndarray, options) -> tuple[np.ndarray, np.ndarray, np.ndarray,
 def quantize_weights_gpu(graph: Graph, options, min_weights: int) -> tuple[Graph, bool]:
     """``graph`` with its products against constant weights as ``matmul_wq`` (module
     docstring); ``options`` is the pass's :class:`~tilefuse.passes.quantize.QuantizeOptions`."""
+    from tilefuse.passes.quantize import _activation
+
     log = get_logger("passes")
     producers = graph.producers()
     readers = users(graph)
-    plans: dict[Node, tuple[np.ndarray, Node | None, Node | None]] = {}
+    plans: dict[Node, tuple[np.ndarray, Node | None, str]] = {}
     absorbed: dict[Node, Value] = {}
     for node in graph.nodes:
         if node.op.name not in ("matmul", "matmul_w4"):
@@ -145,12 +135,12 @@ def quantize_weights_gpu(graph: Graph, options, min_weights: int) -> tuple[Graph
         out = node.outputs[0]
         if node.op.name == "matmul_w4":
             operands = [_constant(v, producers) for v in node.inputs[1:]]
-            if any(a is None for a in operands) or node.attrs["act"] == "gelu" \
-                    or out.shape[-1] % TILE_N or node.inputs[0].shape[-1] % 128:
-                log.info("%s stays matmul_w4 (not the GPU kernel's: runtime operands, "
-                         "GELU or shape)", out.type)
+            if any(a is None for a in operands) or out.shape[-1] % TILE_N \
+                    or node.inputs[0].shape[-1] % 128:
+                log.info("%s stays matmul_w4 (not the GPU kernel's: runtime operands or "
+                         "shape)", out.type)
                 continue
-            plans[node] = (np.empty(0), None, None)
+            plans[node] = (np.empty(0), None, "none")
             continue
         w = _weight(node.inputs[1], producers)
         why = _refusal(node.inputs[0], w, options.mode, min_weights)
@@ -162,11 +152,9 @@ def quantize_weights_gpu(graph: Graph, options, min_weights: int) -> tuple[Graph
         if _bias(add, out, producers, w.shape[1]) is None:
             add = None
         last = add.outputs[0] if add is not None else out
-        act = _only_user(last, readers, graph)
-        if not _relu(act, last, producers):
-            act = None
+        act, act_nodes = _activation(last, readers, producers, graph)
         plans[node] = (w, add, act)
-        for extra in (add, act):
+        for extra in (add, *act_nodes):
             if extra is not None:
                 absorbed[extra] = out
     if not plans:
@@ -191,8 +179,7 @@ def quantize_weights_gpu(graph: Graph, options, min_weights: int) -> tuple[Graph
             bias = _bias(add, node.outputs[0], producers, n) if add is not None else None
             packed, scales, zeros, group = _packed(np.asarray(w, _F32), options)
             attrs = {"format": options.mode, "group": group,
-                     "zero_points": options.mode == "int4" and options.zero_points,
-                     "act": "relu" if act is not None else "none"}
+                     "zero_points": options.mode == "int4" and options.zero_points, "act": act}
             value = builder.add1("matmul_wq", [inputs[0], const(packed), const(scales),
                                                const(zeros),
                                                const(np.zeros(n, _F32) if bias is None
