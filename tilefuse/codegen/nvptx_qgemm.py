@@ -11,7 +11,8 @@ keep the dequantization off the critical path. The schedule:
 * a warp owns ``tiles`` 16-column tiles; the block's ``warps`` split K: warp w takes the K
   steps w, w+warps, ... (each step ``loads`` 16-byte loads of a tile's packed weight, the
   fragments of 4 (int4) or 2 (8-bit) mmas a load), then the warps' partial sums meet in
-  shared memory and the block adds the bias, applies relu and writes its [tokens, columns];
+  shared memory and the block adds the bias, applies relu or GELU and writes its
+  [tokens, columns];
 * the packed layout (:mod:`tilefuse.ops.quant_gpu`) permutes k inside a chunk so that a
   lane's B fragments are L consecutive elements of its token's row: 16- or 32-byte loads of x;
 * int4: ``(q | 0x4300) as bf16 = 128 + q``, minus ``128 + z`` (one ``lop3`` and one
