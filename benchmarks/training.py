@@ -1,6 +1,7 @@
 """Training step time and loss agreement: eager vs tilefuse vs Inductor (torch.compile), CPU.
 
-    python benchmarks/training.py [--steps 50] [--models cnn,gpt2,adamw-step] [--no-inductor]
+    python benchmarks/training.py [--steps 50] [--models cnn,gpt2,adamw-step,numpy-mlp]
+                                  [--no-inductor]
 
 Each model (the small CNN of tests/torch/test_torch_training.py at batch 32, and
 ``GPT2Config(n_layer=2, n_embd=256, n_head=4)`` with its full 50257-token vocabulary at batch 4,
@@ -10,6 +11,9 @@ the largest relative difference of each compiled variant's losses from eager's o
 (the issue's target: 1e-4 in f32), and the median step time (forward, backward, optimiser) after
 the compiling first steps, with its ratio to eager and to Inductor. ``adamw-step`` times a
 Dynamo-compiled ``AdamW.step`` alone (fixed gradients) against the eager step.
+``numpy-mlp`` times ``tilefuse.value_and_grad`` of a NumPy MLP with softmax cross-entropy (f32,
+several sizes) against ``jax.jit(jax.value_and_grad)`` of the same function, interleaved, with
+the largest gradient difference (the issue's target: <= 1.0x jax on the CPU).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -139,6 +144,70 @@ def run_optimizer_step(steps: int, inductor: bool) -> None:
               f"{times[label][0]:6.1f} s  max |param - eager| {err:.1e}")
 
 
+def _mlp_loss(np_: Any) -> Callable[..., Any]:
+    """The MLP loss of tests/frontend/test_grad.py, written against ``np_`` (numpy or
+    jax.numpy)."""
+    def loss(w1: Any, b1: Any, w2: Any, b2: Any, x: Any, labels: Any) -> Any:
+        h = np_.tanh(x @ w1 + b1)
+        logits = h @ w2 + b2
+        z = logits - np_.max(logits, axis=1, keepdims=True)
+        logp = z - np_.log(np_.sum(np_.exp(z), axis=1, keepdims=True))
+        return -np_.mean(np_.take_along_axis(logp, labels[:, None], axis=1))
+    return loss
+
+
+MLP_SIZES = ((64, 64, 128, 10), (128, 256, 256, 100), (256, 784, 512, 10),
+             (1024, 784, 1024, 10))
+"""(batch, features, hidden, classes) of the ``numpy-mlp`` runs."""
+
+
+def run_numpy_mlp(steps: int) -> None:
+    """``tilefuse.value_and_grad`` vs ``jax.jit(jax.value_and_grad)`` of one NumPy MLP loss,
+    f32 on the CPU. jax is given jax arrays already on its device (its best case); tilefuse
+    NumPy arrays. Both return the loss and the four parameter gradients."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        print("numpy-mlp: jax is not installed, skipped")
+        return
+    import numpy as np
+
+    import tilefuse
+    ours = tilefuse.value_and_grad(_mlp_loss(np), argnums=(0, 1, 2, 3))
+    theirs = jax.jit(jax.value_and_grad(_mlp_loss(jnp), argnums=(0, 1, 2, 3)))
+    print(f"value_and_grad of a NumPy MLP (tanh, softmax cross-entropy), f32, CPU, "
+          f"{steps} calls each, interleaved")
+    for batch, features, hidden, classes in MLP_SIZES:
+        rng = np.random.default_rng(0)
+        args = [rng.normal(size=(features, hidden)).astype(np.float32) * 0.05,
+                rng.normal(size=(hidden,)).astype(np.float32) * 0.1,
+                rng.normal(size=(hidden, classes)).astype(np.float32) * 0.05,
+                rng.normal(size=(classes,)).astype(np.float32) * 0.1,
+                rng.normal(size=(batch, features)).astype(np.float32),
+                rng.integers(0, classes, size=batch)]
+        jargs = [jnp.asarray(a) for a in args]
+        t0 = time.perf_counter()
+        value, grads = ours(*args)
+        first = time.perf_counter() - t0
+        jvalue, jgrads = theirs(*jargs)
+        err = max(float(np.abs(a - np.asarray(b)).max() / (np.abs(np.asarray(b)).max() + 1e-30))
+                  for a, b in zip(grads, jgrads))
+        times: dict[str, list[float]] = {"tilefuse": [], "jax": []}
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            ours(*args)
+            times["tilefuse"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            jax.block_until_ready(theirs(*jargs))
+            times["jax"].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v[WARMUP:]) for k, v in times.items()}
+        print(f"  b{batch} f{features} h{hidden} c{classes}: tilefuse "
+              f"{med['tilefuse'] * 1e3:8.3f} ms  jax.jit {med['jax'] * 1e3:8.3f} ms  "
+              f"({med['tilefuse'] / med['jax']:.2f}x jax)  first call {first:5.1f} s  "
+              f"loss diff {abs(float(value) - float(jvalue)):.1e}  max rel grad diff {err:.1e}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models.split(","):
         if name == "adamw-step":
             run_optimizer_step(args.steps, not args.no_inductor)
+        elif name == "numpy-mlp":
+            run_numpy_mlp(args.steps)
         else:
             run(name, args.steps, not args.no_inductor)
     return 0
