@@ -147,7 +147,7 @@ def _held(made: list[Any]) -> int:
     for graph in made:
         memory = step_memory(graph)
         if memory is not None:
-            total += memory.forward_arena + memory.backward_arena + memory.outputs
+            total += memory.peak
             print(f"  tilefuse graph {getattr(graph, 'name', '?')}: {memory}", flush=True)
     return total
 
@@ -219,8 +219,8 @@ def run(name: str, steps: int, inductor: bool, autocast: str | None = None,
         memory = f"  step peak +{peaks[label] / 2**20:.0f} MiB"
         if label == "tilefuse" and held:
             memory = f"  step peak +{(peaks[label] + held) / 2**20:.0f} MiB (+" \
-                f"{peaks[label] / 2**20:.0f} resident growth, {held / 2**20:.0f} arenas and " \
-                "output buffers held between steps)"
+                f"{peaks[label] / 2**20:.0f} resident growth, {held / 2**20:.0f} arenas, saved " \
+                "activations and outputs held in tilefuse buffers)"
         print(f"  {label:9s} step {med[label] * 1e3:8.1f} ms  ({ratio.strip(', ')})  first step "
               f"{times[label][0]:6.1f} s{memory}{err}  last loss {losses[label][-1]:.4f}",
               flush=True)
@@ -332,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="cnn,gpt2")
     parser.add_argument("--no-inductor", action="store_true")
     parser.add_argument("--no-eager", action="store_true", help="(models) skip eager")
+    parser.add_argument("--no-tilefuse", action="store_true", help="(models) skip tilefuse")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--autocast", default=None, choices=("bf16", "f16"),
                         help="(models) run the forward under torch.autocast in this dtype")
@@ -344,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "numpy-mlp":
             run_numpy_mlp(args.steps)
         else:
-            run(name, args.steps, not args.no_inductor, args.autocast, not args.no_eager)
+            run(name, args.steps, not args.no_inductor, args.autocast, not args.no_eager,
+                not args.no_tilefuse)
     return 0
 
 
