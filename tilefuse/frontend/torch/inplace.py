@@ -189,7 +189,12 @@ def write_in_place(gm: fx.GraphModule) -> tuple[int, int]:
         runtime = {a: k for k, a in enumerate(part.runtime)}
         executable = part.executable
         if getattr(executable, "device", "cpu") == "cuda":
-            allowed = {j: a for j, a in positions.items() if a in runtime}
+            # outputs are copied out after every kernel ran; an input also returned as it is
+            # would be copied out after another output overwrote it
+            graph = executable.graph
+            returned = {k for k, v in enumerate(graph.inputs) if v in set(graph.outputs)}
+            allowed = {j: a for j, a in positions.items()
+                       if a in runtime and runtime[a] not in returned}
         else:
             plan = getattr(executable, "kernel_plan", None)
             if plan is None or not hasattr(executable, "run_into"):
