@@ -200,6 +200,9 @@ class NvptxOps(LLVMOps):
             return super().exp(t, x)
         return self._nvvm("llvm.nvvm.ex2.approx.f", self.b.fmul(x, constant(t, LOG2_E)))
 
+    def exp_nonpos(self, t: LType, x: ir.Value) -> ir.Value:
+        return self.exp(t, x)
+
     def div(self, t: LType, a: ir.Value, b: ir.Value) -> ir.Value:
         if t.dtype is not DType.f32:
             return super().div(t, a, b)

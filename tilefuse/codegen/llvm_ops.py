@@ -251,6 +251,9 @@ class LLVMOps:
     def exp(self, t: LType, x: Value) -> Value:
         return self._call("exp", t, x)
 
+    def exp_nonpos(self, t: LType, x: Value) -> Value:
+        return self._call("exp_nonpos", t, x)
+
     def log(self, t: LType, x: Value) -> Value:
         return self._call("log", t, x)
 

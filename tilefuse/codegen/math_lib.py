@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable
 from types import MappingProxyType
 
+import numpy as np
 from llvmlite import ir
 from numpy.polynomial import chebyshev
 
@@ -44,6 +45,7 @@ from tilefuse.errors import CompileError
 from tilefuse.loop.ir import LType
 
 LOG2E = 1.4426950408889634
+LN2 = math.log(2.0)
 INF = math.inf
 NAN = math.nan
 
@@ -192,6 +194,28 @@ def _exp(em: _Em, x: ir.Value) -> ir.Value:
     p = em.poly(r, _taylor(lambda k: 1.0 / math.factorial(k), degree))
     # n comes from the clamped x (NaN clamps to the upper bound), so it is always in range.
     return em.sel(em.isnan(x), x, _scale(em, p, em.to_int_in_range(n), n))
+
+
+_EXP_NONPOS_F32 = [float(c) * (2.0 / LN2) ** k for k, c in enumerate(chebyshev.cheb2poly(
+    chebyshev.chebinterpolate(lambda t: np.exp(t * (LN2 / 2)), 6)))][::-1]
+"""exp(r) for |r| <= ln2/2 as a polynomial in r, highest degree first: the degree-6
+Chebyshev interpolant (relative error ~2e-9, below f32's half ulp), one fma fewer than the
+Taylor series of the same accuracy."""
+
+
+def _exp_nonpos(em: _Em, x: ir.Value) -> ir.Value:
+    """exp(x) for x <= 0 or NaN (softmax's and log-softmax's ``exp(x - max)``): no overflow
+    path and no NaN select. With vscalef (512-bit f32) the clamp below is one vmaxps that lets
+    NaN through, and NaN then flows through the arithmetic: ~12 instructions per vector where
+    :func:`_exp` takes ~16. Elsewhere it is :func:`_exp` (correct for every x)."""
+    if not (em.lib.scalef and em.dtype is DType.f32 and em.lanes == 16):
+        return _exp(em, x)
+    lo, _, ln2_hi, ln2_lo, _ = _EXP_CONSTS[em.dtype]
+    xc = em.sel(em.cmp("<", x, em.f(lo)), em.f(lo), x)  # NaN compares false: stays NaN
+    n = em.unary("rint", em.mul(xc, em.f(LOG2E)))
+    r = em.fma(n, em.f(-ln2_lo), em.fma(n, em.f(-ln2_hi), xc))
+    p = em.poly(r, _EXP_NONPOS_F32)
+    return _scale(em, p, em.to_int_in_range(n), n)
 
 
 def _expm1(em: _Em, x: ir.Value) -> ir.Value:
@@ -470,6 +494,7 @@ def _sincos(em: _Em, x: ir.Value, *, cos: bool) -> ir.Value:
 
 _GENERATORS: MappingProxyType[str, tuple[int, Callable[..., ir.Value]]] = MappingProxyType({
     "exp": (1, _exp),
+    "exp_nonpos": (1, _exp_nonpos),
     "expm1": (1, _expm1),
     "log": (1, _log),
     "log1p": (1, _log1p),

@@ -55,6 +55,7 @@ from tilefuse.kernel.lower_elementwise import (
     vector_width,
     with_lanes,
 )
+from tilefuse.kernel.row_softmax import softmax_rows
 from tilefuse.kernel.row_store import RowShape, StoredValue, choose_stores, streams
 from tilefuse.kernel.scalar_expr import ElementBuilder, KernelGroupLike, Override, work_dtype
 from tilefuse.kernel.schedule import PARALLEL_MIN_ELEMENTS, SYMBOLIC_DIM_HINT
@@ -77,6 +78,7 @@ from tilefuse.loop.ir import (
     maximum,
     minimum,
     reduce,
+    select,
     var,
     walk_expr,
 )
@@ -120,6 +122,9 @@ class Stage:
     level: int
     output: Value | None = None
     source: Value | None = None
+    nan_free: bool = False
+    """A max whose NaN propagation is redundant (:mod:`~tilefuse.kernel.row_softmax`): it
+    accumulates with ``select(a > b, a, b)``, one vmaxps."""
 
 
 @dataclass(frozen=True)
@@ -170,8 +175,9 @@ def expand_composites(group: KernelGroupLike) -> KernelGroupLike:
                     tuple(mapping.get(v, v) for v in group.outputs))
 
 
-def plan_rows(group: KernelGroupLike) -> RowPlan:
-    """The row structure of a ROW_REDUCTION group; CompileError when it has none."""
+def plan_rows(group: KernelGroupLike, nan_free: frozenset[Node] = frozenset()) -> RowPlan:
+    """The row structure of a ROW_REDUCTION group; CompileError when it has none. The max
+    nodes ``nan_free`` need not propagate NaN (:mod:`~tilefuse.kernel.row_softmax`)."""
     reductions = [n for n in group.nodes if n.op.kind is OpKind.REDUCTION]
     if not reductions:
         raise CompileError(f"kernel {group.name}: a row-reduction kernel without reductions")
@@ -187,6 +193,8 @@ def plan_rows(group: KernelGroupLike) -> RowPlan:
                                f"{node.inputs[0].type} does not reduce the rows of {list(full)}")
         level = 1 + max((done[d] for d in _reductions_before(node, producers)), default=0)
         new = _stages(node, level, math.prod(row), len(stages))
+        if node in nan_free:
+            new = [replace(st, nan_free=True) for st in new]
         stages.extend(new)
         done[node] = new[-1].level
     full_outputs, row_outputs = [], []
@@ -200,6 +208,12 @@ def plan_rows(group: KernelGroupLike) -> RowPlan:
             raise CompileError(f"kernel {group.name}: output {v.type} is neither the domain "
                                f"{list(full)} nor one value per row")
     return RowPlan(rows, row, tuple(stages), tuple(full_outputs), tuple(row_outputs))
+
+
+def _group_row_rank(group: KernelGroupLike) -> int:
+    """The number of row axes of a group with reductions (its first reduction's)."""
+    node = next(n for n in group.nodes if n.op.kind is OpKind.REDUCTION)
+    return _row_width(group, node, dims(node.inputs[0].shape))
 
 
 def _row_width(group: KernelGroupLike, node: Node, full: tuple[int, ...]) -> int:
@@ -280,7 +294,10 @@ def lower_rows(group: KernelGroupLike, schedule: Schedule | None = None, *,
     group = expand_composites(group)
     if not any(n.op.kind is OpKind.REDUCTION for n in group.nodes):
         return lower_elementwise(group, schedule)
-    plan = plan_rows(group)
+    nan_free: frozenset[Node] = frozenset()
+    if cpu_tails:
+        group, nan_free = softmax_rows(group, _group_row_rank(group), RowGroup)
+    plan = plan_rows(group, nan_free)
     ctx = KernelContext.of(group)
     lanes = fit_lanes(vector_width(schedule), math.prod(plan.row))
     unroll = dict(getattr(schedule, "unroll", ()) or ()).get("n", 1)
@@ -387,7 +404,7 @@ def _reduce_pass(ctx: KernelContext, plan: RowPlan, stages: list[Stage],
                              b.value(s.value, run.index, width, k)) if s.value in scratch
                   else Store(ctx.buffers.outputs[s.output].name, flatten(run.index, full),
                              b.value(s.value, run.index, width, k)) for s in stored]
-        return [*b.lets, *(LocalStore(a.name, slot, binary(s.combine, a.load(slot), t))
+        return [*b.lets, *(LocalStore(a.name, slot, _combine(s, a.load(slot), t))
                            for a, s, t in zip(accs, stages, terms)), *stores]
 
     loops = _vector_accumulation(names, n, lanes, unroll, vector, accumulate)
@@ -420,6 +437,14 @@ def _reduce_pass(ctx: KernelContext, plan: RowPlan, stages: list[Stage],
         if s.output is not None:
             overrides[s.output] = let.ref
     return stmts
+
+
+def _combine(stage: Stage, acc: Expr, term: Expr) -> Expr:
+    """One accumulation step; a NaN-free max is ``select(acc > term, acc, term)``, which
+    x86 does in one vmaxps (NaN gives ``term``)."""
+    if stage.nan_free and stage.combine is XOp.MAX:
+        return select(binary(XOp.GT, acc, term), acc, term)
+    return binary(stage.combine, acc, term)
 
 
 def _vector_accumulation(names: Namer, n: int, lanes: int, unroll: int, vector: list[Local],

@@ -159,6 +159,9 @@ class NumpyOps:
     def exp(self, t: LType, x: Array) -> Array:
         return self._math(x, np.exp)
 
+    def exp_nonpos(self, t: LType, x: Array) -> Array:
+        return self._math(x, np.exp)
+
     def log(self, t: LType, x: Array) -> Array:
         return self._math(x, np.log)
 

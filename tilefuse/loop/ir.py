@@ -84,6 +84,7 @@ class XOp(enum.Enum):
     GE = "ge"
     # math (floats only)
     EXP = "exp"
+    EXP_NONPOS = "exp_nonpos"  # exp of x <= 0 or NaN (softmax's exp(x - max)): no overflow path
     LOG = "log"
     LOG1P = "log1p"
     EXPM1 = "expm1"
@@ -110,7 +111,7 @@ BINARY = frozenset({XOp.ADD, XOp.SUB, XOp.MUL, XOp.DIV, XOp.MOD, XOp.FLOORDIV, X
                     XOp.POW, XOp.AND, XOp.OR, XOp.XOR})
 UNARY = frozenset({XOp.NEG, XOp.NOT, XOp.ABS, XOp.ISNAN})
 COMPARE = frozenset({XOp.LT, XOp.LE, XOp.EQ, XOp.NE, XOp.GT, XOp.GE})
-UNARY_MATH = frozenset({XOp.EXP, XOp.LOG, XOp.LOG1P, XOp.EXPM1, XOp.SQRT, XOp.RSQRT, XOp.TANH,
+UNARY_MATH = frozenset({XOp.EXP, XOp.EXP_NONPOS, XOp.LOG, XOp.LOG1P, XOp.EXPM1, XOp.SQRT, XOp.RSQRT, XOp.TANH,
                         XOp.SIGMOID, XOp.ERF, XOp.SIN, XOp.COS, XOp.FLOOR, XOp.CEIL, XOp.ROUND})
 REDUCE = frozenset({XOp.REDUCE_ADD, XOp.REDUCE_MAX, XOp.REDUCE_MIN})
 MEMORY = frozenset({XOp.LOAD, XOp.LOCAL_LOAD})
