@@ -344,11 +344,11 @@ def test_softmax_stores_exp_and_the_write_pass_reads_it(shape):
     once per row (a vector division per element cost about as much as the exp)."""
     (fn,) = check_rows(composite_graph("softmax", shape), seed=shape[-1] + 1)
     passes, writes = row_loops(fn)
-    assert writes and all(count_op(w, XOp.EXP) == 0 and reads_output(w) for w in writes)
+    assert writes and all(count_op(w, XOp.EXP_NONPOS) == 0 and reads_output(w) for w in writes)
     assert all(count_op(w, XOp.DIV) == 0 and count_op(w, XOp.MUL) >= 1 for w in writes)
     assert count_op(fn.body, XOp.DIV) >= 1   # 1 / sum, outside the row loops
     storing = [p for p in passes if any(isinstance(x, Store) for x in walk_stmts(p))]
-    exps = re.findall(r"\bexp\(", str(fn))  # in the printed loop IR
+    exps = re.findall(r"\bexp_nonpos\(", str(fn))  # in the printed loop IR
     assert len(storing) == sum_loops(shape)
     assert len(exps) == sum_loops(shape) + tail_vectors(shape)
 
@@ -381,8 +381,8 @@ def test_log_softmax_computes_exp_once_and_stores_nothing(shape):
     """The write pass of log_softmax needs x - max only (1 op): recomputed, nothing stored."""
     (fn,) = check_rows(composite_graph("log_softmax", shape), seed=shape[-1] + 2)
     passes, writes = row_loops(fn)
-    assert len(re.findall(r"\bexp\(", str(fn))) == sum_loops(shape) + tail_vectors(shape)
-    assert not any(count_op(w, XOp.EXP) or reads_output(w) for w in writes)
+    assert len(re.findall(r"\bexp_nonpos\(", str(fn))) == sum_loops(shape) + tail_vectors(shape)
+    assert not any(count_op(w, XOp.EXP_NONPOS) or reads_output(w) for w in writes)
     assert not any(isinstance(x, Store) for p in passes for x in walk_stmts(p))
 
 
@@ -427,7 +427,7 @@ def test_stored_only_when_the_output_holds_the_value_exactly(dtype):
     (fn,) = check_rows(composite_graph("softmax", (3, 100), dtype), seed=32)
     _, writes = row_loops(fn)
     exact = dtype in (F32, F64)
-    assert all(reads_output(w) == exact and bool(count_op(w, XOp.EXP)) != exact
+    assert all(reads_output(w) == exact and bool(count_op(w, XOp.EXP_NONPOS)) != exact
                for w in writes)
 
 
@@ -435,7 +435,7 @@ def test_long_rows_are_recomputed(monkeypatch):
     monkeypatch.setattr(row_store, "STORE_ROW_BYTES", 4 * 63)
     (fn,) = check_rows(composite_graph("softmax", (3, 64)), seed=33)
     _, writes = row_loops(fn)
-    assert all(count_op(w, XOp.EXP) == 1 and not reads_output(w) for w in writes)
+    assert all(count_op(w, XOp.EXP_NONPOS) == 1 and not reads_output(w) for w in writes)
 
 
 @pytest.mark.parametrize("op", ["softmax", "layer_norm", "rms_norm"])
@@ -486,7 +486,7 @@ def test_other_outputs_reading_the_stored_value(shape, returned):
     assert len(stored) == 1
     for w in writes:
         written = {s.buffer for s in walk_stmts(w) if isinstance(s, Store)}
-        assert count_op(w, XOp.EXP) == 0 and reads_output(w)
+        assert count_op(w, XOp.EXP_NONPOS) == 0 and reads_output(w)
         assert bool(written & stored) != returned
 
 
