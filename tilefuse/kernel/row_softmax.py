@@ -46,20 +46,21 @@ def softmax_rows(group: KernelGroupLike, row_rank: int,
             consumers.setdefault(v, []).append(node)
     outputs = set(group.outputs)
     shifted: dict[Value, Node] = {}      # u - max(u) -> its max node
+    only_shifted: set[Node] = set()      # maxes read by nothing else (and not returned)
     for m in group.nodes:
         if not _row_max(m, row_rank):
             continue
         (u,) = m.inputs
         users = consumers.get(m.output, [])
         subs = [n for n in users if n.op.name == "sub" and n.inputs == (u, m.output)]
-        if len(subs) == len(users) and subs and m.output not in outputs:
-            shifted.update((s.output, m) for s in subs)
-    if not shifted:
-        return group, frozenset()
+        shifted.update((s.output, m) for s in subs)
+        if subs and len(subs) == len(users) and m.output not in outputs:
+            only_shifted.add(m)
     exps = {n: shifted[n.inputs[0]] for n in group.nodes
             if n.op.name == "exp" and n.inputs[0] in shifted and n.output.dtype.is_float}
-    nan_free = frozenset(m for m in set(shifted.values())
-                         if _outputs_follow_sum(group, m, exps, outputs))
+    if not exps:
+        return group, frozenset()
+    nan_free = frozenset(m for m in only_shifted if _outputs_follow_sum(group, m, exps, outputs))
     nodes = tuple(Node(_exp_nonpos(n.op), n.inputs, n.attrs, n.outputs, n.loc) if n in exps
                   else n for n in group.nodes)
     return make_group(group.name, nodes, tuple(group.inputs), tuple(group.outputs)), nan_free
