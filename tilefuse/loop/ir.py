@@ -111,8 +111,9 @@ BINARY = frozenset({XOp.ADD, XOp.SUB, XOp.MUL, XOp.DIV, XOp.MOD, XOp.FLOORDIV, X
                     XOp.POW, XOp.AND, XOp.OR, XOp.XOR})
 UNARY = frozenset({XOp.NEG, XOp.NOT, XOp.ABS, XOp.ISNAN})
 COMPARE = frozenset({XOp.LT, XOp.LE, XOp.EQ, XOp.NE, XOp.GT, XOp.GE})
-UNARY_MATH = frozenset({XOp.EXP, XOp.EXP_NONPOS, XOp.LOG, XOp.LOG1P, XOp.EXPM1, XOp.SQRT, XOp.RSQRT, XOp.TANH,
-                        XOp.SIGMOID, XOp.ERF, XOp.SIN, XOp.COS, XOp.FLOOR, XOp.CEIL, XOp.ROUND})
+UNARY_MATH = frozenset({XOp.EXP, XOp.LOG, XOp.LOG1P, XOp.EXPM1, XOp.SQRT, XOp.RSQRT, XOp.TANH,
+                        XOp.SIGMOID, XOp.ERF, XOp.SIN, XOp.COS, XOp.FLOOR, XOp.CEIL, XOp.ROUND,
+                        XOp.EXP_NONPOS})
 REDUCE = frozenset({XOp.REDUCE_ADD, XOp.REDUCE_MAX, XOp.REDUCE_MIN})
 MEMORY = frozenset({XOp.LOAD, XOp.LOCAL_LOAD})
 LEAF = frozenset({XOp.CONST, XOp.VAR, XOp.THREAD_ID, XOp.IOTA})

@@ -464,8 +464,8 @@ _IMPLICIT = {"simt.lane": I64}
 """Variables no declaration introduces: the warp lane of the GPU code generator's per-thread
 form (``codegen/simt.py``)."""
 
-_UNARY_MATH = {"exp", "exp_nonpos", "log", "log1p", "expm1", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin",
-               "cos", "floor", "ceil", "round"}
+_UNARY_MATH = {"exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin",
+               "exp_nonpos", "cos", "floor", "ceil", "round"}
 
 
 def parse_function(text: str) -> LoopFunction:
