@@ -73,7 +73,7 @@ from tilefuse.kernel.quant_ir import (
     compile_with,
     signature_function,
 )
-from tilefuse.ops.quant import DYNAMIC_QUANTIZE_U8, MATMUL_U8S8, MATMUL_W4, QMATMUL_I8
+from tilefuse.ops.quant import DYNAMIC_QUANTIZE_U8, MATMUL_U8S8, MATMUL_W4, QCONV_I8, QMATMUL_I8
 
 # ---- build-time packing ----------------------------------------------------------------------
 
@@ -513,7 +513,7 @@ __all__ = ["INT4_BUFFERS", "INT8_BUFFERS", "Int4Shape", "Int8Shape", "QuantKerne
 
 # ---- kernel groups ---------------------------------------------------------------------------
 
-QUANT_OPS = frozenset({QMATMUL_I8, MATMUL_W4, MATMUL_U8S8, DYNAMIC_QUANTIZE_U8})
+QUANT_OPS = frozenset({QMATMUL_I8, MATMUL_W4, MATMUL_U8S8, DYNAMIC_QUANTIZE_U8, QCONV_I8})
 """The ops lowered here (by OpDef, as nodes point at them)."""
 
 
@@ -546,6 +546,12 @@ def lower_quant_group(group: object, constants: dict, target: CpuTarget | None =
     if any(a is None for a in arrays):
         raise CompileError(f"{node.op.name}: the weights, scales and bias must be constants")
     act = node.attrs["act"]
+    if node.op is QCONV_I8:
+        from tilefuse.kernel.lower_qconv import build_qconv, conv_shape, static_of
+
+        w, scale, bias = arrays
+        return build_qconv(name, conv_shape(node), w, scale, bias, act, static_of(node.attrs),
+                           target=target, compiler=compiler)
     if node.op is QMATMUL_I8:
         w, scale, bias = arrays
         return build_int8(name, m, w, scale, bias, act, target=target, compiler=compiler)

@@ -17,6 +17,11 @@ Their references are the exact semantics the kernels are held to:
   4-bit weights a byte along K (low nibble: even k), ``w = (q - z) * s`` per group of G rows
   of K; ``out = x @ w + bias`` in f32 (the kernel dequantizes with one FMA, so results agree
   to f32 rounding, not bit for bit).
+- ``qconv_i8(p f32[N, Hp, Wp, C], w i8[KH*KW*C, O], w_scale, bias)``: a convolution's int8
+  product whose rows are the KHxKW windows of the (already padded) NHWC input, read in place
+  by the kernel (no im2col matrix). Rows are quantized per row as above (``x_scale`` 0: what
+  ``quantize="int8"`` makes) or by a static ONNX QuantizeLinear (``x_scale``, ``x_zero``, codes
+  ``[x_min, x_max]``: a QDQ model's activation), then the same exact i32 sums and epilogue.
 """
 
 from __future__ import annotations
@@ -156,6 +161,64 @@ MATMUL_W4 = OpDef(
     accepts=frozenset({DType.f32, DType.u8}),
     doc="x @ ((q - z) * s) with 4-bit weights q per group of K rows, bias, act")
 
+def _conv_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
+    p, w, scale, bias = shapes
+    (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["strides"], attrs["dilations"]
+    if len(p) != 4 or len(w) != 2 or not all(isinstance(d, int) for d in (*p, *w)):
+        raise ShapeError(f"qconv_i8 needs a static NHWC input [N, Hp, Wp, C] and w [KH*KW*C, O], "
+                         f"got {format_shape(p)} and {format_shape(w)}")
+    n, hp, wp, c = p
+    if w[0] != kh * kw * c:
+        raise ShapeError(f"qconv_i8: w has {w[0]} rows, the {kh}x{kw} window over {c} channels "
+                         f"needs {kh * kw * c}")
+    oh, ow = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise ShapeError(f"qconv_i8: a {kh}x{kw} window does not fit {format_shape(p)}")
+    _check_vector(scale, w[1], "w_scale")
+    _check_vector(bias, w[1], "bias")
+    return ((n * oh * ow, w[1]),)
+
+
+def _conv_reference(p: np.ndarray, w: np.ndarray, w_scale: np.ndarray, bias: np.ndarray, *,
+                    kernel: tuple[int, ...], strides: tuple[int, ...],
+                    dilations: tuple[int, ...], act: str, x_scale: float, x_zero: int,
+                    x_min: int, x_max: int) -> np.ndarray:
+    from tilefuse.ops.movement import _window_ref
+
+    a = _window_ref(np.asarray(p, _F32), kernel, strides, dilations)
+    a = a.reshape(-1, w.shape[0])
+    q, sa = window_codes(a, x_scale, x_zero, x_min, x_max)
+    acc = (q.astype(np.int64) @ w.astype(np.int64)).astype(np.int32)
+    out = acc.astype(_F32) * (sa[:, None] * w_scale[None, :].astype(_F32)) + bias.astype(_F32)
+    return epilogue(out.astype(_F32), act)
+
+
+def window_codes(a: np.ndarray, x_scale: float, x_zero: int, x_min: int, x_max: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The centred codes (i32) of the rows of ``a`` and each row's scale: dynamic per row
+    (:func:`quantize_rows`) when ``x_scale`` is 0, else ONNX QuantizeLinear's
+    ``clip(rint(a / x_scale) + x_zero, x_min, x_max) - x_zero`` (f32 division; NaN codes 0)."""
+    if x_scale == 0:
+        return quantize_rows(a)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        r = np.nan_to_num(np.rint(a / _F32(x_scale)), nan=0.0, posinf=1e9, neginf=-1e9)
+    q = np.clip(r, x_min - x_zero, x_max - x_zero).astype(np.int32)
+    return q, np.full(a.shape[0], _F32(x_scale), _F32)
+
+
+QCONV_I8 = OpDef(
+    "qconv_i8", OpKind.OPAQUE, 4, _conv_rule, _i8_dtypes, _conv_reference,
+    attrs=(attr("kernel", AttrType.INTS), attr("strides", AttrType.INTS, (1, 1)),
+           attr("dilations", AttrType.INTS, (1, 1)),
+           attr("act", AttrType.STR, "none", ACTIVATIONS),
+           attr("x_scale", AttrType.FLOAT, 0.0), attr("x_zero", AttrType.INT, 0),
+           attr("x_min", AttrType.INT, -128), attr("x_max", AttrType.INT, 127)),
+    accepts=frozenset({DType.f32, DType.i8}),
+    doc="a convolution as an int8 product over the KHxKW windows of an NHWC input read in "
+        "place: rows quantized per row (x_scale 0) or by a static QuantizeLinear (x_scale, "
+        "x_zero, [x_min, x_max]), exact i32 sums, out [N*OH*OW, O] = f32(acc) * (sa * "
+        "w_scale) + bias, act")
+
 def _u8s8_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
     a, zero, w = shapes
     if len(a) < 1 or len(w) != 2 or a[-1] != w[0]:
@@ -213,13 +276,14 @@ DYNAMIC_QUANTIZE_U8 = OpDef(
     traits=frozenset({Trait.MULTI_OUTPUT}), accepts=frozenset({DType.f32}),
     doc="ONNX DynamicQuantizeLinear: u8 codes, scale and zero point over the whole tensor")
 
-DEFINITIONS: tuple[OpDef, ...] = (QMATMUL_I8, MATMUL_W4, MATMUL_U8S8, DYNAMIC_QUANTIZE_U8)
+DEFINITIONS: tuple[OpDef, ...] = (QMATMUL_I8, MATMUL_W4, MATMUL_U8S8, DYNAMIC_QUANTIZE_U8,
+                                  QCONV_I8)
 
-WEIGHT_QUANTIZED = frozenset({QMATMUL_I8, MATMUL_W4})
+WEIGHT_QUANTIZED = frozenset({QMATMUL_I8, MATMUL_W4, QCONV_I8})
 """The products the ``quantize`` pass makes from f32 weights (what reports count)."""
 INTEGER_PRODUCTS = frozenset({QMATMUL_I8, MATMUL_W4, MATMUL_U8S8})
 """Every quantized product: ``x[..., K] @ w[K, N]``-shaped work, 2·M·N·K operations."""
 
 __all__ = ["ACTIVATIONS", "DEFINITIONS", "DYNAMIC_QUANTIZE_U8", "INTEGER_PRODUCTS",
-           "MATMUL_U8S8", "MATMUL_W4", "QMATMUL_I8", "WEIGHT_QUANTIZED", "dequantize_w4",
-           "quantize_rows", "unpack_w4"]
+           "MATMUL_U8S8", "MATMUL_W4", "QCONV_I8", "QMATMUL_I8", "WEIGHT_QUANTIZED",
+           "dequantize_w4", "quantize_rows", "unpack_w4", "window_codes"]
