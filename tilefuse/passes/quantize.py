@@ -8,7 +8,11 @@ of G rows of K, symmetric (zero point 8, codes -7..7) or asymmetric (zero point 
 column). A following ``add`` of a constant bias [N] and a ``relu`` are absorbed into the op,
 so the native kernel applies them to its accumulators; so is an exact GELU (the ``gelu`` op or
 NumPy's ``0.5*v*(1 + erf(v/sqrt 2))`` written out). Convolutions are covered because
-``conv_lowering`` runs first and turns a conv2d with a constant weight into such a matmul.
+``conv_lowering`` runs first and turns a conv2d with a constant weight into such a matmul; with
+int8 its im2col operand is read in place by ``qconv_i8`` (:mod:`tilefuse.passes.quantize_conv`).
+A product whose activation is a QuantizeLinear/DequantizeLinear pair (a QDQ ONNX model) reads
+the pair's input with its static scale and zero point instead of quantizing per row; mode
+"qdq" (the default of such ONNX models) quantizes only those products.
 
 The pass runs last in the pipeline (:func:`pipeline_for`), after folding and equality
 saturation have made weights plain constants. Products it leaves in f32 are logged on the
@@ -19,6 +23,7 @@ small to pay).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,9 +36,10 @@ from tilefuse.log import get_logger
 from tilefuse.ops.quant import WEIGHT_QUANTIZED
 from tilefuse.passes.dce import dce
 from tilefuse.passes.manager import PassSpec
+from tilefuse.passes.quantize_conv import ConvWindow, QdqSource, conv_window, qdq_source, replay
 from tilefuse.passes.rewrite import rewrite_nodes
 
-MODES = ("int8", "int4")
+MODES = ("int8", "int4", "qdq")
 GROUPS = (128, 64, 32)
 MIN_WEIGHTS = 4096
 """Weights with fewer elements stay f32: the quantization of x costs more than it saves."""
@@ -48,7 +54,9 @@ class QuantizeError(TilefuseError):
 @dataclass(frozen=True)
 class QuantizeOptions:
     """What to quantize to: ``mode`` "int8" or "int4"; for int4 the ``group`` size along K
-    and whether groups get ``zero_points`` (asymmetric) or are symmetric."""
+    and whether groups get ``zero_points`` (asymmetric) or are symmetric. "qdq" (what an ONNX
+    model with QuantizeLinear/DequantizeLinear pairs gets by default) puts only the products
+    whose activation such a pair quantizes on the int8 kernel, with the pair's static scale."""
 
     mode: str
     group: int = 128
@@ -62,8 +70,8 @@ class QuantizeOptions:
                                 f"got {self.group}")
 
     def __str__(self) -> str:
-        if self.mode == "int8":
-            return "int8"
+        if self.mode in ("int8", "qdq"):
+            return self.mode
         return f"int4:{self.group}{'+zp' if self.zero_points else ''}"
 
 
@@ -81,7 +89,7 @@ def parse_quantize(value: str | QuantizeOptions | None) -> QuantizeOptions | Non
     zero_points = text.endswith("+zp")
     text = text.removesuffix("+zp")
     mode, _, group = text.partition(":")
-    if mode == "int8" and (group or zero_points):
+    if mode in ("int8", "qdq") and (group or zero_points):
         raise QuantizeError(f"int8 takes no group size or zero points, got {value!r}")
     try:
         size = int(group) if group else 128
@@ -237,19 +245,33 @@ def _group_for(k: int, options: QuantizeOptions) -> int | None:
     return None
 
 
+def _conv_plan(node: Node, producers: dict[Value, Node], options: QuantizeOptions
+               ) -> tuple[ConvWindow | None, QdqSource | None]:
+    """The window (a lowered convolution) and the QDQ pair behind the product's activation,
+    for int8 and qdq (int4 reads the activation as it is)."""
+    if options.mode == "int4":
+        return None, None
+    a = node.inputs[0]
+    window = conv_window(a, producers)
+    qdq = qdq_source(window.s if window is not None else a, producers)
+    return window, qdq
+
+
 def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, bool]:
     """``graph`` with every matmul against a constant f32 weight quantized (module docstring)."""
     log = get_logger("passes")
     producers = graph.producers()
     readers = users(graph)
     absorbed: dict[Node, Value] = {}   # add / relu node -> the quantized op's output
-    plans: dict[Node, tuple[np.ndarray, Node | None, str]] = {}
+    plans: dict[Node, tuple[np.ndarray, Node | None, str, ConvWindow | None,
+                            QdqSource | None]] = {}
     for node in graph.nodes:
         if node.op.name != "matmul":
             continue
         x, b = node.inputs
         w = _constant(b, producers)
         why = None
+        window = qdq = None
         if w is None or w.ndim != 2 or w.dtype != np.float32:
             why = "the weight is not a constant 2-D f32 matrix"
         elif x.dtype.np != np.float32 or x.type.rank < 1:
@@ -258,6 +280,12 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
             why = f"{w.size} weights are too few to pay for quantizing x"
         elif options.mode == "int4" and _group_for(w.shape[0], options) is None:
             why = f"K = {w.shape[0]} is no multiple of an int4 group (32, 64, 128)"
+        else:
+            window, qdq = _conv_plan(node, producers, options)
+            if window is None and not all(isinstance(d, int) for d in x.shape):
+                qdq = None   # qconv_i8 needs static shapes
+            if options.mode == "qdq" and qdq is None:
+                why = "no QuantizeLinear/DequantizeLinear pair quantizes its activation"
         if why is not None:
             if w is not None:
                 log.debug("%s stays f32: %s", node.outputs[0].type, why)
@@ -269,7 +297,7 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
             add = None
         last = add.outputs[0] if add is not None else out
         act, act_nodes = _activation(last, readers, producers, graph)
-        plans[node] = (w, add, act)
+        plans[node] = (w, add, act, window, qdq)
         for absorbed_node in (add, *act_nodes):
             if absorbed_node is not None:
                 absorbed[absorbed_node] = out
@@ -277,12 +305,24 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
         return graph, False
     made: dict[Value, Value] = {}
 
+    def resolve(value: Value) -> Value:
+        """``value`` in the graph being built: rewritten products and graph inputs (which
+        rewrite_nodes re-creates, in order) have new values; kept nodes keep theirs."""
+        if value in graph.inputs:
+            return builder_inputs[0][graph.inputs.index(value)]
+        return made.get(value, value)
+
+    builder_inputs: list[list[Value]] = []
+
     def rule(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]) -> list[Value] | None:
+        if not builder_inputs:
+            builder_inputs.append(builder._inputs)
         if node in absorbed:
+            made[node.outputs[0]] = made[absorbed[node]]
             return [made[absorbed[node]]]
         if node not in plans:
             return None
-        w, add, act = plans[node]
+        w, add, act, window, qdq = plans[node]
         n = w.shape[1]
         bias = _bias_of(add, node.outputs[0], producers, n) if add is not None else None
         bias = np.zeros(n, _F32) if bias is None else np.asarray(bias, _F32)
@@ -290,7 +330,10 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
         def const(array: np.ndarray) -> Value:
             return builder.add1("constant", [], {"value": Literal(array)}, node.loc)
 
-        if options.mode == "int8":
+        if window is not None or qdq is not None:
+            value = _qconv(builder, node, window, qdq, resolve, act,
+                           [const(a) for a in (*quantize_int8(w), bias)])
+        elif options.mode == "int8":
             q, scale = quantize_int8(w)
             value = builder.add1("qmatmul_i8", [inputs[0], const(q), const(scale), const(bias)],
                                  {"act": act}, node.loc)
@@ -304,6 +347,35 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
         return [value]
 
     return rewrite_nodes(graph, rule)
+
+
+def _qconv(builder: GraphBuilder, node: Node, window: ConvWindow | None, qdq: QdqSource | None,
+           resolve: Callable[[Value], Value], act: str, weights: list[Value]) -> Value:
+    """The ``qconv_i8`` of a product: over the window's input (a lowered convolution) or over
+    the activation matrix as a 1x1 window; reading y through the QDQ pair's static
+    quantization when there is one, else quantizing each row at run time."""
+    attrs: dict = {"act": act}
+    if qdq is not None:
+        source = replay(builder, qdq.movements, resolve(qdq.y))
+        st = qdq.static
+        attrs.update(x_scale=st.scale, x_zero=st.zero, x_min=st.lo, x_max=st.hi)
+        if window is not None:
+            source = replay(builder, window.steps, source)
+    else:
+        source = resolve(window.p)  # type: ignore[union-attr]
+    if window is not None:
+        attrs.update(window.attrs)
+        p = source
+    else:
+        k = int(source.shape[-1])
+        m = int(np.prod(source.shape[:-1], dtype=np.int64))
+        p = builder.add1("reshape", [source], {"shape": (1, 1, m, k)}, node.loc)
+        attrs.update(kernel=(1, 1))
+    value = builder.add1("qconv_i8", [p, *weights], attrs, node.loc)
+    if value.shape != node.outputs[0].shape:
+        value = builder.add1("reshape", [value], {"shape": tuple(node.outputs[0].shape)},
+                             node.loc)
+    return value
 
 
 @dataclass(frozen=True)
@@ -336,7 +408,7 @@ def quantization_summary(graph: Graph) -> QuantSummary:
             continue
         count += 1
         n = node.outputs[0].shape[-1]
-        k = node.inputs[0].shape[-1]
+        k = node.inputs[1].shape[0] if node.op.name != "matmul_w4" else node.inputs[0].shape[-1]
         before += int(k) * int(n) * 4
         for v in node.inputs[1:-1]:   # the weight and its scales / zero points, not the bias
             array = _constant(v, producers)
