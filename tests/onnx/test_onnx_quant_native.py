@@ -187,7 +187,7 @@ def test_qdq_convolution_folds_its_weight_and_runs_natively() -> None:
     assert "conv2d" not in _ops(compiled, x)
     assert compiled.lower(x).executable.fallbacks == []
     quantized = tilefuse.onnx.load(model, quantize="int8")
-    assert "qmatmul_i8" in _ops(quantized, x)
+    assert "qconv_i8" in _ops(quantized, x)
     got = quantized(x)
     cos = float((got * spec).sum() / np.linalg.norm(got) / np.linalg.norm(spec))
     assert cos > 0.999

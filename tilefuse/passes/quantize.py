@@ -100,9 +100,30 @@ def parse_quantize(value: str | QuantizeOptions | None) -> QuantizeOptions | Non
 
 # ---- weight quantization (build time, NumPy) ------------------------------------------------
 
+def _integer_grid(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(q, g) with ``w == f32(q * g[n])`` per column when w already is an int8 grid (a QDQ
+    model's weights, dequantized at import): g is the smallest magnitude of the column; None
+    when some column is not such a grid (then :func:`quantize_int8` rounds as usual)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(w != 0, np.abs(w), np.inf)
+        g = np.min(a, axis=0)
+        g = np.where(np.isfinite(g), g, _F32(1)).astype(_F32)
+        r = w / g
+        q = np.rint(r)
+    if not np.all(np.isfinite(r)) or np.max(np.abs(r - q), initial=0) > 1e-3 \
+            or np.max(np.abs(q), initial=0) > 127 \
+            or not np.array_equal((q.astype(_F32) * g).astype(_F32), w):
+        return None
+    return q.astype(np.int8), g
+
+
 def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per output channel: (q i8 [K, N] in -127..127, scale f32 [N])."""
+    """Symmetric per output channel: (q i8 [K, N] in -127..127, scale f32 [N]); a weight that
+    already is an int8 grid per column keeps its codes exactly (:func:`_integer_grid`)."""
     w = np.asarray(w, _F32)
+    exact = _integer_grid(w) if w.size else None
+    if exact is not None:
+        return exact
     amax = np.max(np.abs(w), axis=0)
     scale = np.where(amax > 0, amax / _F32(127), _F32(1)).astype(_F32)
     q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
