@@ -100,21 +100,39 @@ def parse_quantize(value: str | QuantizeOptions | None) -> QuantizeOptions | Non
 
 # ---- weight quantization (build time, NumPy) ------------------------------------------------
 
+def _grid_codes(w: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Per column: whether ``w[:, n]`` is ``q * g[n]`` with integers |q| <= 127, to within
+    f32 rounding (2 ulp: a scale divided by a small integer is rounded once more)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = np.rint(w / g)
+        err = np.abs(q * g.astype(np.float64) - w) <= 2.5e-7 * np.abs(w)
+        ok = np.all(np.abs(q) <= 127, axis=0) & np.all(err, axis=0)
+    return ok & np.isfinite(g) & (g > 0)
+
+
 def _integer_grid(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(q, g) with ``w == f32(q * g[n])`` per column when w already is an int8 grid (a QDQ
-    model's weights, dequantized at import): g is the smallest magnitude of the column; None
-    when some column is not such a grid (then :func:`quantize_int8` rounds as usual)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = np.where(w != 0, np.abs(w), np.inf)
-        g = np.min(a, axis=0)
-        g = np.where(np.isfinite(g), g, _F32(1)).astype(_F32)
-        r = w / g
-        q = np.rint(r)
-    if not np.all(np.isfinite(r)) or np.max(np.abs(r - q), initial=0) > 1e-3 \
-            or np.max(np.abs(q), initial=0) > 127 \
-            or not np.array_equal((q.astype(_F32) * g).astype(_F32), w):
+    """(q, g) with ``w = q * g[n]`` per column (to f32 rounding) when w already is an int8
+    grid (a QDQ model's weights, dequantized at import), else None (then
+    :func:`quantize_int8` rounds as usual). Candidate steps: the smallest magnitude of the
+    whole tensor (a per-tensor scale), then each column's smallest magnitude divided by
+    1..16 (a per-channel scale whose column has no code ±1)."""
+    a = np.where(w != 0, np.abs(w), np.inf).astype(_F32)
+    col_min = np.min(a, axis=0)
+    g = np.where(np.isfinite(col_min), np.min(a), _F32(1)).astype(_F32)
+    ok = _grid_codes(w, g)
+    for j in range(1, 17):
+        if ok.all():
+            break
+        left = ~ok
+        trial = g.copy()
+        trial[left] = np.where(np.isfinite(col_min[left]), col_min[left] / _F32(j), _F32(1))
+        good = _grid_codes(w[:, left], trial[left])
+        idx = np.flatnonzero(left)[good]
+        g[idx] = trial[idx]
+        ok[idx] = True
+    if not ok.all():
         return None
-    return q.astype(np.int8), g
+    return np.rint(w / g).astype(np.int8), g.astype(_F32)
 
 
 def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
