@@ -35,13 +35,13 @@ from tilefuse.kernel.lower_qmatmul import INT8_BUFFERS, Int8Shape, _int8_tiles, 
 from tilefuse.kernel.quant_ir import (
     _DECLS,
     _V16F,
-    _V16I,
     LANES,
     MAX_K8,
     MR8,
     PANEL,
     Compiler,
     QuantKernel,
+    _codes,
     _entry,
     _Fn,
     _grab_worker,
@@ -178,10 +178,7 @@ def _window_rows(name: str, cs: ConvShape, static: Static | None) -> str:
             v = load(src, at, mask)
             op = "fmul" if static is None else "fdiv"
             r_ = f(f"call {_V16F} @llvm.rint.v16f32({_V16F} {f(f'{op} {_V16F} {v}, {factor}')})")
-            q = f(f"call {_V16I} @llvm.fptosi.sat.v16i32.v16f32({_V16F} {r_})")  # NaN -> 0
-            q = f(f"call {_V16I} @llvm.smax.v16i32({_V16I} {q}, {_V16I} splat (i32 {lo}))")
-            q = f(f"call {_V16I} @llvm.smin.v16i32({_V16I} {q}, {_V16I} splat (i32 {hi}))")
-            q = f(f"trunc {_V16I} {f(f'add {_V16I} {q}, splat (i32 {offset})')} to <16 x i8>")
+            q = _codes(f, r_, lo, hi, offset)
             ptr = f(f"getelementptr i8, ptr {arow}, i64 {f(f'add i64 {dst}, {at}')}")
             if mask is None:
                 f.do(f"store <16 x i8> {q}, ptr {ptr}, align 1")

@@ -60,6 +60,7 @@ from tilefuse.kernel.quant_ir import (
     Compiler,
     QuantKernel,
     _ceil,
+    _codes,
     _entry,
     _epilogue_store,
     _Fn,
@@ -162,10 +163,7 @@ def _quant_rows(name: str, s: Int8Shape) -> str:
             off = f(f"mul i64 {i}, {LANES}")
             v = f(f"load {_V16F}, ptr {f(f'getelementptr float, ptr {xrow}, i64 {off}')}, align 4")
             r_ = f(f"call {_V16F} @llvm.rint.v16f32({_V16F} {f(f'fmul {_V16F} {v}, {inv_v}')})")
-            q = f(f"call {_V16I} @llvm.fptosi.sat.v16i32.v16f32({_V16F} {r_})")  # NaN -> 0
-            q = f(f"call {_V16I} @llvm.smax.v16i32({_V16I} {q}, {_V16I} splat (i32 -127))")
-            q = f(f"call {_V16I} @llvm.smin.v16i32({_V16I} {q}, {_V16I} splat (i32 127))")
-            q = f(f"trunc {_V16I} {f(f'add {_V16I} {q}, splat (i32 128)')} to <16 x i8>")
+            q = _codes(f, r_, -127, 127, 128)
             f.do(f"store <16 x i8> {q}, ptr {f(f'getelementptr i8, ptr {arow}, i64 {off}')}, "
                  "align 1")
 

@@ -220,6 +220,21 @@ def _epilogue_store(f: _Fn, v: str, act: str, ptr: str, mask: str) -> None:
          f"<16 x i1> {mask})")
 
 
+def _codes(f: _Fn, r: str, lo: int, hi: int, offset: int) -> str:
+    """The u8 codes ``clip(r, lo, hi) + offset`` of 16 rounded floats, a NaN lane coded as
+    ``offset`` (centred 0). Clamped in f32 before a plain conversion: ``fptosi.sat`` on a
+    vector is split into 16 scalar conversions with branches by LLVM's x86 backend."""
+    ordered = f(f"fcmp ord {_V16F} {r}, zeroinitializer")
+    r = f(f"select <16 x i1> {ordered}, {_V16F} {r}, {_V16F} zeroinitializer")
+    low = f"splat (float {float(lo):e})"
+    high = f"splat (float {float(hi):e})"
+    r = f(f"select <16 x i1> {f(f'fcmp olt {_V16F} {r}, {low}')}, {_V16F} {low}, {_V16F} {r}")
+    r = f(f"select <16 x i1> {f(f'fcmp ogt {_V16F} {r}, {high}')}, {_V16F} {high}, "
+          f"{_V16F} {r}")
+    q = f(f"fptosi {_V16F} {r} to {_V16I}")
+    return f(f"trunc {_V16I} {f(f'add {_V16I} {q}, splat (i32 {offset})')} to <16 x i8>")
+
+
 def _lane_mask(f: _Fn, n0: str, n: int) -> str:
     base = f.splat(f(f"trunc i64 {n0} to i32"), "i32")
     idx = f(f"add {_V16I} {base}, {_IOTA}")
