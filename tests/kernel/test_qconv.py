@@ -102,3 +102,35 @@ def test_qconv_refuses_codes_wider_than_a_byte() -> None:
     with pytest.raises(CompileError, match="do not fit a byte"):
         build_qconv("t", cs, w, np.ones(cs.o, np.float32), np.zeros(cs.o, np.float32),
                     static=Static(0.1, 0, -32768, 32767))
+
+
+EPILOGUE = (("div", "s", 0.07, False), ("round",), ("add", "s", 3.0, False), ("round",),
+            ("clip", -128.0, 127.0), ("sub", "s", 3.0, False), ("mul", "s", 0.07, False),
+            ("mul", "t", 0, False), ("add", "t", 1, False), ("sub", "t", 2, True),
+            ("maximum", "s", -0.5, True), ("minimum", "t", 0, False), ("relu",))
+
+
+@pytest.mark.parametrize("cs", SHAPES[1:4], ids=lambda c: f"{c.kh}x{c.kw}s{c.sh}c{c.c}")
+def test_qconv_fused_epilogue_matches_reference_bitwise(cs: ConvShape) -> None:
+    """A QDQ pair, a batch norm, a residual operand and relu in the tile epilogue: bit for bit
+    the op's reference (f32, step by step)."""
+    wf = rng.standard_normal((cs.int8.k, cs.o)).astype(np.float32)
+    q, scale = quantize_int8(wf)
+    bias = rng.standard_normal(cs.o).astype(np.float32)
+    s = cs.int8
+    operands = (rng.uniform(0.5, 2, cs.o).astype(np.float32),
+                rng.standard_normal(cs.o).astype(np.float32),
+                rng.standard_normal((s.m, s.n)).astype(np.float32))
+    static = Static(0.05, 128, 0, 255)
+    qk = build_qconv("t", cs, q, scale, bias, "none", static, steps=EPILOGUE,
+                     operands=(False, False, True))
+    p = _input(cs, static)
+    aq = aligned_empty(s.mp * s.kp, np.uint8)
+    sa = aligned_empty(s.mp, np.float32)
+    out = np.full((s.m, s.n), -7, np.float32)
+    c = qk.constants
+    qk.kernel(p, c["w"], c["comp"], c["w_scale"], c["bias"], out, aq, sa, *operands)
+    ref = _conv_reference(p, q, scale, bias, *operands, **_attrs(cs, static, "none"),
+                          epilogue=EPILOGUE)
+    np.testing.assert_array_equal(out, ref)
+    assert len(np.unique(out)) > 10

@@ -23,6 +23,7 @@ tests/kernel/test_qconv.py; ``raw=True`` stores the integer sums alone.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +32,7 @@ from tilefuse.codegen.jit import KernelSignature
 from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
-from tilefuse.kernel.lower_qmatmul import INT8_BUFFERS, Int8Shape, _int8_tiles, pack_int8
+from tilefuse.kernel.lower_qmatmul import INT8_BUFFERS, Int8Shape, Post, _int8_tiles, pack_int8
 from tilefuse.kernel.quant_ir import (
     _DECLS,
     _V16F,
@@ -196,13 +197,68 @@ def _window_rows(name: str, cs: ConvShape, static: Static | None) -> str:
     return f.text()
 
 
+_BINARY_IR = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
+
+
+def _float(x: float) -> str:
+    return f"0x{np.float64(np.float32(x)).view(np.uint64):016X}"
+
+
+def _post(steps: tuple, operands: tuple[bool, ...], n: int) -> Post:
+    """The fused epilogue as IR (:func:`tilefuse.ops.quant.run_epilogue` is its reference):
+    operand i is buffer 8 + i, a [N] vector (``operands[i]`` False) read at the columns or an
+    [M, N] tensor (True) read at the row and columns, masked at the N tail."""
+    def post(f: _Fn, v: str, m: str, n0: str, mask: str) -> str:
+        loaded: dict[int, str] = {}
+
+        def operand(i: int) -> str:
+            if i not in loaded:
+                at = f(f"add i64 {f(f'mul i64 {m}, {n}')}, {n0}") if operands[i] else n0
+                ptr = f.at("float", f.buffer("%bufs", 8 + i), at)
+                loaded[i] = f(f"call {_V16F} @llvm.masked.load.v16f32.p0(ptr {ptr}, i32 4, "
+                              f"<16 x i1> {mask}, {_V16F} zeroinitializer)")
+            return loaded[i]
+
+        for step in steps:
+            if step[0] == "round":
+                v = f(f"call {_V16F} @llvm.rint.v16f32({_V16F} {v})")
+            elif step[0] in ("relu", "clip"):
+                lo, hi = (0.0, None) if step[0] == "relu" else (step[1], step[2])
+                low = f"splat (float {_float(lo)})"
+                v = f(f"select <16 x i1> {f(f'fcmp olt {_V16F} {v}, {low}')}, {_V16F} {low}, "
+                      f"{_V16F} {v}")
+                if hi is not None:
+                    high = f"splat (float {_float(hi)})"
+                    v = f(f"select <16 x i1> {f(f'fcmp ogt {_V16F} {v}, {high}')}, {_V16F} "
+                          f"{high}, {_V16F} {v}")
+            else:
+                op, kind, x, swapped = step
+                x = f"splat (float {_float(x)})" if kind == "s" else operand(x)
+                a, b = (x, v) if swapped else (v, x)
+                if op in _BINARY_IR:
+                    v = f(f"{_BINARY_IR[op]} {_V16F} {a}, {b}")
+                else:   # maximum / minimum: NaN-propagating, as NumPy's
+                    pred = "ogt" if op == "maximum" else "olt"
+                    pick = f(f"fcmp {pred} {_V16F} {a}, {b}")
+                    nan = f(f"fcmp uno {_V16F} {a}, {b}")
+                    v = f(f"select <16 x i1> {pick}, {_V16F} {a}, {_V16F} {b}")
+                    v = f(f"select <16 x i1> {nan}, {_V16F} splat (float 0x7FF8000000000000), "
+                          f"{_V16F} {v}")
+        return v
+
+    return post
+
+
 def qconv_module(name: str, cs: ConvShape, act: str, static: Static | None,
-                 raw: bool = False) -> str:
-    """The LLVM IR of a ``qconv_i8``; buffers as ``INT8_BUFFERS`` with x the padded input."""
+                 raw: bool = False, steps: tuple = (), operands: tuple[bool, ...] = ()
+                 ) -> str:
+    """The LLVM IR of a ``qconv_i8``; buffers as ``INT8_BUFFERS`` with x the padded input,
+    then the epilogue's operands."""
     s = cs.int8
     tiles = (s.mp // MR8) * (s.np_ // PANEL)
+    post = _post(steps, operands, s.n) if steps else None
     return "".join([_DECLS, _MASKED, _math(act), _window_rows(f"{name}.rows", cs, static),
-                    _int8_tiles(f"{name}.tiles", s, act, raw),
+                    _int8_tiles(f"{name}.tiles", s, act, raw, post=post),
                     _grab_worker(f"{name}.w0", f"{name}.rows", s.m, 4),
                     _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1),
                     _entry(name, [f"{name}.w0", f"{name}.w1"])])
@@ -211,9 +267,11 @@ def qconv_module(name: str, cs: ConvShape, act: str, static: Static | None,
 def build_qconv(name: str, cs: ConvShape, w: np.ndarray, w_scale: np.ndarray,
                 bias: np.ndarray, act: str = "none", static: Static | None = None,
                 raw: bool = False, target: CpuTarget | None = None,
-                compiler: Compiler | None = None) -> QuantKernel:
+                compiler: Compiler | None = None, steps: tuple = (),
+                operands: tuple[bool, ...] = ()) -> QuantKernel:
     """The ``qconv_i8`` kernel for the padded input of ``cs`` against i8 ``w`` [KH*KW*C, O];
-    ``raw``: out holds the exact i32 sums of the centred codes."""
+    ``raw``: out holds the exact i32 sums of the centred codes. ``steps``: a fused epilogue
+    whose operand i is an [M, N] tensor when ``operands[i]`` else an [N] vector."""
     target = target or host_target()
     check_target(target, vnni=True)
     s = cs.int8
@@ -229,8 +287,11 @@ def build_qconv(name: str, cs: ConvShape, w: np.ndarray, w_scale: np.ndarray,
         f"{static.zero}_{static.lo}_{static.hi}"
     name = (f"{name}_qc8_{cs.n}x{cs.hp}x{cs.wp}x{cs.c}_{cs.kh}x{cs.kw}s{cs.sh}{cs.sw}d{cs.dh}"
             f"_{cs.o}_{act}_{tag}{'_raw' if raw else ''}")
-    text = qconv_module(name, cs, act, static, raw)
-    buffers = list(INT8_BUFFERS)
+    if steps:
+        digest = hashlib.sha1(repr((steps, operands)).encode()).hexdigest()[:12]
+        name = f"{name}_e{digest}"
+    text = qconv_module(name, cs, act, static, raw, steps, operands)
+    buffers = list(INT8_BUFFERS) + [(f"e{i}", DType.f32, True) for i in range(len(operands))]
     if raw:
         buffers[5] = ("out", DType.i32, False)
     fn = signature_function(name, buffers)
@@ -242,7 +303,8 @@ def build_qconv(name: str, cs: ConvShape, w: np.ndarray, w_scale: np.ndarray,
               "w_scale": _padded(np.asarray(w_scale, np.float32), s.n, np.float32),
               "bias": _padded(np.asarray(bias, np.float32), s.n, np.float32)}
     scratch = {"aq": (s.mp * s.kp, np.dtype(np.uint8)), "sa": (s.mp * 4, np.dtype(np.float32))}
-    return QuantKernel(fn, kernel, text, consts, scratch)
+    inputs = {"x": 0, **{f"e{i}": 4 + i for i in range(len(operands))}}
+    return QuantKernel(fn, kernel, text, consts, scratch, inputs)
 
 
 def conv_shape(node: object) -> ConvShape:

@@ -39,6 +39,7 @@ the native executable also passes them through its disk cache (``compiler``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +60,7 @@ from tilefuse.kernel.quant_ir import (
     PANEL,
     Compiler,
     QuantKernel,
+    _activate,
     _ceil,
     _codes,
     _entry,
@@ -188,11 +190,17 @@ def _quant_rows(name: str, s: Int8Shape) -> str:
     return f.text()
 
 
-def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool = False) -> str:
+Post = Callable[[_Fn, str, str, str, str], str]
+"""``post(f, v, m, n0, mask)``: more epilogue on the 16 floats ``v`` of row m, columns
+n0..n0+15 (after the activation), returning the value to store."""
+
+
+def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool = False,
+                post: Post | None = None) -> str:
     """``void name(bufs, lo, hi)``: tiles lo..hi (panel-major) of MR8 rows x 64 columns.
     ``raw``: store acc - comp as i32 (the integer core, for tests) instead of the epilogue.
     ``zero_point`` (``matmul_u8s8``, raw): buffers a, w, colsum, a_zero, out, aq, and comp is
-    ``a_zero * colsum``."""
+    ``a_zero * colsum``. ``post``: a fused elementwise epilogue after the activation."""
     f = _Fn(f"define internal void @{name}(ptr %bufs, i64 %lo, i64 %hi) nounwind")
     if zero_point:
         w, comp, out, aq = (f.buffer("%bufs", i) for i in (1, 2, 4, 5))
@@ -261,7 +269,9 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
                 v = f(f"sitofp {_V16I} {acc} to {_V16F}")
                 v = f(f"fmul {_V16F} {v}, {f(f'fmul {_V16F} {sa_i}, {scales[j]}')}")
                 v = f(f"fadd {_V16F} {v}, {biases[j]}")
-                _epilogue_store(f, v, act, dst, masks[j])
+                if post is not None:
+                    v = post(f, _activate(f, v, act), m, cols[j], masks[j])
+                _epilogue_store(f, v, "none" if post is not None else act, dst, masks[j])
             f.do(f"br label %{label}.skip")
             f.label(f"{label}.skip")
 
@@ -540,16 +550,18 @@ def lower_quant_group(group: object, constants: dict, target: CpuTarget | None =
         if w is None:
             raise CompileError("matmul_u8s8: the weight must be a constant")
         return build_u8s8(name, m, w, target, compiler)
-    arrays = [constants.get(v) for v in node.inputs[1:]]
+    arrays = [constants.get(v) for v in node.inputs[1:4 if node.op is QCONV_I8 else None]]
     if any(a is None for a in arrays):
         raise CompileError(f"{node.op.name}: the weights, scales and bias must be constants")
     act = node.attrs["act"]
     if node.op is QCONV_I8:
         from tilefuse.kernel.lower_qconv import build_qconv, conv_shape, static_of
 
-        w, scale, bias = arrays
+        w, scale, bias = arrays[:3]
+        operands = tuple(v.type.rank == 2 for v in node.inputs[4:])
         return build_qconv(name, conv_shape(node), w, scale, bias, act, static_of(node.attrs),
-                           target=target, compiler=compiler)
+                           target=target, compiler=compiler, steps=node.attrs["epilogue"],
+                           operands=operands)
     if node.op is QMATMUL_I8:
         w, scale, bias = arrays
         return build_int8(name, m, w, scale, bias, act, target=target, compiler=compiler)

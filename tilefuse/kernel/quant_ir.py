@@ -208,6 +208,13 @@ def _math(act: str) -> str:
 
 
 def _epilogue_store(f: _Fn, v: str, act: str, ptr: str, mask: str) -> None:
+    v = _activate(f, v, act)
+    f.do(f"call void @llvm.masked.store.v16f32.p0({_V16F} {v}, ptr {ptr}, i32 4, "
+         f"<16 x i1> {mask})")
+
+
+def _activate(f: _Fn, v: str, act: str) -> str:
+    """``act`` ("none", "relu", "gelu") applied to 16 floats."""
     if act == "gelu":   # 0.5·v · (1 + erf(v / sqrt 2)), in the reference's order
         half = f(f"fmul {_V16F} splat (float 5.000000e-01), {v}")
         scaled = f(f"fdiv {_V16F} {v}, splat (float {_SQRT2})")
@@ -216,8 +223,7 @@ def _epilogue_store(f: _Fn, v: str, act: str, ptr: str, mask: str) -> None:
     if act == "relu":
         neg = f(f"fcmp olt {_V16F} {v}, zeroinitializer")
         v = f(f"select <16 x i1> {neg}, {_V16F} zeroinitializer, {_V16F} {v}")
-    f.do(f"call void @llvm.masked.store.v16f32.p0({_V16F} {v}, ptr {ptr}, i32 4, "
-         f"<16 x i1> {mask})")
+    return v
 
 
 def _codes(f: _Fn, r: str, lo: int, hi: int, offset: int) -> str:

@@ -21,7 +21,10 @@ Their references are the exact semantics the kernels are held to:
   product whose rows are the KHxKW windows of the (already padded) NHWC input, read in place
   by the kernel (no im2col matrix). Rows are quantized per row as above (``x_scale`` 0: what
   ``quantize="int8"`` makes) or by a static ONNX QuantizeLinear (``x_scale``, ``x_zero``, codes
-  ``[x_min, x_max]``: a QDQ model's activation), then the same exact i32 sums and epilogue.
+  ``[x_min, x_max]``: a QDQ model's activation), then the same exact i32 sums and epilogue,
+  then an optional fused elementwise ``epilogue`` (steps over scalars and extra f32 operands
+  of shape [O] or [N*OH*OW, O]: what follows a QDQ model's convolution, its batch norm, the
+  next QuantizeLinear/DequantizeLinear, a residual add and relu; :func:`run_epilogue`).
 """
 
 from __future__ import annotations
@@ -162,7 +165,10 @@ MATMUL_W4 = OpDef(
     doc="x @ ((q - z) * s) with 4-bit weights q per group of K rows, bias, act")
 
 def _conv_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
-    p, w, scale, bias = shapes
+    if len(shapes) < 4:
+        raise ShapeError(f"qconv_i8 takes p, w, w_scale, bias and the epilogue's operands, got "
+                         f"{len(shapes)} inputs")
+    p, w, scale, bias = shapes[:4]
     (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["strides"], attrs["dilations"]
     if len(p) != 4 or len(w) != 2 or not all(isinstance(d, int) for d in (*p, *w)):
         raise ShapeError(f"qconv_i8 needs a static NHWC input [N, Hp, Wp, C] and w [KH*KW*C, O], "
@@ -176,13 +182,61 @@ def _conv_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
         raise ShapeError(f"qconv_i8: a {kh}x{kw} window does not fit {format_shape(p)}")
     _check_vector(scale, w[1], "w_scale")
     _check_vector(bias, w[1], "bias")
-    return ((n * oh * ow, w[1]),)
+    out = (n * oh * ow, w[1])
+    for extra in shapes[4:]:
+        if tuple(extra) not in ((w[1],), out):
+            raise ShapeError(f"qconv_i8: an epilogue operand must be [{w[1]}] or "
+                             f"{format_shape(out)}, got {format_shape(extra)}")
+    check_epilogue(attrs["epilogue"], len(shapes) - 4)
+    return (out,)
 
 
-def _conv_reference(p: np.ndarray, w: np.ndarray, w_scale: np.ndarray, bias: np.ndarray, *,
-                    kernel: tuple[int, ...], strides: tuple[int, ...],
+EPILOGUE_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
+
+
+def check_epilogue(steps: tuple, operands: int) -> None:
+    """ShapeError unless ``steps`` is a well-formed fused epilogue over ``operands`` inputs:
+    ``("round",)``, ``("relu",)``, ``("clip", lo, hi)`` or ``(op, kind, x, swapped)`` with op
+    one of :data:`EPILOGUE_BINARY`, kind "s" (x a float) or "t" (x an operand index)."""
+    for step in steps:
+        ok = (step in (("round",), ("relu",))
+              or (len(step) == 3 and step[0] == "clip")
+              or (len(step) == 4 and step[0] in EPILOGUE_BINARY
+                  and (step[1] == "s" or (step[1] == "t" and 0 <= step[2] < operands))))
+        if not ok:
+            raise ShapeError(f"qconv_i8: bad epilogue step {step!r}")
+
+
+def run_epilogue(v: np.ndarray, steps: tuple, operands: tuple[np.ndarray, ...]) -> np.ndarray:
+    """The fused epilogue in f32, step by step (the order the kernel computes it)."""
+    fns = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+           "maximum": np.maximum, "minimum": np.minimum}
+    with np.errstate(all="ignore"):
+        for step in steps:
+            if step[0] == "round":
+                v = np.rint(v)
+            elif step[0] == "relu":
+                v = np.maximum(v, _F32(0))
+            elif step[0] == "clip":
+                v = np.clip(v, _F32(step[1]), _F32(step[2]))
+            else:
+                x = _F32(step[2]) if step[1] == "s" else np.asarray(operands[step[2]], _F32)
+                v = fns[step[0]](x, v) if step[3] else fns[step[0]](v, x)
+            v = v.astype(_F32)
+    return v
+
+
+def _conv_dtypes(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
+    if any(d is not DType.f32 for d in dtypes[4:]):
+        raise DTypeError("qconv_i8's epilogue operands must be f32, got "
+                         f"({', '.join(d.value for d in dtypes[4:])})")
+    return _i8_dtypes(dtypes[:4], attrs)
+
+
+def _conv_reference(p: np.ndarray, w: np.ndarray, w_scale: np.ndarray, bias: np.ndarray,
+                    *operands: np.ndarray, kernel: tuple[int, ...], strides: tuple[int, ...],
                     dilations: tuple[int, ...], act: str, x_scale: float, x_zero: int,
-                    x_min: int, x_max: int) -> np.ndarray:
+                    x_min: int, x_max: int, epilogue: tuple = ()) -> np.ndarray:
     from tilefuse.ops.movement import _window_ref
 
     a = _window_ref(np.asarray(p, _F32), kernel, strides, dilations)
@@ -190,7 +244,7 @@ def _conv_reference(p: np.ndarray, w: np.ndarray, w_scale: np.ndarray, bias: np.
     q, sa = window_codes(a, x_scale, x_zero, x_min, x_max)
     acc = (q.astype(np.int64) @ w.astype(np.int64)).astype(np.int32)
     out = acc.astype(_F32) * (sa[:, None] * w_scale[None, :].astype(_F32)) + bias.astype(_F32)
-    return epilogue(out.astype(_F32), act)
+    return run_epilogue(_ACT(out.astype(_F32), act), epilogue, operands)
 
 
 def window_codes(a: np.ndarray, x_scale: float, x_zero: int, x_min: int, x_max: int
@@ -206,18 +260,21 @@ def window_codes(a: np.ndarray, x_scale: float, x_zero: int, x_min: int, x_max: 
     return q, np.full(a.shape[0], _F32(x_scale), _F32)
 
 
+_ACT = epilogue   # the activation, under a name the reference's ``epilogue`` attr leaves free
+
 QCONV_I8 = OpDef(
-    "qconv_i8", OpKind.OPAQUE, 4, _conv_rule, _i8_dtypes, _conv_reference,
+    "qconv_i8", OpKind.OPAQUE, None, _conv_rule, _conv_dtypes, _conv_reference,
     attrs=(attr("kernel", AttrType.INTS), attr("strides", AttrType.INTS, (1, 1)),
            attr("dilations", AttrType.INTS, (1, 1)),
            attr("act", AttrType.STR, "none", ACTIVATIONS),
            attr("x_scale", AttrType.FLOAT, 0.0), attr("x_zero", AttrType.INT, 0),
-           attr("x_min", AttrType.INT, -128), attr("x_max", AttrType.INT, 127)),
+           attr("x_min", AttrType.INT, -128), attr("x_max", AttrType.INT, 127),
+           attr("epilogue", AttrType.ANY, ())),
     accepts=frozenset({DType.f32, DType.i8}),
     doc="a convolution as an int8 product over the KHxKW windows of an NHWC input read in "
         "place: rows quantized per row (x_scale 0) or by a static QuantizeLinear (x_scale, "
         "x_zero, [x_min, x_max]), exact i32 sums, out [N*OH*OW, O] = f32(acc) * (sa * "
-        "w_scale) + bias, act")
+        "w_scale) + bias, act, then the fused elementwise epilogue on its extra operands")
 
 def _u8s8_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
     a, zero, w = shapes
@@ -286,4 +343,5 @@ INTEGER_PRODUCTS = frozenset({QMATMUL_I8, MATMUL_W4, MATMUL_U8S8})
 
 __all__ = ["ACTIVATIONS", "DEFINITIONS", "DYNAMIC_QUANTIZE_U8", "INTEGER_PRODUCTS",
            "MATMUL_U8S8", "MATMUL_W4", "QCONV_I8", "QMATMUL_I8", "WEIGHT_QUANTIZED",
-           "dequantize_w4", "quantize_rows", "unpack_w4", "window_codes"]
+           "check_epilogue", "dequantize_w4", "quantize_rows", "run_epilogue", "unpack_w4",
+           "window_codes"]

@@ -36,7 +36,14 @@ from tilefuse.log import get_logger
 from tilefuse.ops.quant import WEIGHT_QUANTIZED
 from tilefuse.passes.dce import dce
 from tilefuse.passes.manager import PassSpec
-from tilefuse.passes.quantize_conv import ConvWindow, QdqSource, conv_window, qdq_source, replay
+from tilefuse.passes.quantize_conv import (
+    ConvWindow,
+    QdqSource,
+    conv_window,
+    fuse_epilogues,
+    qdq_source,
+    replay,
+)
 from tilefuse.passes.rewrite import rewrite_nodes
 
 MODES = ("int8", "int4", "qdq")
@@ -468,6 +475,8 @@ def pipeline_for(options: QuantizeOptions | None,
     return (*base,
             PassSpec("quantize", functools.partial(quantize_weights, options=options),
                      f"matmuls against constant weights -> {options} quantized ops"),
+            PassSpec("qconv_epilogue", fuse_epilogues,
+                     "elementwise chains after qconv_i8 -> its tile epilogue"),
             PassSpec("dce", dce, "drop the f32 weights the quantized ops replaced"))
 
 

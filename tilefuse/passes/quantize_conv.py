@@ -22,9 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tilefuse.graph.analysis import users
 from tilefuse.graph.builder import GraphBuilder
-from tilefuse.graph.ir import Literal, Node, Value
+from tilefuse.graph.ir import Graph, Literal, Node, Value
 from tilefuse.kernel.lower_qconv import Static
+from tilefuse.passes.rewrite import rewrite_nodes
 
 _CODES = {"i8": (-128, 127), "u8": (0, 255)}
 
@@ -163,4 +165,118 @@ def replay(builder: GraphBuilder, nodes: tuple[Node, ...], value: Value) -> Valu
     return value
 
 
-__all__ = ["ConvWindow", "QdqSource", "conv_window", "qdq_source", "replay"]
+# ---- fused epilogues ----------------------------------------------------------------------------
+
+_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
+
+
+def _step(node: Node, t: Value, producers: dict[Value, Node], out: Value
+          ) -> tuple[tuple, Value | None] | None:
+    """The epilogue step of elementwise ``node`` reading the chain value ``t`` and the operand
+    it adds (None for a scalar), or None when it cannot be fused."""
+    if node.outputs[0].type != out.type:
+        return None
+    name = node.op.name
+    if name in ("round", "relu") and node.inputs == (t,):
+        return (name,), None
+    if name == "clip" and node.inputs == (t,):
+        lo, hi = node.attrs.get("min"), node.attrs.get("max")
+        return ("clip", float("-inf") if lo is None else float(lo),
+                float("inf") if hi is None else float(hi)), None
+    if name not in _BINARY or len(node.inputs) != 2 or (node.inputs[0] is t) == \
+            (node.inputs[1] is t):
+        return None
+    swapped = node.inputs[1] is t
+    other = node.inputs[0] if swapped else node.inputs[1]
+    c = _scalar(other, producers)
+    if c is not None:
+        return (name, "s", c, swapped), None
+    n = out.shape[-1]
+    if other.dtype.name == "f32" and tuple(other.shape) in ((n,), tuple(out.shape)):
+        return (name, "t", -1, swapped), other
+    return None
+
+
+def _chain(q: Node, readers: dict[Value, list[Node]], producers: dict[Value, Node],
+           outputs: set[Value], taken: set[Node]) -> tuple[list[Node], tuple, list[Value]]:
+    """The elementwise nodes after ``q`` that its epilogue can take: a chain in which each
+    value has one reader, the next node, none ``taken`` by another chain and none reading a
+    value that another chain keeps in registers."""
+    out = q.outputs[0]
+    t, nodes, steps, operands = out, [], [], []
+    while t not in outputs and len(readers.get(t, ())) == 1:
+        node = readers[t][0]
+        if node in taken or any(producers.get(v) in taken for v in node.inputs if v is not t):
+            break
+        if node.op.name == "cast" and node.outputs[0].dtype.name in _CODES:
+            back = readers.get(node.outputs[0], [])
+            lo, hi = _CODES[node.outputs[0].dtype.name]
+            if node.outputs[0] in outputs or len(back) != 1 or back[0].op.name != "cast" \
+                    or back[0].outputs[0].type != out.type or len(steps) < 2 \
+                    or steps[-2] != ("round",) or steps[-1][0] != "clip" \
+                    or not lo <= steps[-1][1] <= steps[-1][2] <= hi:
+                break
+            nodes += [node, back[0]]     # round, clip, then i8 and back: the identity
+            t = back[0].outputs[0]
+            continue
+        found = _step(node, t, producers, out)
+        if found is None:
+            break
+        step, operand = found
+        if operand is not None:
+            if operand not in operands:
+                operands.append(operand)
+            step = (*step[:2], operands.index(operand), step[3])
+        steps.append(step)
+        nodes.append(node)
+        t = node.outputs[0]
+    while nodes and nodes[-1].op.name == "cast":   # never end on the codes' round trip
+        nodes = nodes[:-2]
+    return nodes, tuple(steps), operands
+
+
+def fuse_epilogues(graph: Graph) -> tuple[Graph, bool]:
+    """``graph`` with the elementwise chain after each ``qconv_i8`` (a QDQ model's batch norm,
+    QuantizeLinear/DequantizeLinear, residual add, relu) in its tile epilogue: the kernel
+    writes the chain's last value, and the f32 output never goes through memory."""
+    producers = graph.producers()
+    readers = users(graph)
+    outputs = set(graph.outputs)
+    plans: dict[Node, tuple[Node, tuple, list[Value]]] = {}   # tail -> (qconv, steps, ops)
+    skipped: set[Node] = set()
+    for node in graph.nodes:
+        if node.op.name != "qconv_i8" or node.attrs["epilogue"]:
+            continue
+        nodes, steps, operands = _chain(node, readers, producers, outputs, skipped | set(plans))
+        if not steps:
+            continue
+        plans[nodes[-1]] = (node, steps, operands)
+        skipped.update([node, *nodes[:-1]])
+    if not plans:
+        return graph, False
+    made: dict[Value, Value] = {}
+    new_inputs: list[list[Value]] = []
+
+    def resolve(value: Value) -> Value:
+        if value in graph.inputs:
+            return new_inputs[0][graph.inputs.index(value)]
+        return made.get(value, value)
+
+    def rule(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]) -> list[Value] | None:
+        if not new_inputs:
+            new_inputs.append(builder._inputs)   # the rebuilt graph's inputs, in order
+        if node in skipped:
+            return list(node.outputs)   # read only by the chain, which goes with it
+        if node not in plans:
+            return None
+        q, steps, operands = plans[node]
+        attrs = {**q.attrs, "epilogue": steps}
+        value = builder.add1("qconv_i8", [resolve(v) for v in (*q.inputs, *operands)], attrs,
+                             q.loc)
+        made[node.outputs[0]] = value
+        return [value]
+
+    return rewrite_nodes(graph, rule)
+
+
+__all__ = ["ConvWindow", "QdqSource", "conv_window", "fuse_epilogues", "qdq_source", "replay"]
