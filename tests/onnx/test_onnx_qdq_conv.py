@@ -158,11 +158,16 @@ def test_onnxruntime_quantize_static_cnn_matches_onnxruntime(tmp_path) -> None:
     quantize_static(str(path), str(qpath), Reader(), quant_format=QuantFormat.QDQ)
     compiled = tilefuse.onnx.load(qpath)
     session = ort.InferenceSession(str(qpath), providers=["CPUExecutionProvider"])
-    ops = [n.op.name for n in _nodes(compiled, x)]
+    nodes = _nodes(compiled, x)
+    ops = [n.op.name for n in nodes]
     assert ops.count("qconv_i8") == 4 and "matmul" not in ops
+    fused = [n for n in nodes if n.op.name == "qconv_i8" and n.attrs["epilogue"]]
+    assert fused and any(len(n.inputs) > 4 for n in fused)   # a residual operand
     assert compiled.lower(x).executable.fallbacks == []
+    reference = tilefuse.onnx.load(qpath, target="reference")
     for _ in range(3):
         x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
         got, want = compiled(x), session.run(None, {"x": x})[0]
+        np.testing.assert_array_equal(got, reference(x))
         assert _cos(got, want) > 0.995
         assert _cos(got, net(torch.from_numpy(x)).detach().numpy()) > 0.99
