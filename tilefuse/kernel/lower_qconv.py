@@ -314,7 +314,8 @@ def conv_shape(node: object) -> ConvShape:
     if dw != 1:
         raise CompileError(f"qconv_i8 reads runs along W: dilation {dw} along W is not "
                            "supported")
-    n, hp, wp, c = (int(d) for d in node.inputs[0].shape)  # type: ignore[attr-defined]
+    shape = node.attrs["nhwc"] or node.inputs[0].shape  # type: ignore[attr-defined]
+    n, hp, wp, c = (int(d) for d in shape)
     o = int(node.inputs[1].shape[1])  # type: ignore[attr-defined]
     return ConvShape(n, hp, wp, c, kh, kw, sh, sw, dh, o)
 

@@ -169,6 +169,12 @@ def _conv_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
         raise ShapeError(f"qconv_i8 takes p, w, w_scale, bias and the epilogue's operands, got "
                          f"{len(shapes)} inputs")
     p, w, scale, bias = shapes[:4]
+    if attrs["nhwc"] is not None:   # p read as this NHWC shape (a row-major reshape, in place)
+        if not all(isinstance(d, int) for d in p) or \
+                int(np.prod(p, dtype=np.int64)) != int(np.prod(attrs["nhwc"], dtype=np.int64)):
+            raise ShapeError(f"qconv_i8: nhwc {list(attrs['nhwc'])} does not hold the "
+                             f"{format_shape(p)} input")
+        p = tuple(attrs["nhwc"])
     (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["strides"], attrs["dilations"]
     if len(p) != 4 or len(w) != 2 or not all(isinstance(d, int) for d in (*p, *w)):
         raise ShapeError(f"qconv_i8 needs a static NHWC input [N, Hp, Wp, C] and w [KH*KW*C, O], "
@@ -236,10 +242,12 @@ def _conv_dtypes(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
 def _conv_reference(p: np.ndarray, w: np.ndarray, w_scale: np.ndarray, bias: np.ndarray,
                     *operands: np.ndarray, kernel: tuple[int, ...], strides: tuple[int, ...],
                     dilations: tuple[int, ...], act: str, x_scale: float, x_zero: int,
-                    x_min: int, x_max: int, epilogue: tuple = ()) -> np.ndarray:
+                    x_min: int, x_max: int, epilogue: tuple = (),
+                    nhwc: tuple[int, ...] | None = None) -> np.ndarray:
     from tilefuse.ops.movement import _window_ref
 
-    a = _window_ref(np.asarray(p, _F32), kernel, strides, dilations)
+    p = np.asarray(p, _F32) if nhwc is None else np.asarray(p, _F32).reshape(nhwc)
+    a = _window_ref(p, kernel, strides, dilations)
     a = a.reshape(-1, w.shape[0])
     q, sa = window_codes(a, x_scale, x_zero, x_min, x_max)
     acc = (q.astype(np.int64) @ w.astype(np.int64)).astype(np.int32)
@@ -269,7 +277,7 @@ QCONV_I8 = OpDef(
            attr("act", AttrType.STR, "none", ACTIVATIONS),
            attr("x_scale", AttrType.FLOAT, 0.0), attr("x_zero", AttrType.INT, 0),
            attr("x_min", AttrType.INT, -128), attr("x_max", AttrType.INT, 127),
-           attr("epilogue", AttrType.ANY, ())),
+           attr("epilogue", AttrType.ANY, ()), attr("nhwc", AttrType.OPT_INTS, None)),
     accepts=frozenset({DType.f32, DType.i8}),
     doc="a convolution as an int8 product over the KHxKW windows of an NHWC input read in "
         "place: rows quantized per row (x_scale 0) or by a static QuantizeLinear (x_scale, "

@@ -405,18 +405,20 @@ def _qconv(builder: GraphBuilder, node: Node, window: ConvWindow | None, qdq: Qd
         source = replay(builder, qdq.movements, resolve(qdq.y))
         st = qdq.static
         attrs.update(x_scale=st.scale, x_zero=st.zero, x_min=st.lo, x_max=st.hi)
-        if window is not None:
+        if window is not None and any(n.op.name != "reshape" for n in window.steps):
             source = replay(builder, window.steps, source)
     else:
         source = resolve(window.p)  # type: ignore[union-attr]
     if window is not None:
         attrs.update(window.attrs)
         p = source
+        if tuple(p.shape) != tuple(window.p.shape):   # reshapes alone: read in place
+            attrs.update(nhwc=tuple(int(d) for d in window.p.shape))
     else:
         k = int(source.shape[-1])
         m = int(np.prod(source.shape[:-1], dtype=np.int64))
-        p = builder.add1("reshape", [source], {"shape": (1, 1, m, k)}, node.loc)
-        attrs.update(kernel=(1, 1))
+        p = source
+        attrs.update(kernel=(1, 1), nhwc=(1, 1, m, k))
     value = builder.add1("qconv_i8", [p, *weights], attrs, node.loc)
     if value.shape != node.outputs[0].shape:
         value = builder.add1("reshape", [value], {"shape": tuple(node.outputs[0].shape)},
