@@ -29,6 +29,9 @@ SHAPES = [
     ConvShape(1, 7, 7, 64, 1, 1, 2, 2, 1, 129),     # 1x1 stride 2
     ConvShape(1, 9, 6, 20, 3, 2, 1, 1, 2, 33),      # dilated rows, a 3x2 window
     ConvShape(1, 1, 37, 48, 1, 1, 1, 1, 1, 96),     # a plain [M, K] product
+    ConvShape(2, 7, 6, 40, 3, 3, 1, 1, 1, 70, (1, 1, 1, 1)),   # padding read in the row phase
+    ConvShape(1, 11, 11, 3, 7, 7, 2, 2, 1, 64, (3, 3, 3, 3)),  # a padded stem
+    ConvShape(1, 8, 9, 17, 3, 2, 2, 1, 2, 33, (2, 0, 0, 1)),   # uneven padding, row dilation
 ]
 STATICS = [None, Static(0.05, 128, 0, 255), Static(0.03, -5, -128, 127), Static(0.2, 0, 0, 255)]
 
@@ -51,6 +54,8 @@ def _input(cs: ConvShape, static: Static | None) -> np.ndarray:
 
 
 def _windows(cs: ConvShape, p: np.ndarray) -> np.ndarray:
+    t, b, le, r = cs.pads
+    p = np.pad(p, [(0, 0), (t, b), (le, r), (0, 0)])
     a = _window_ref(p, (cs.kh, cs.kw), (cs.sh, cs.sw), (cs.dh, 1))
     return a.reshape(cs.int8.m, cs.int8.k)
 
@@ -58,11 +63,13 @@ def _windows(cs: ConvShape, p: np.ndarray) -> np.ndarray:
 def _attrs(cs: ConvShape, static: Static | None, act: str) -> dict:
     st = static or Static(0.0, 0, -128, 127)
     return {"kernel": (cs.kh, cs.kw), "strides": (cs.sh, cs.sw), "dilations": (cs.dh, 1),
-            "act": act, "x_scale": st.scale, "x_zero": st.zero, "x_min": st.lo, "x_max": st.hi}
+            "act": act, "x_scale": st.scale, "x_zero": st.zero, "x_min": st.lo, "x_max": st.hi,
+            "pads": cs.pads}
 
 
 @pytest.mark.parametrize("static", STATICS, ids=["dynamic", "u8z128", "i8z-5", "u8z0"])
-@pytest.mark.parametrize("cs", SHAPES, ids=lambda c: f"{c.kh}x{c.kw}s{c.sh}c{c.c}o{c.o}")
+@pytest.mark.parametrize("cs", SHAPES,
+                         ids=lambda c: f"{c.kh}x{c.kw}s{c.sh}c{c.c}o{c.o}p{sum(c.pads)}")
 def test_qconv_integer_core_is_exact(cs: ConvShape, static: Static | None) -> None:
     w = rng.integers(-128, 128, size=(cs.int8.k, cs.o)).astype(np.int8)   # the full s8 range
     qk = build_qconv("t", cs, w, np.ones(cs.o, np.float32), np.zeros(cs.o, np.float32),
@@ -80,7 +87,8 @@ def test_qconv_integer_core_is_exact(cs: ConvShape, static: Static | None) -> No
 
 @pytest.mark.parametrize("act", ["none", "relu", "gelu"])
 @pytest.mark.parametrize("static", STATICS[:2], ids=["dynamic", "u8z128"])
-@pytest.mark.parametrize("cs", SHAPES[1:4], ids=lambda c: f"{c.kh}x{c.kw}s{c.sh}c{c.c}")
+@pytest.mark.parametrize("cs", [*SHAPES[1:4], SHAPES[7]],
+                         ids=lambda c: f"{c.kh}x{c.kw}s{c.sh}c{c.c}p{sum(c.pads)}")
 def test_qconv_epilogue_matches_reference_bitwise(cs: ConvShape, static: Static | None,
                                                   act: str) -> None:
     wf = rng.standard_normal((cs.int8.k, cs.o)).astype(np.float32)
@@ -110,7 +118,8 @@ EPILOGUE = (("div", "s", 0.07, False), ("round",), ("add", "s", 3.0, False), ("r
             ("maximum", "s", -0.5, True), ("minimum", "t", 0, False), ("relu",))
 
 
-@pytest.mark.parametrize("cs", SHAPES[1:4], ids=lambda c: f"{c.kh}x{c.kw}s{c.sh}c{c.c}")
+@pytest.mark.parametrize("cs", [SHAPES[1], SHAPES[3], SHAPES[6]],
+                         ids=lambda c: f"{c.kh}x{c.kw}s{c.sh}c{c.c}")
 def test_qconv_fused_epilogue_matches_reference_bitwise(cs: ConvShape) -> None:
     """A QDQ pair, a batch norm, a residual operand and relu in the tile epilogue: bit for bit
     the op's reference (f32, step by step)."""

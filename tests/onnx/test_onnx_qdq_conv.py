@@ -69,6 +69,7 @@ def test_qdq_conv_runs_on_the_integer_kernel(cin: int, cout: int, k: int, stride
         np.testing.assert_array_equal(out, reference(x))
         want = spec.run(None, {"x": x})[0]
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert "pad" not in [n.op.name for n in _nodes(compiled, x)]   # read by the row phase
     convs = [n for n in _nodes(compiled, x) if n.op.name == "qconv_i8"]
     assert len(convs) == 1 and convs[0].attrs["x_scale"] == np.float32(0.02)
     assert convs[0].attrs["act"] == "relu"
@@ -109,7 +110,7 @@ def test_f32_conv_with_quantize_int8_reads_windows_in_place() -> None:
     x = rng.standard_normal((1, cin, 13, 10)).astype(np.float32)
     quantized = tilefuse.onnx.load(model, quantize="int8")
     ops = [n.op.name for n in _nodes(quantized, x)]
-    assert "qconv_i8" in ops and "window_patches" not in ops
+    assert "qconv_i8" in ops and "window_patches" not in ops and "pad" not in ops
     out = quantized(x)
     np.testing.assert_array_equal(out, tilefuse.onnx.load(model, target="reference",
                                                           quantize="int8")(x))

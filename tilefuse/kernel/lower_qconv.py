@@ -74,14 +74,17 @@ class ConvShape:
     sw: int
     dh: int
     o: int
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """Zero padding (top, bottom, left, right) read by the row phase: hp, wp are the input's."""
 
     @property
     def oh(self) -> int:
-        return (self.hp - self.dh * (self.kh - 1) - 1) // self.sh + 1
+        return (self.hp + self.pads[0] + self.pads[1] - self.dh * (self.kh - 1) - 1) \
+            // self.sh + 1
 
     @property
     def ow(self) -> int:
-        return (self.wp - self.kw) // self.sw + 1
+        return (self.wp + self.pads[2] + self.pads[3] - self.kw) // self.sw + 1
 
     @property
     def run(self) -> int:
@@ -117,7 +120,8 @@ def _window_rows(name: str, cs: ConvShape, static: Static | None) -> str:
     s = cs.int8
     f = _Fn(f"define internal void @{name}(ptr %bufs, i64 %lo, i64 %hi) nounwind")
     p, aq, sa = f.buffer("%bufs", 0), f.buffer("%bufs", 6), f.buffer("%bufs", 7)
-    full, tail = divmod(cs.run, LANES)
+    padded = any(cs.pads)
+    full, tail = divmod(cs.c if padded else cs.run, LANES)
     tail_mask = _mask(tail)
     amax_v = f.alloca(_V16F)
     pixel = cs.oh * cs.ow
@@ -137,21 +141,53 @@ def _window_rows(name: str, cs: ConvShape, static: Static | None) -> str:
         img, rest = f(f"udiv i64 {m}, {pixel}"), f(f"urem i64 {m}, {pixel}")
         oh, ow = f(f"udiv i64 {rest}, {cs.ow}"), f(f"urem i64 {rest}, {cs.ow}")
         base = f(f"mul i64 {img}, {cs.hp * cs.wp * cs.c}")
-        base = f(f"add i64 {base}, {f(f'mul i64 {oh}, {cs.sh * cs.wp * cs.c}')}")
-        base = f(f"add i64 {base}, {f(f'mul i64 {ow}, {cs.sw * cs.c}')}")
         arow = f(f"getelementptr i8, ptr {aq}, i64 {f(f'mul i64 {m}, {s.kp}')}")
+        if not padded:
+            base = f(f"add i64 {base}, {f(f'mul i64 {oh}, {cs.sh * cs.wp * cs.c}')}")
+            base = f(f"add i64 {base}, {f(f'mul i64 {ow}, {cs.sw * cs.c}')}")
+        else:
+            ih0 = f(f"sub i64 {f(f'mul i64 {oh}, {cs.sh}')}, {cs.pads[0]}")
+            iw0 = f(f"sub i64 {f(f'mul i64 {ow}, {cs.sw}')}, {cs.pads[2]}")
 
-        def segments(tag: str, body) -> None:
-            """body(src, dst_offset, vector index, mask) over every vector of every run."""
+        def run(tag: str, src: str, dst: str, body) -> None:
+            f.counted_loop(tag, full, lambda i: body(src, dst, f(f"mul i64 {i}, {LANES}"), None))
+            if tail:
+                body(src, dst, str(full * LANES), tail_mask)
+
+        def segments(tag: str, body, fill=None) -> None:
+            """body(src, dst_offset, vector index, mask) over every vector of every run; with
+            padding, fill(dst_offset, vector index, mask) over the runs outside the input."""
             def seg(t: str) -> None:
                 step = f(f"mul i64 {t}, {cs.dh * cs.wp * cs.c}")
                 src = f(f"getelementptr float, ptr {p}, i64 {f(f'add i64 {base}, {step}')}")
-                dst = f(f"mul i64 {t}, {cs.run}")
-                f.counted_loop(f"{tag}{r[1:]}_{t[1:]}", full,
-                               lambda i: body(src, dst, f(f"mul i64 {i}, {LANES}"), None))
-                if tail:
-                    body(src, dst, str(full * LANES), tail_mask)
-            f.counted_loop(f"{tag}s{r[1:]}", cs.kh, seg)
+                run(f"{tag}{r[1:]}_{t[1:]}", src, f(f"mul i64 {t}, {cs.run}"), body)
+
+            def tap(t: str, u: str) -> None:
+                ih = f(f"add i64 {ih0}, {f(f'mul i64 {t}, {cs.dh}')}")
+                iw = f(f"add i64 {iw0}, {u}")
+                inside = f(f"and i1 {f(f'icmp ult i64 {ih}, {cs.hp}')}, "
+                           f"{f(f'icmp ult i64 {iw}, {cs.wp}')}")   # unsigned: < 0 is huge
+                tap_index = f(f"add i64 {f(f'mul i64 {t}, {cs.kw}')}, {u}")
+                dst = f(f"mul i64 {tap_index}, {cs.c}")
+                label = f"{tag}{r[1:]}_{t[1:]}_{u[1:]}"
+                f.do(f"br i1 {inside}, label %{label}.in, label %{label}.out")
+                f.label(f"{label}.in")
+                at = f(f"add i64 {base}, {f(f'mul i64 {ih}, {cs.wp * cs.c}')}")
+                at = f(f"add i64 {at}, {f(f'mul i64 {iw}, {cs.c}')}")
+                run(f"{label}.v", f(f"getelementptr float, ptr {p}, i64 {at}"), dst, body)
+                f.do(f"br label %{label}.end")
+                f.label(f"{label}.out")
+                if fill is not None:
+                    run(f"{label}.f", "", dst, lambda _s, d, i, k: fill(d, i, k))
+                f.do(f"br label %{label}.end")
+                f.label(f"{label}.end")
+
+            if padded:
+                f.counted_loop(f"{tag}s{r[1:]}", cs.kh,
+                               lambda t: f.counted_loop(f"{tag}w{r[1:]}_{t[1:]}", cs.kw,
+                                                        lambda u: tap(t, u)))
+            else:
+                f.counted_loop(f"{tag}s{r[1:]}", cs.kh, seg)
 
         if static is None:
             f.do(f"store {_V16F} zeroinitializer, ptr {amax_v}")
@@ -187,7 +223,17 @@ def _window_rows(name: str, cs: ConvShape, static: Static | None) -> str:
                 f.do(f"call void @llvm.masked.store.v16i8.p0(<16 x i8> {q}, ptr {ptr}, i32 1, "
                      f"<16 x i1> {mask})")
 
-        segments("q", q_step)
+        def pad_step(dst: str, at: str, mask: str | None) -> None:
+            code = offset - 256 if offset > 127 else offset
+            q = f"splat (i8 {code})"
+            ptr = f(f"getelementptr i8, ptr {arow}, i64 {f(f'add i64 {dst}, {at}')}")
+            if mask is None:
+                f.do(f"store <16 x i8> {q}, ptr {ptr}, align 1")
+            else:
+                f.do(f"call void @llvm.masked.store.v16i8.p0(<16 x i8> {q}, ptr {ptr}, i32 1, "
+                     f"<16 x i1> {mask})")
+
+        segments("q", q_step, pad_step)
         for t in range(s.k, s.kp):   # K padding: meets zero weights; the offset codes 0
             f.do(f"store i8 {offset - 256 if offset > 127 else offset}, ptr "
                  f"{f(f'getelementptr i8, ptr {arow}, i64 {t}')}")
@@ -285,8 +331,9 @@ def build_qconv(name: str, cs: ConvShape, w: np.ndarray, w_scale: np.ndarray,
                            f"{static.zero} do not fit a byte")
     tag = "dyn" if static is None else f"s{np.float32(static.scale).view(np.uint32):08x}_" \
         f"{static.zero}_{static.lo}_{static.hi}"
+    pads = "p" + "_".join(map(str, cs.pads)) if any(cs.pads) else ""
     name = (f"{name}_qc8_{cs.n}x{cs.hp}x{cs.wp}x{cs.c}_{cs.kh}x{cs.kw}s{cs.sh}{cs.sw}d{cs.dh}"
-            f"_{cs.o}_{act}_{tag}{'_raw' if raw else ''}")
+            f"{pads}_{cs.o}_{act}_{tag}{'_raw' if raw else ''}")
     if steps:
         digest = hashlib.sha1(repr((steps, operands)).encode()).hexdigest()[:12]
         name = f"{name}_e{digest}"
@@ -317,7 +364,8 @@ def conv_shape(node: object) -> ConvShape:
     shape = node.attrs["nhwc"] or node.inputs[0].shape  # type: ignore[attr-defined]
     n, hp, wp, c = (int(d) for d in shape)
     o = int(node.inputs[1].shape[1])  # type: ignore[attr-defined]
-    return ConvShape(n, hp, wp, c, kh, kw, sh, sw, dh, o)
+    pads = tuple(node.attrs["pads"])  # type: ignore[attr-defined]
+    return ConvShape(n, hp, wp, c, kh, kw, sh, sw, dh, o, pads)  # type: ignore[arg-type]
 
 
 def static_of(attrs: object) -> Static | None:

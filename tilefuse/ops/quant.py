@@ -183,6 +183,10 @@ def _conv_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
     if w[0] != kh * kw * c:
         raise ShapeError(f"qconv_i8: w has {w[0]} rows, the {kh}x{kw} window over {c} channels "
                          f"needs {kh * kw * c}")
+    top, bottom, left, right = attrs["pads"]
+    if len(attrs["pads"]) != 4 or min(attrs["pads"]) < 0:
+        raise ShapeError(f"qconv_i8: pads must be 4 non-negative ints, got {attrs['pads']}")
+    hp, wp = hp + top + bottom, wp + left + right
     oh, ow = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
     if oh < 1 or ow < 1:
         raise ShapeError(f"qconv_i8: a {kh}x{kw} window does not fit {format_shape(p)}")
@@ -243,10 +247,12 @@ def _conv_reference(p: np.ndarray, w: np.ndarray, w_scale: np.ndarray, bias: np.
                     *operands: np.ndarray, kernel: tuple[int, ...], strides: tuple[int, ...],
                     dilations: tuple[int, ...], act: str, x_scale: float, x_zero: int,
                     x_min: int, x_max: int, epilogue: tuple = (),
-                    nhwc: tuple[int, ...] | None = None) -> np.ndarray:
+                    nhwc: tuple[int, ...] | None = None,
+                    pads: tuple[int, ...] = (0, 0, 0, 0)) -> np.ndarray:
     from tilefuse.ops.movement import _window_ref
 
     p = np.asarray(p, _F32) if nhwc is None else np.asarray(p, _F32).reshape(nhwc)
+    p = np.pad(p, [(0, 0), (pads[0], pads[1]), (pads[2], pads[3]), (0, 0)])
     a = _window_ref(p, kernel, strides, dilations)
     a = a.reshape(-1, w.shape[0])
     q, sa = window_codes(a, x_scale, x_zero, x_min, x_max)
@@ -277,7 +283,8 @@ QCONV_I8 = OpDef(
            attr("act", AttrType.STR, "none", ACTIVATIONS),
            attr("x_scale", AttrType.FLOAT, 0.0), attr("x_zero", AttrType.INT, 0),
            attr("x_min", AttrType.INT, -128), attr("x_max", AttrType.INT, 127),
-           attr("epilogue", AttrType.ANY, ()), attr("nhwc", AttrType.OPT_INTS, None)),
+           attr("epilogue", AttrType.ANY, ()), attr("nhwc", AttrType.OPT_INTS, None),
+           attr("pads", AttrType.INTS, (0, 0, 0, 0))),
     accepts=frozenset({DType.f32, DType.i8}),
     doc="a convolution as an int8 product over the KHxKW windows of an NHWC input read in "
         "place: rows quantized per row (x_scale 0) or by a static QuantizeLinear (x_scale, "

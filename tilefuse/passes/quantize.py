@@ -401,19 +401,29 @@ def _qconv(builder: GraphBuilder, node: Node, window: ConvWindow | None, qdq: Qd
     the activation matrix as a 1x1 window; reading y through the QDQ pair's static
     quantization when there is one, else quantizing each row at run time."""
     attrs: dict = {"act": act}
+    steps = window.steps if window is not None else ()
+    pad = steps[-1] if steps and steps[-1].op.name == "pad" else None
+    if pad is not None and (any(pad.attrs["pads"][i] for i in (0, 1, 6, 7))
+                            or any(n.op.name != "reshape" for n in steps[:-1])):
+        pad = None   # only a zero padding of H and W after reshapes is read by the kernel
     if qdq is not None:
         source = replay(builder, qdq.movements, resolve(qdq.y))
         st = qdq.static
         attrs.update(x_scale=st.scale, x_zero=st.zero, x_min=st.lo, x_max=st.hi)
-        if window is not None and any(n.op.name != "reshape" for n in window.steps):
-            source = replay(builder, window.steps, source)
+        if pad is None and any(n.op.name != "reshape" for n in steps):
+            source = replay(builder, steps, source)
+    elif pad is not None:
+        source = resolve(window.s)  # type: ignore[union-attr]
     else:
         source = resolve(window.p)  # type: ignore[union-attr]
     if window is not None:
         attrs.update(window.attrs)
         p = source
-        if tuple(p.shape) != tuple(window.p.shape):   # reshapes alone: read in place
-            attrs.update(nhwc=tuple(int(d) for d in window.p.shape))
+        view = pad.inputs[0] if pad is not None else window.p
+        if pad is not None:
+            attrs.update(pads=tuple(int(pad.attrs["pads"][i]) for i in (2, 3, 4, 5)))
+        if tuple(p.shape) != tuple(view.shape):   # reshapes alone: read in place
+            attrs.update(nhwc=tuple(int(d) for d in view.shape))
     else:
         k = int(source.shape[-1])
         m = int(np.prod(source.shape[:-1], dtype=np.int64))
