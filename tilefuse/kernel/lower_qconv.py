@@ -52,6 +52,7 @@ from tilefuse.kernel.quant_ir import (
     compile_with,
     signature_function,
 )
+from tilefuse.ops.quant import Static
 
 _MASKED = """
 declare <16 x float> @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, <16 x float>)
@@ -93,21 +94,6 @@ class ConvShape:
     @property
     def int8(self) -> Int8Shape:
         return Int8Shape(self.n * self.oh * self.ow, self.kh * self.run, self.o)
-
-
-@dataclass(frozen=True)
-class Static:
-    """A static activation quantization (ONNX QuantizeLinear): scale, zero point, code range."""
-
-    scale: float
-    zero: int
-    lo: int
-    hi: int
-
-    @property
-    def offset(self) -> int:
-        """What the stored u8 code adds to the centred code ``q - zero``."""
-        return self.zero - self.lo
 
 
 def _mask(count: int) -> str:

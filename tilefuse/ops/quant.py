@@ -29,6 +29,7 @@ Their references are the exact semantics the kernels are held to:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -261,6 +262,21 @@ def _conv_reference(p: np.ndarray, w: np.ndarray, w_scale: np.ndarray, bias: np.
     return run_epilogue(_ACT(out.astype(_F32), act), epilogue, operands)
 
 
+@dataclass(frozen=True)
+class Static:
+    """A static activation quantization (ONNX QuantizeLinear): scale, zero point, code range."""
+
+    scale: float
+    zero: int
+    lo: int
+    hi: int
+
+    @property
+    def offset(self) -> int:
+        """What the stored u8 code adds to the centred code ``q - zero``."""
+        return self.zero - self.lo
+
+
 def window_codes(a: np.ndarray, x_scale: float, x_zero: int, x_min: int, x_max: int
                  ) -> tuple[np.ndarray, np.ndarray]:
     """The centred codes (i32) of the rows of ``a`` and each row's scale: dynamic per row
@@ -356,7 +372,21 @@ WEIGHT_QUANTIZED = frozenset({QMATMUL_I8, MATMUL_W4, QCONV_I8})
 INTEGER_PRODUCTS = frozenset({QMATMUL_I8, MATMUL_W4, MATMUL_U8S8})
 """Every quantized product: ``x[..., K] @ w[K, N]``-shaped work, 2·M·N·K operations."""
 
-__all__ = ["ACTIVATIONS", "DEFINITIONS", "DYNAMIC_QUANTIZE_U8", "INTEGER_PRODUCTS",
-           "MATMUL_U8S8", "MATMUL_W4", "QCONV_I8", "QMATMUL_I8", "WEIGHT_QUANTIZED",
-           "check_epilogue", "dequantize_w4", "quantize_rows", "run_epilogue", "unpack_w4",
-           "window_codes"]
+__all__ = [
+    "ACTIVATIONS",
+    "DEFINITIONS",
+    "DYNAMIC_QUANTIZE_U8",
+    "INTEGER_PRODUCTS",
+    "MATMUL_U8S8",
+    "MATMUL_W4",
+    "QCONV_I8",
+    "QMATMUL_I8",
+    "WEIGHT_QUANTIZED",
+    "Static",
+    "check_epilogue",
+    "dequantize_w4",
+    "quantize_rows",
+    "run_epilogue",
+    "unpack_w4",
+    "window_codes",
+]

@@ -25,7 +25,7 @@ import numpy as np
 from tilefuse.graph.analysis import users
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Literal, Node, Value
-from tilefuse.kernel.lower_qconv import Static
+from tilefuse.ops.quant import Static
 from tilefuse.passes.rewrite import rewrite_nodes
 
 _CODES = {"i8": (-128, 127), "u8": (0, 255)}
