@@ -232,7 +232,20 @@ def _chain(q: Node, readers: dict[Value, list[Node]], producers: dict[Value, Nod
         t = node.outputs[0]
     while nodes and nodes[-1].op.name == "cast":   # never end on the codes' round trip
         nodes = nodes[:-2]
-    return nodes, tuple(steps), operands
+    return nodes, _simplified(steps), operands
+
+
+def _simplified(steps: list[tuple]) -> tuple:
+    """``steps`` without the second ``round`` of round, ± an integer, round (QuantizeLinear's
+    zero point): an integer-valued float plus an integer is already an integer."""
+    out: list[tuple] = []
+    for step in steps:
+        if step == ("round",) and len(out) >= 2 and out[-2] == ("round",) \
+                and out[-1][0] in ("add", "sub") and out[-1][1] == "s" \
+                and float(out[-1][2]).is_integer():
+            continue
+        out.append(step)
+    return tuple(out)
 
 
 def fuse_epilogues(graph: Graph) -> tuple[Graph, bool]:
