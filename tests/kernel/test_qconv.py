@@ -132,7 +132,7 @@ def test_qconv_fused_epilogue_matches_reference_bitwise(cs: ConvShape) -> None:
                 rng.standard_normal((s.m, s.n)).astype(np.float32))
     static = Static(0.05, 128, 0, 255)
     qk = build_qconv("t", cs, q, scale, bias, "none", static, steps=EPILOGUE,
-                     operands=(False, False, True))
+                     operands=(1, 1, 2))
     p = _input(cs, static)
     aq = aligned_empty(s.mp * s.kp, np.uint8)
     sa = aligned_empty(s.mp, np.float32)

@@ -100,6 +100,9 @@ def test_onnxruntime_quantize_dynamic_file(tmp_path) -> None:
     out = compiled(xs)
     assert compiled.lower(xs).executable.fallbacks == []
     assert _ops(compiled, xs).count("matmul_u8s8") == 2
+    fused = [n for n in compiled.lower(xs).optimized.nodes if n.op.name == "matmul_u8s8"]
+    assert all(n.attrs["epilogue"] and n.outputs[0].dtype.name == "f32" for n in fused)
+    np.testing.assert_array_equal(out, tilefuse.onnx.load(str(qpath), target="reference")(xs))
     spec = ReferenceEvaluator(str(qpath)).run(None, {"x": xs})[0]
     np.testing.assert_allclose(out, spec, rtol=1e-5, atol=1e-5)
     with torch.no_grad():

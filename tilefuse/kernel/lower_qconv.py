@@ -32,7 +32,7 @@ from tilefuse.codegen.jit import KernelSignature
 from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
-from tilefuse.kernel.lower_qmatmul import INT8_BUFFERS, Int8Shape, Post, _int8_tiles, pack_int8
+from tilefuse.kernel.lower_qmatmul import INT8_BUFFERS, Int8Shape, _int8_tiles, pack_int8
 from tilefuse.kernel.quant_ir import (
     _DECLS,
     _V16F,
@@ -50,12 +50,12 @@ from tilefuse.kernel.quant_ir import (
     _padded,
     check_target,
     compile_with,
+    epilogue_ir,
     signature_function,
 )
 from tilefuse.ops.quant import Static
 
 _MASKED = """
-declare <16 x float> @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, <16 x float>)
 declare void @llvm.masked.store.v16i8.p0(<16 x i8>, ptr, i32, <16 x i1>)
 """
 
@@ -229,66 +229,14 @@ def _window_rows(name: str, cs: ConvShape, static: Static | None) -> str:
     return f.text()
 
 
-_BINARY_IR = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
-
-
-def _float(x: float) -> str:
-    return f"0x{np.float64(np.float32(x)).view(np.uint64):016X}"
-
-
-def _post(steps: tuple, operands: tuple[bool, ...], n: int) -> Post:
-    """The fused epilogue as IR (:func:`tilefuse.ops.quant.run_epilogue` is its reference):
-    operand i is buffer 8 + i, a [N] vector (``operands[i]`` False) read at the columns or an
-    [M, N] tensor (True) read at the row and columns, masked at the N tail."""
-    def post(f: _Fn, v: str, m: str, n0: str, mask: str) -> str:
-        loaded: dict[int, str] = {}
-
-        def operand(i: int) -> str:
-            if i not in loaded:
-                at = f(f"add i64 {f(f'mul i64 {m}, {n}')}, {n0}") if operands[i] else n0
-                ptr = f.at("float", f.buffer("%bufs", 8 + i), at)
-                loaded[i] = f(f"call {_V16F} @llvm.masked.load.v16f32.p0(ptr {ptr}, i32 4, "
-                              f"<16 x i1> {mask}, {_V16F} zeroinitializer)")
-            return loaded[i]
-
-        for step in steps:
-            if step[0] == "round":
-                v = f(f"call {_V16F} @llvm.rint.v16f32({_V16F} {v})")
-            elif step[0] in ("relu", "clip"):
-                lo, hi = (0.0, None) if step[0] == "relu" else (step[1], step[2])
-                low = f"splat (float {_float(lo)})"
-                v = f(f"select <16 x i1> {f(f'fcmp olt {_V16F} {v}, {low}')}, {_V16F} {low}, "
-                      f"{_V16F} {v}")
-                if hi is not None:
-                    high = f"splat (float {_float(hi)})"
-                    v = f(f"select <16 x i1> {f(f'fcmp ogt {_V16F} {v}, {high}')}, {_V16F} "
-                          f"{high}, {_V16F} {v}")
-            else:
-                op, kind, x, swapped = step
-                x = f"splat (float {_float(x)})" if kind == "s" else operand(x)
-                a, b = (x, v) if swapped else (v, x)
-                if op in _BINARY_IR:
-                    v = f(f"{_BINARY_IR[op]} {_V16F} {a}, {b}")
-                else:   # maximum / minimum: NaN-propagating, as NumPy's
-                    pred = "ogt" if op == "maximum" else "olt"
-                    pick = f(f"fcmp {pred} {_V16F} {a}, {b}")
-                    nan = f(f"fcmp uno {_V16F} {a}, {b}")
-                    v = f(f"select <16 x i1> {pick}, {_V16F} {a}, {_V16F} {b}")
-                    v = f(f"select <16 x i1> {nan}, {_V16F} splat (float 0x7FF8000000000000), "
-                          f"{_V16F} {v}")
-        return v
-
-    return post
-
-
 def qconv_module(name: str, cs: ConvShape, act: str, static: Static | None,
-                 raw: bool = False, steps: tuple = (), operands: tuple[bool, ...] = ()
+                 raw: bool = False, steps: tuple = (), operands: tuple[int, ...] = ()
                  ) -> str:
     """The LLVM IR of a ``qconv_i8``; buffers as ``INT8_BUFFERS`` with x the padded input,
     then the epilogue's operands."""
     s = cs.int8
     tiles = (s.mp // MR8) * (s.np_ // PANEL)
-    post = _post(steps, operands, s.n) if steps else None
+    post = epilogue_ir(steps, operands, s.n, len(INT8_BUFFERS)) if steps else None
     return "".join([_DECLS, _MASKED, _math(act), _window_rows(f"{name}.rows", cs, static),
                     _int8_tiles(f"{name}.tiles", s, act, raw, post=post),
                     _grab_worker(f"{name}.w0", f"{name}.rows", s.m, 4),
@@ -300,10 +248,11 @@ def build_qconv(name: str, cs: ConvShape, w: np.ndarray, w_scale: np.ndarray,
                 bias: np.ndarray, act: str = "none", static: Static | None = None,
                 raw: bool = False, target: CpuTarget | None = None,
                 compiler: Compiler | None = None, steps: tuple = (),
-                operands: tuple[bool, ...] = ()) -> QuantKernel:
+                operands: tuple[int, ...] = ()) -> QuantKernel:
     """The ``qconv_i8`` kernel for the padded input of ``cs`` against i8 ``w`` [KH*KW*C, O];
     ``raw``: out holds the exact i32 sums of the centred codes. ``steps``: a fused epilogue
-    whose operand i is an [M, N] tensor when ``operands[i]`` else an [N] vector."""
+    whose operand i is a scalar, an [N] vector or an [M, N] tensor (``operands[i]`` 0, 1
+    or 2: :func:`tilefuse.kernel.quant_ir.epilogue_ir`)."""
     target = target or host_target()
     check_target(target, vnni=True)
     s = cs.int8

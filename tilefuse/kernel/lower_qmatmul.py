@@ -39,6 +39,7 @@ the native executable also passes them through its disk cache (``compiler``).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -74,6 +75,7 @@ from tilefuse.kernel.quant_ir import (
     check_target,
     compile_ir,
     compile_with,
+    epilogue_ir,
     signature_function,
 )
 from tilefuse.ops.quant import DYNAMIC_QUANTIZE_U8, MATMUL_U8S8, MATMUL_W4, QCONV_I8, QMATMUL_I8
@@ -262,6 +264,10 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
                 acc = f(f"sub {_V16I} {f(f'load {_V16I}, ptr {accs[i][j]}, align 64')}, {comps[j]}")
                 at = f(f"mul i64 {m}, {s.n}")
                 dst = f(f"getelementptr float, ptr {out}, i64 {f(f'add i64 {at}, {cols[j]}')}")
+                if raw and post is not None:   # matmul_u8s8's fused rescale
+                    v = post(f, f(f"sitofp {_V16I} {acc} to {_V16F}"), m, cols[j], masks[j])
+                    _epilogue_store(f, v, "none", dst, masks[j])
+                    continue
                 if raw:
                     f.do(f"call void @llvm.masked.store.v16i32.p0({_V16I} {acc}, ptr {dst}, "
                          f"i32 4, <16 x i1> {masks[j]})")
@@ -299,12 +305,15 @@ def _copy_rows(name: str, s: Int8Shape) -> str:
     return f.text()
 
 
-def u8s8_module(name: str, s: Int8Shape) -> str:
-    """The LLVM IR of ``matmul_u8s8``; buffers: a (u8), w (packed), colsum, a_zero, out (i32),
-    aq (scratch)."""
+def u8s8_module(name: str, s: Int8Shape, steps: tuple = (),
+                operands: tuple[int, ...] = ()) -> str:
+    """The LLVM IR of ``matmul_u8s8``; buffers: a (u8), w (packed), colsum, a_zero, out (i32;
+    f32 with a fused epilogue over the operands that follow), aq (scratch)."""
     tiles = (s.mp // MR8) * (s.np_ // PANEL)
+    post = epilogue_ir(steps, operands, s.n, len(U8S8_BUFFERS)) if steps else None
     return "".join([_DECLS, _copy_rows(f"{name}.copy", s),
-                    _int8_tiles(f"{name}.tiles", s, "none", True, zero_point=True),
+                    _int8_tiles(f"{name}.tiles", s, "none", True, zero_point=True,
+                                post=post),
                     _grab_worker(f"{name}.w0", f"{name}.copy", s.m, 8),
                     _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1),
                     _entry(name, [f"{name}.w0", f"{name}.w1"])])
@@ -468,9 +477,11 @@ U8S8_BUFFERS = [("a", DType.u8, True), ("w", DType.i8, True), ("colsum", DType.i
 
 
 def build_u8s8(name: str, m: int, w: np.ndarray, target: CpuTarget | None = None,
-               compiler: Compiler | None = None) -> QuantKernel:
+               compiler: Compiler | None = None, steps: tuple = (),
+               operands: tuple[int, ...] = ()) -> QuantKernel:
     """The exact integer product ``(a - a_zero) @ w`` (ONNX MatMulInteger with u8 activations
-    and i8 weights) for a [m, K]; out is i32."""
+    and i8 weights) for a [m, K]; out is i32, or f32 through the fused epilogue ``steps``
+    (the rescale an onnxruntime ``quantize_dynamic`` file writes after it)."""
     target = target or host_target()
     check_target(target, vnni=True)
     k, n = w.shape
@@ -479,13 +490,18 @@ def build_u8s8(name: str, m: int, w: np.ndarray, target: CpuTarget | None = None
                            "overflow")
     s = Int8Shape(m, k, n)
     name = f"{name}_u8s8_{m}x{k}x{n}"
-    text = u8s8_module(name, s)
-    fn = signature_function(name, U8S8_BUFFERS)
+    buffers = list(U8S8_BUFFERS)
+    if steps:
+        name += "_e" + hashlib.sha1(repr((steps, operands)).encode()).hexdigest()[:12]
+        buffers[4] = ("out", DType.f32, False)
+        buffers += [(f"e{i}", DType.f32, True) for i in range(len(operands))]
+    text = u8s8_module(name, s, steps, operands)
+    fn = signature_function(name, buffers)
     kernel = compile_with(compiler, text, KernelSignature(name, fn.buffers, (), True), target)
     packed, comp = pack_int8(np.asarray(w, np.int8))
     consts = {"w": packed, "colsum": _padded(comp // 128, n, np.int32)}
     return QuantKernel(fn, kernel, text, consts, {"aq": (s.mp * s.kp, np.dtype(np.uint8))},
-                       {"a": 0, "a_zero": 1})
+                       {"a": 0, "a_zero": 1, **{f"e{i}": 3 + i for i in range(len(operands))}})
 
 
 def build_int4(name: str, m: int, wq: np.ndarray, scales: np.ndarray, zeros: np.ndarray,
@@ -525,6 +541,13 @@ QUANT_OPS = frozenset({QMATMUL_I8, MATMUL_W4, MATMUL_U8S8, DYNAMIC_QUANTIZE_U8, 
 """The ops lowered here (by OpDef, as nodes point at them)."""
 
 
+def _kind(value: object) -> int:
+    """An epilogue operand's kind for :func:`tilefuse.kernel.quant_ir.epilogue_ir`: 0 scalar,
+    1 [N] vector, 2 [M, N] tensor."""
+    shape = tuple(value.shape)  # type: ignore[attr-defined]
+    return 0 if len(shape) == 0 or shape == (1,) else 1 if len(shape) == 1 else 2
+
+
 def is_quant_group(group: object) -> bool:
     """A kernel group holding one quantized product (lowered here, not by the loop IR)."""
     nodes = getattr(group, "nodes", ())
@@ -549,7 +572,8 @@ def lower_quant_group(group: object, constants: dict, target: CpuTarget | None =
         w = constants.get(node.inputs[2])
         if w is None:
             raise CompileError("matmul_u8s8: the weight must be a constant")
-        return build_u8s8(name, m, w, target, compiler)
+        return build_u8s8(name, m, w, target, compiler, node.attrs["epilogue"],
+                          tuple(_kind(v) for v in node.inputs[3:]))
     arrays = [constants.get(v) for v in node.inputs[1:4 if node.op is QCONV_I8 else None]]
     if any(a is None for a in arrays):
         raise CompileError(f"{node.op.name}: the weights, scales and bias must be constants")
@@ -558,7 +582,7 @@ def lower_quant_group(group: object, constants: dict, target: CpuTarget | None =
         from tilefuse.kernel.lower_qconv import build_qconv, conv_shape, static_of
 
         w, scale, bias = arrays[:3]
-        operands = tuple(v.type.rank == 2 for v in node.inputs[4:])
+        operands = tuple(_kind(v) for v in node.inputs[4:])
         return build_qconv(name, conv_shape(node), w, scale, bias, act, static_of(node.attrs),
                            target=target, compiler=compiler, steps=node.attrs["epilogue"],
                            operands=operands)

@@ -71,6 +71,7 @@ declare i32 @llvm.smin.i32(i32, i32)
 declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32, <16 x i1>)
 declare void @llvm.masked.store.v16i32.p0(<16 x i32>, ptr, i32, <16 x i1>)
 declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)
+declare <16 x float> @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, <16 x float>)
 declare <16 x i32> @llvm.fptosi.sat.v16i32.v16f32(<16 x float>)
 declare i32 @llvm.fptosi.sat.i32.f32(float)
 """
@@ -224,6 +225,63 @@ def _activate(f: _Fn, v: str, act: str) -> str:
         neg = f(f"fcmp olt {_V16F} {v}, zeroinitializer")
         v = f(f"select <16 x i1> {neg}, {_V16F} zeroinitializer, {_V16F} {v}")
     return v
+
+
+_BINARY_IR = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
+
+
+def _float(x: float) -> str:
+    return f"0x{np.float64(np.float32(x)).view(np.uint64):016X}"
+
+
+def epilogue_ir(steps: tuple, operands: tuple[int, ...], n: int, first: int) -> Callable:
+    """The fused epilogue as IR, a ``post(f, v, m, n0, mask)`` for the int8 tiles
+    (:func:`tilefuse.ops.quant.run_epilogue` is its reference): operand i is buffer
+    ``first + i``: a scalar (``operands[i]`` 0, splat), an [N] vector (1, read at the columns)
+    or an [M, N] tensor (2, read at the row and columns), masked at the N tail."""
+    def post(f: _Fn, v: str, m: str, n0: str, mask: str) -> str:
+        loaded: dict[int, str] = {}
+
+        def operand(i: int) -> str:
+            if i not in loaded:
+                base = f.buffer("%bufs", first + i)
+                if operands[i] == 0:
+                    loaded[i] = f.splat(f(f"load float, ptr {base}"))
+                    return loaded[i]
+                at = f(f"add i64 {f(f'mul i64 {m}, {n}')}, {n0}") if operands[i] == 2 else n0
+                loaded[i] = f(f"call {_V16F} @llvm.masked.load.v16f32.p0(ptr "
+                              f"{f.at('float', base, at)}, i32 4, <16 x i1> {mask}, {_V16F} "
+                              "zeroinitializer)")
+            return loaded[i]
+
+        for step in steps:
+            if step[0] == "round":
+                v = f(f"call {_V16F} @llvm.rint.v16f32({_V16F} {v})")
+            elif step[0] in ("relu", "clip"):
+                lo, hi = (0.0, None) if step[0] == "relu" else (step[1], step[2])
+                low = f"splat (float {_float(lo)})"
+                v = f(f"select <16 x i1> {f(f'fcmp olt {_V16F} {v}, {low}')}, {_V16F} {low}, "
+                      f"{_V16F} {v}")
+                if hi is not None:
+                    high = f"splat (float {_float(hi)})"
+                    v = f(f"select <16 x i1> {f(f'fcmp ogt {_V16F} {v}, {high}')}, {_V16F} "
+                          f"{high}, {_V16F} {v}")
+            else:
+                op, kind, x, swapped = step
+                x = f"splat (float {_float(x)})" if kind == "s" else operand(x)
+                a, b = (x, v) if swapped else (v, x)
+                if op in _BINARY_IR:
+                    v = f(f"{_BINARY_IR[op]} {_V16F} {a}, {b}")
+                else:   # maximum / minimum: NaN-propagating, as NumPy's
+                    pred = "ogt" if op == "maximum" else "olt"
+                    pick = f(f"fcmp {pred} {_V16F} {a}, {b}")
+                    nan = f(f"fcmp uno {_V16F} {a}, {b}")
+                    v = f(f"select <16 x i1> {pick}, {_V16F} {a}, {_V16F} {b}")
+                    v = f(f"select <16 x i1> {nan}, {_V16F} splat (float 0x7FF8000000000000), "
+                          f"{_V16F} {v}")
+        return v
+
+    return post
 
 
 def _codes(f: _Fn, r: str, lo: int, hi: int, offset: int) -> str:

@@ -231,11 +231,14 @@ def qdq_default(info: ModelInfo, target: Target) -> QuantizeOptions | None:
     """The quantization an ONNX model gets when the caller names none: "qdq" on the CPU when
     a QuantizeLinear's output feeds a DequantizeLinear (a QDQ model, as onnxruntime's
     ``quantize_static`` writes them: its products then run on the int8 kernels with the
-    pairs' static scales), else none (``quantize="none"`` keeps a QDQ model in f32)."""
+    pairs' static scales) or the model has MatMulInteger / QLinearMatMul (as
+    ``quantize_dynamic`` writes them: the rescale after each integer product is fused into
+    it); else none (``quantize="none"`` keeps a QDQ model in f32)."""
     if target.is_cuda:
         return None
     quantized = {o for n in info.nodes if n.op_type == "QuantizeLinear" for o in n.outputs}
-    if any(n.op_type == "DequantizeLinear" and n.inputs and n.inputs[0] in quantized
+    if any(n.op_type in ("MatMulInteger", "QLinearMatMul") or (
+            n.op_type == "DequantizeLinear" and n.inputs and n.inputs[0] in quantized)
            for n in info.nodes):
         return QuantizeOptions("qdq")
     return None

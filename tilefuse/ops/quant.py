@@ -195,8 +195,8 @@ def _conv_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
     _check_vector(bias, w[1], "bias")
     out = (n * oh * ow, w[1])
     for extra in shapes[4:]:
-        if tuple(extra) not in ((w[1],), out):
-            raise ShapeError(f"qconv_i8: an epilogue operand must be [{w[1]}] or "
+        if tuple(extra) not in ((), (1,), (w[1],), out):
+            raise ShapeError(f"qconv_i8: an epilogue operand must be a scalar, [{w[1]}] or "
                              f"{format_shape(out)}, got {format_shape(extra)}")
     check_epilogue(attrs["epilogue"], len(shapes) - 4)
     return (out,)
@@ -308,33 +308,53 @@ QCONV_I8 = OpDef(
         "w_scale) + bias, act, then the fused elementwise epilogue on its extra operands")
 
 def _u8s8_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
-    a, zero, w = shapes
+    if len(shapes) < 3:
+        raise ShapeError(f"matmul_u8s8 takes a, a_zero, w and the epilogue's operands, got "
+                         f"{len(shapes)} inputs")
+    a, zero, w = shapes[:3]
     if len(a) < 1 or len(w) != 2 or a[-1] != w[0]:
         raise ShapeError(f"matmul_u8s8 needs a [..., K] and w [K, N], got {format_shape(a)} "
                          f"and {format_shape(w)}")
     if tuple(zero) not in ((), (1,)):
         raise ShapeError(f"a_zero must be a scalar, got {format_shape(zero)}")
-    return ((*a[:-1], w[1]),)
+    out = (*a[:-1], w[1])
+    rows = (int(np.prod(a[:-1], dtype=np.int64)), w[1]) if all(
+        isinstance(d, int) for d in a[:-1]) else None
+    for extra in shapes[3:]:
+        if tuple(extra) not in ((), (1,), (w[1],), rows):
+            raise ShapeError(f"matmul_u8s8: an epilogue operand must be a scalar, [{w[1]}] or "
+                             f"{format_shape(out)} as rows, got {format_shape(extra)}")
+    check_epilogue(attrs["epilogue"], len(shapes) - 3)
+    return (out,)
 
 
 def _u8s8_dtypes(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
-    if dtypes != (DType.u8, DType.u8, DType.i8):
-        raise DTypeError("matmul_u8s8 takes (u8, u8, i8), got "
+    if dtypes[:3] != (DType.u8, DType.u8, DType.i8) or any(d is not DType.f32
+                                                          for d in dtypes[3:]):
+        raise DTypeError("matmul_u8s8 takes (u8, u8, i8) and f32 epilogue operands, got "
                          f"({', '.join(d.value for d in dtypes)})")
-    return (DType.i32,)
+    return (DType.f32 if attrs["epilogue"] else DType.i32,)
 
 
-def _u8s8_reference(a: np.ndarray, zero: np.ndarray, w: np.ndarray) -> np.ndarray:
+def _u8s8_reference(a: np.ndarray, zero: np.ndarray, w: np.ndarray, *operands: np.ndarray,
+                    epilogue: tuple = ()) -> np.ndarray:
     centred = a.astype(np.int64) - np.int64(zero.reshape(()))
     k, n = w.shape
-    out = centred.reshape(-1, k) @ w.astype(np.int64)
-    return out.astype(np.int32).reshape(*a.shape[:-1], n)
+    out = (centred.reshape(-1, k) @ w.astype(np.int64)).astype(np.int32)
+    if epilogue:
+        flat = tuple(np.asarray(o, _F32).reshape(() if o.size == 1 else o.shape)
+                     for o in operands)
+        out = run_epilogue(out.astype(_F32), epilogue, flat)
+    return out.reshape(*a.shape[:-1], n)
 
 
 MATMUL_U8S8 = OpDef(
-    "matmul_u8s8", OpKind.OPAQUE, 3, _u8s8_rule, _u8s8_dtypes, _u8s8_reference,
-    accepts=frozenset({DType.u8, DType.i8}),
-    doc="(a - a_zero) @ w in exact i32: ONNX MatMulInteger with u8 activations, i8 weights")
+    "matmul_u8s8", OpKind.OPAQUE, None, _u8s8_rule, _u8s8_dtypes, _u8s8_reference,
+    attrs=(attr("epilogue", AttrType.ANY, ()),),
+    accepts=frozenset({DType.u8, DType.i8, DType.f32}),
+    doc="(a - a_zero) @ w in exact i32: ONNX MatMulInteger with u8 activations, i8 weights; "
+        "with an epilogue, f32(acc) through it (the rescale that follows it in a "
+        "quantize_dynamic file)")
 
 def _dql_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
     return (shapes[0], (), ())

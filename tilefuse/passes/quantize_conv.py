@@ -192,7 +192,7 @@ def _step(node: Node, t: Value, producers: dict[Value, Node], out: Value
     if c is not None:
         return (name, "s", c, swapped), None
     n = out.shape[-1]
-    if other.dtype.name == "f32" and tuple(other.shape) in ((n,), tuple(out.shape)):
+    if other.dtype.name == "f32" and tuple(other.shape) in ((), (1,), (n,), tuple(out.shape)):
         return (name, "t", -1, swapped), other
     return None
 
@@ -201,9 +201,17 @@ def _chain(q: Node, readers: dict[Value, list[Node]], producers: dict[Value, Nod
            outputs: set[Value], taken: set[Node]) -> tuple[list[Node], tuple, list[Value]]:
     """The elementwise nodes after ``q`` that its epilogue can take: a chain in which each
     value has one reader, the next node, none ``taken`` by another chain and none reading a
-    value that another chain keeps in registers."""
+    value that another chain keeps in registers. After ``matmul_u8s8`` (i32) the chain starts
+    with its cast to f32, and its operands are scalars or [N] vectors."""
     out = q.outputs[0]
     t, nodes, steps, operands = out, [], [], []
+    if q.op.name == "matmul_u8s8":
+        first = readers.get(out, [])
+        if out in outputs or len(first) != 1 or first[0].op.name != "cast" \
+                or first[0].outputs[0].dtype.name != "f32" or first[0] in taken:
+            return [], (), []
+        nodes.append(first[0])
+        out = t = first[0].outputs[0]
     while t not in outputs and len(readers.get(t, ())) == 1:
         node = readers[t][0]
         if node in taken or any(producers.get(v) in taken for v in node.inputs if v is not t):
@@ -223,6 +231,8 @@ def _chain(q: Node, readers: dict[Value, list[Node]], producers: dict[Value, Nod
         if found is None:
             break
         step, operand = found
+        if operand is not None and q.op.name == "matmul_u8s8" and operand.type.rank > 1:
+            break
         if operand is not None:
             if operand not in operands:
                 operands.append(operand)
@@ -230,8 +240,8 @@ def _chain(q: Node, readers: dict[Value, list[Node]], producers: dict[Value, Nod
         steps.append(step)
         nodes.append(node)
         t = node.outputs[0]
-    while nodes and nodes[-1].op.name == "cast":   # never end on the codes' round trip
-        nodes = nodes[:-2]
+    while len(nodes) > 1 and nodes[-1].op.name == "cast" and nodes[-2].op.name == "cast":
+        nodes = nodes[:-2]   # never end on the codes' round trip
     return nodes, _simplified(steps), operands
 
 
@@ -250,15 +260,16 @@ def _simplified(steps: list[tuple]) -> tuple:
 
 def fuse_epilogues(graph: Graph) -> tuple[Graph, bool]:
     """``graph`` with the elementwise chain after each ``qconv_i8`` (a QDQ model's batch norm,
-    QuantizeLinear/DequantizeLinear, residual add, relu) in its tile epilogue: the kernel
-    writes the chain's last value, and the f32 output never goes through memory."""
+    QuantizeLinear/DequantizeLinear, residual add, relu) or ``matmul_u8s8`` (a
+    ``quantize_dynamic`` file's cast, rescale and bias) in its tile epilogue: the kernel
+    writes the chain's last value, and the product never goes through memory."""
     producers = graph.producers()
     readers = users(graph)
     outputs = set(graph.outputs)
     plans: dict[Node, tuple[Node, tuple, list[Value]]] = {}   # tail -> (qconv, steps, ops)
     skipped: set[Node] = set()
     for node in graph.nodes:
-        if node.op.name != "qconv_i8" or node.attrs["epilogue"]:
+        if node.op.name not in ("qconv_i8", "matmul_u8s8") or node.attrs["epilogue"]:
             continue
         nodes, steps, operands = _chain(node, readers, producers, outputs, skipped | set(plans))
         if not steps:
@@ -284,8 +295,7 @@ def fuse_epilogues(graph: Graph) -> tuple[Graph, bool]:
             return None
         q, steps, operands = plans[node]
         attrs = {**q.attrs, "epilogue": steps}
-        value = builder.add1("qconv_i8", [resolve(v) for v in (*q.inputs, *operands)], attrs,
-                             q.loc)
+        value = builder.add1(q.op, [resolve(v) for v in (*q.inputs, *operands)], attrs, q.loc)
         made[node.outputs[0]] = value
         return [value]
 
