@@ -48,14 +48,48 @@ from tilefuse.cli.timing import format_seconds, interleaved_medians
 Impl = Callable[[], list[np.ndarray]]
 
 
-def randomize_weights(proto: Any, seed: int = 0) -> Any:
-    """A copy of ``proto`` with every float initializer redrawn (module docstring)."""
+def materialize_constants(proto: Any) -> Any:
+    """A copy of ``proto`` where each ``ConstantOfShape`` of a constant shape (how the light
+    models ship their weights: every one the constant 0.02) is an initializer of that shape."""
     import onnx
     from onnx import numpy_helper
 
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    g = out.graph
+    inits = {t.name: t for t in g.initializer}
+    keep, used_shapes = [], set()
+    for node in g.node:
+        if node.op_type == "ConstantOfShape" and node.input and node.input[0] in inits:
+            shape = numpy_helper.to_array(inits[node.input[0]]).astype(np.int64)
+            value = next((numpy_helper.to_array(a.t) for a in node.attribute
+                          if a.name == "value"), np.zeros(1, np.float32))
+            g.initializer.append(numpy_helper.from_array(
+                np.full(tuple(shape), value.reshape(-1)[0], value.dtype), node.output[0]))
+            used_shapes.add(node.input[0])
+        else:
+            keep.append(node)
+    still = {i for n in keep for i in n.input}
+    drop = used_shapes - still
+    del g.node[:]
+    g.node.extend(keep)
+    kept_inits = [t for t in g.initializer if t.name not in drop]
+    del g.initializer[:]
+    g.initializer.extend(kept_inits)
+    kept_inputs = [v for v in g.input if v.name not in drop]
+    del g.input[:]
+    g.input.extend(kept_inputs)
+    return out
+
+
+def randomize_weights(proto: Any, seed: int = 0) -> Any:
+    """A copy of ``proto`` with every float initializer redrawn (module docstring)."""
+    from onnx import numpy_helper
+
     rng = np.random.default_rng(seed)
+    out = materialize_constants(proto)
     role: dict[str, str] = {}
-    for node in proto.graph.node:
+    for node in out.graph.node:
         ins = list(node.input)
         if node.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and len(ins) > 1:
             role.setdefault(ins[1], "weight:" + node.op_type)
@@ -64,8 +98,6 @@ def randomize_weights(proto: Any, seed: int = 0) -> Any:
         elif node.op_type == "BatchNormalization":
             for name, kind in zip(ins[1:5], ("bn_scale", "bias", "bias", "bn_var")):
                 role.setdefault(name, kind)
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
     for i, init in enumerate(out.graph.initializer):
         arr = numpy_helper.to_array(init)
         if arr.dtype != np.float32 or arr.size <= 1:
@@ -79,9 +111,7 @@ def randomize_weights(proto: Any, seed: int = 0) -> Any:
             else:
                 fan_in = arr.shape[0]
             new = rng.standard_normal(arr.shape) * np.sqrt(2.0 / max(fan_in, 1))
-        elif kind == "bn_scale":
-            new = rng.uniform(0.5, 1.5, arr.shape)
-        elif kind == "bn_var":
+        elif kind == "bn_scale" or kind == "bn_var":
             new = rng.uniform(0.5, 1.5, arr.shape)
         else:
             new = rng.standard_normal(arr.shape) * 0.1
