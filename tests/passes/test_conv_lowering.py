@@ -407,3 +407,31 @@ def test_max_pool_reads_its_padding_as_clamped_loads(attrs, clamped):
     (got,) = exe(*args)
     (want,) = interpret(graph, *args)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+
+
+@pytest.mark.parametrize("op,keepdims,hw,rewritten", [
+    ("mean", True, (7, 9), True), ("mean", False, (5, 5), True), ("max", True, (6, 4), True),
+    ("sum", False, (3, 11), True), ("mean", True, (17, 16), False),   # over 256 taps
+])
+def test_global_pool_of_a_matrix_is_a_tap_reduction(op, keepdims, hw, rewritten):
+    """A max / mean / sum over H and W of a conv's output reduces the taps of the activation
+    matrix seen as [N, H·W, C] (no transpose back to NCHW), and matches the reference."""
+    rng = np.random.default_rng(31)
+    b = GraphBuilder("gap")
+    x = b.input(((2, 3, *hw), DType.f32), "x")
+    h = b.add1("conv2d", [x, _const(b, rng, (19, 3, 1, 1))])
+    y = b.add1(op, [b.add1("relu", [h])], {"axes": (2, -1), "keepdims": keepdims})
+    graph = b.build([b.add1("mul", [y, y])])
+    result, _ = conv_to_matmul(graph)
+    reductions = [n for n in result.nodes if n.op.name == op]
+    assert len(reductions) == 1
+    assert (tuple(reductions[0].attrs["axes"]) == (1,)) is rewritten
+    back = [n for n in result.nodes if n.op.name == "transpose" and
+            tuple(n.attrs["perm"]) == (0, 3, 1, 2) and tuple(n.inputs[0].shape[1:3]) == hw]
+    assert (not back) is rewritten   # no full-size NHWC -> NCHW transpose
+    assert_same(graph, result, seed=7)
+    exe = build_native(run_pipeline(graph, GRAPH_PIPELINE)[0])
+    assert exe.fallbacks == []
+    args = [random_array(np.random.default_rng(9), (2, 3, *hw), DType.f32)]
+    for got, want in zip(exe(*args), interpret(graph, *args), strict=True):
+        assert_close(got, want, reduction=True)
