@@ -17,8 +17,10 @@ CPU, latency hint, f32 inference precision so it is not timed in bf16 where the 
 each with ``--threads`` threads; tilefuse uses its own pool (all cores). Each round calls every
 implementation once, in an order that rotates from round to round. Printed: medians, and the
 ratios of tilefuse's time over the best peer's and over onnxruntime's (below 1.00: tilefuse is
-faster), of the medians and of the minima. On a shared 2-core host a call whose worker thread
-is preempted waits a scheduler slice, so medians there measure the load as much as the code;
+faster), of the medians and of the minima, and ``paired``: the median over rounds of
+tilefuse's time over the best peer's time in the same round. On a shared 2-core host a call
+whose worker thread is preempted waits a scheduler slice, so medians there measure the load as
+much as the code;
 the minima are each implementation undisturbed. Rerun outliers and compare ratios only within
 one run.
 """
@@ -237,10 +239,14 @@ def run_case(name: str, path: Path | None, rounds: int, threads: int, seed: int
     def ratio(stat: dict[str, float], peer: str | None = None) -> float:
         others = [v for k, v in stat.items() if k != "tilefuse" and peer in (None, k)]
         return stat["tilefuse"] / min(others) if others else float("nan")
+    peers_ = [k for k in samples if k != "tilefuse"]
+    paired = [t / min(samples[p][r] for p in peers_)
+              for r, t in enumerate(samples["tilefuse"])] if peers_ else [float("nan")]
     return {"model": name, "median_s": medians, "min_s": minima, "checks": checks,
             "skipped": skipped, "compile_s": compile_s, "ratio_best": ratio(medians),
             "ratio_ort": ratio(medians, "onnxruntime"), "ratio_best_min": ratio(minima),
-            "ratio_ort_min": ratio(minima, "onnxruntime")}
+            "ratio_ort_min": ratio(minima, "onnxruntime"),
+            "ratio_best_paired": statistics.median(paired)}
 
 
 def interleaved_samples(impls: dict[str, Impl], rounds: int) -> dict[str, list[float]]:
@@ -271,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown model(s) {unknown}; known: {', '.join(cases)}")
     records = []
     print(f"{'model':<14} {'tilefuse':>10} {'onnxruntime':>12} {'openvino':>10} "
-          f"{'tf/best':>8} {'tf/ort':>7} {'min:best':>8} {'min:ort':>7} {'compile':>8}  checks",
+          f"{'tf/best':>8} {'tf/ort':>7} {'min:best':>8} {'min:ort':>7} {'paired':>7} "
+          f"{'compile':>8}  checks",
           flush=True)
     for name in wanted:
         try:
@@ -289,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{format_seconds(m.get('openvino', float('nan'))):>10} "
               f"{rec['ratio_best']:>8.2f} {rec['ratio_ort']:>7.2f} "
               f"{rec['ratio_best_min']:>8.2f} {rec['ratio_ort_min']:>7.2f} "
-              f"{rec['compile_s']:>7.1f}s  "
+              f"{rec['ratio_best_paired']:>7.2f} {rec['compile_s']:>7.1f}s  "
               f"{bad or 'ok'} {rec['skipped'] or ''}", flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(records, indent=2))
