@@ -82,6 +82,11 @@ def profile(name: str, rounds: int, top: int, gflops: float | None) -> None:
         print(f"  {kind:<14} {count:>4} steps {format_seconds(seconds):>9} "
               f"({100 * seconds / total:4.1f} %), bound {format_seconds(bound):>9} "
               f"({100 * bound / seconds:4.1f} % of bound)")
+    fast = [r for r in rows if r[5] < 0.8 * r[6]]
+    if fast:
+        shown = ", ".join(f"{r[1]} {format_seconds(r[5])} vs {format_seconds(r[6])}"
+                          for r in fast[:8])
+        print(f"  {len(fast)} steps under 80 % of their bound (the roof is low): {shown}")
     print(f"  worst {top} by time over bound:")
     for _lost, step, kind, flops, nbytes, seconds, bound, ops in sorted(rows, reverse=True)[:top]:
         print(f"  {step:<6} {kind:<12} {flops / 1e6:8.1f} MFLOP {nbytes / 1e6:7.2f} MB "
