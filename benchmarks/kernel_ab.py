@@ -58,9 +58,9 @@ def _variant(schedule: Schedule, pairs: dict[str, int], parallel: str | None,
              tile: tuple[int, int] | None = None) -> Schedule:
     """The default with ``pairs`` merged into its prefetch (a distance of 0 removes one),
     given ``tile``, that MR x NR register tile (the M and N cache blocks rounded up to
-    multiples of it, NR cut to N's vectors), and given ``parallel``, its threads over that
-    axis, the axis's cache block cut to one share of register tiles per thread (or left where
-    it is already smaller)."""
+    multiples of it within their extents, NR cut to N's vectors), and given ``parallel``, its
+    threads over that axis, the axis's cache block cut to one share of register tiles per
+    thread (or left where it is already smaller)."""
     prefetch = dict(schedule.prefetch) | pairs
     variant = dataclasses.replace(schedule,
                                   prefetch=tuple(p for p in prefetch.items() if p[1]))
@@ -70,8 +70,8 @@ def _variant(schedule: Schedule, pairs: dict[str, int], parallel: str | None,
         mr = max(1, min(tile[0], extents.get("m") or tile[0]))
         nr = max(lanes, min(tile[1], n // lanes * lanes))
         unit = {"m": mr, "n": nr}
-        tiles = tuple((a, -(-t // unit[a]) * unit[a] if a in unit and t else t)
-                      for a, t in variant.tiles)
+        tiles = tuple((a, min(-(-t // unit[a]) * unit[a], extents.get(a) or t)
+                       if a in unit and t else t) for a, t in variant.tiles)
         variant = dataclasses.replace(variant, micro_tile=(mr, nr), tiles=tiles)
     if parallel is None or schedule.parallel_axes == (parallel,):
         return variant

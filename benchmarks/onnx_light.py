@@ -99,7 +99,8 @@ def randomize_weights(proto: Any, seed: int = 0) -> Any:
     for node in out.graph.node:
         ins = list(node.input)
         if node.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and len(ins) > 1:
-            role.setdefault(ins[1], "weight:" + node.op_type)
+            trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+            role.setdefault(ins[1], "weight:" + node.op_type + ("T" if trans_b else ""))
             if len(ins) > 2:
                 role.setdefault(ins[2], "bias")
         elif node.op_type == "BatchNormalization":
@@ -113,9 +114,9 @@ def randomize_weights(proto: Any, seed: int = 0) -> Any:
         if kind.startswith("weight"):
             if kind.endswith("Conv") or kind.endswith("ConvTranspose"):
                 fan_in = int(np.prod(arr.shape[1:]))
-            elif kind.endswith("Gemm"):  # transB is the usual layout: [N, K]; fall back to dim 0
-                fan_in = min(arr.shape) if arr.ndim == 2 else arr.size
-            else:
+            elif kind.endswith("GemmT"):   # B transposed: [N, K]
+                fan_in = arr.shape[-1]
+            else:                           # MatMul, Gemm: [K, N]
                 fan_in = arr.shape[0]
             new = rng.standard_normal(arr.shape) * np.sqrt(2.0 / max(fan_in, 1))
         elif kind == "bn_scale" or kind == "bn_var":
