@@ -55,8 +55,8 @@ def _structure(packed: Any) -> Any:
 def specializations(executable: object, what: str) -> list[NativeExecutable]:
     """The native executables behind one compiled entry (several for a symbolic one: each
     size binding it has prepared). TilefuseError for anything else."""
+    from tilefuse.backend.cpu_symbolic import SymbolicNativeExecutable
     from tilefuse.runtime.dynamic import DynamicExecutable
-    from tilefuse.runtime.native_symbolic import SymbolicNativeExecutable
 
     if isinstance(executable, NativeExecutable):
         return [executable]
