@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tilefuse.artifact.format import ArtifactError
+from tilefuse.codegen.abi import CompiledKernel, KernelSignature
 from tilefuse.codegen.elf_check import check_object
-from tilefuse.codegen.jit import CompiledKernel, KernelSignature
 from tilefuse.codegen.pool import start_pool_from_object
 from tilefuse.codegen.target import CpuTarget, link_objects
 from tilefuse.errors import TilefuseError

@@ -20,7 +20,7 @@ import numpy as np
 
 from tilefuse.artifact.format import FORMAT_VERSION, ArtifactError, Container, read
 from tilefuse.artifact.program import Decoder
-from tilefuse.codegen.jit import CompiledKernel, KernelSignature
+from tilefuse.codegen.abi import CompiledKernel, KernelSignature
 from tilefuse.codegen.target import CpuTarget
 from tilefuse.errors import GuardError
 from tilefuse.runtime.executable import select_outputs

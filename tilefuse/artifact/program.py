@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tilefuse.artifact.format import ArtifactError, Container
-from tilefuse.codegen.jit import CompiledKernel, KernelSignature, aligned_empty
+from tilefuse.codegen.abi import CompiledKernel, KernelSignature, aligned_empty
 from tilefuse.dtypes import DType
 from tilefuse.graph.ir import Graph, Value
 from tilefuse.graph.types import TensorType

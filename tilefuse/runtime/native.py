@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tilefuse.codegen.jit import aligned_empty
+from tilefuse.codegen.abi import aligned_empty
 from tilefuse.errors import GuardError, TilefuseError
 from tilefuse.graph.ir import Graph, Node
-from tilefuse.kernel.lower_gather import index_error
 from tilefuse.runtime.addresses import AddressCache
-from tilefuse.runtime.kernel_cache import KernelCacheStats
+from tilefuse.runtime.cache_stats import KernelCacheStats
 from tilefuse.runtime.launch import HostStep, NativeStep, Slot, Step
 from tilefuse.runtime.memory import MemoryPlan
 
@@ -180,6 +179,8 @@ class NativeExecutable:
                     run(addresses if native else table)
             for flags, node in self._index_checks:
                 if flags[0]:  # an index out of range: clamped, so nothing was harmed
+                    from tilefuse.kernel.lower_gather import index_error
+
                     bad = int(flags[1])
                     flags[:] = 0
                     raise index_error(node, bad)
