@@ -91,21 +91,6 @@ def test_host_steps_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert loaded.executables[0].fallbacks
 
 
-def test_symbolic_jit_saves_the_sizes_built(tmp_path: Path) -> None:
-    rng = np.random.default_rng(2)
-    w = random_array(rng, (16, 8), DType.f32)
-    f = tilefuse.jit(lambda x: np.tanh(x @ w).sum(-1), dynamic={"x": {0: "batch"}})
-    for batch in (3, 5):
-        f(random_array(rng, (batch, 16), DType.f32))
-    loaded = tilefuse.load(tilefuse.save(f, tmp_path / "dyn.tilefuse"))
-    assert len(loaded.executables) == 2
-    for batch in (5, 3):
-        x = random_array(rng, (batch, 16), DType.f32)
-        _same(loaded(x), f(x))
-    with pytest.raises(GuardError, match="no saved specialisation"):
-        loaded(random_array(rng, (4, 16), DType.f32))
-
-
 def _onnx_model(path: Path, rng: np.random.Generator) -> Path:
     import onnx
     from onnx import TensorProto, helper, numpy_helper

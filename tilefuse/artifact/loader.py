@@ -122,6 +122,9 @@ class LoadedModel:
         key = tuple((a.dtype.str, a.shape) if isinstance(a, np.ndarray) else None
                     for a in arrays)
         found = self._entries.get(key)
+        if found is None:  # a symbolic program takes every size of its symbolic dims
+            found = next(((exe, extra) for exe, extra in self._entries.values()
+                          if getattr(exe, "accepts", None) and exe.accepts(arrays)), None)
         if found is None:
             saved = " | ".join(", ".join(f"{np.dtype(d)}{list(s)}" for d, s in sig)
                                for sig in self._entries)

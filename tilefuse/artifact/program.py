@@ -240,6 +240,10 @@ class Decoder:
         and owner of the generic launcher's code), when given, runs an all-native sequence as
         one native call."""
         read = self.read
+        if isinstance(program, dict) and "symbolic" in program:
+            from tilefuse.artifact.symbolic import SymbolicProgram
+
+            return SymbolicProgram(self, program, launcher)  # type: ignore[return-value]
         name = read.obj(program, "name", str, "program")
         where = f"program {name!r}"
         self.container.section(read.obj(program, "plan", str, where))  # LoadedModel.plans
