@@ -47,7 +47,7 @@ def _manifest(container: Container) -> dict[str, Any]:
 
 def _target(container: Container, manifest: Mapping[str, Any]) -> CpuTarget:
     """The artifact's target, after checking this host can run its code."""
-    from tilefuse.artifact.targets import missing_features
+    from tilefuse.artifact.targets import missing_features, runs_here_by_cpuinfo
     from tilefuse.codegen.target import host_target
 
     spec = manifest.get("target")
@@ -55,6 +55,8 @@ def _target(container: Container, manifest: Mapping[str, Any]) -> CpuTarget:
                                              for k in ("triple", "cpu", "features")):
         raise ArtifactError(f"{container.path}: its manifest names no valid target")
     target = CpuTarget(spec["triple"], spec["cpu"], spec["features"])
+    if runs_here_by_cpuinfo(target):  # no need to load LLVM to ask it
+        return target
     host = host_target()
     if target.triple.split("-")[0] != host.triple.split("-")[0]:
         raise ArtifactError(f"{container.path}: built for {target.triple}; this host is "
