@@ -204,6 +204,10 @@ def load(path: str | Path) -> LoadedModel:
 
     container = read(path)
     manifest = _manifest(container)
+    from tilefuse.artifact.cuda import target_of
+
+    if target_of(manifest) is not None:
+        return _load_cuda(container, manifest)
     target = _target(container, manifest)
 
     def link(objects: list[tuple[bytes, KernelSignature]]) -> list[CompiledKernel]:
@@ -234,3 +238,23 @@ def load(path: str | Path) -> LoadedModel:
                         manifest.get("user_inputs"), container.path)
         made.append((exe, extra))
     return LoadedModel(container, manifest, target, made)
+
+
+def _load_cuda(container: Container, manifest: Mapping[str, Any]) -> LoadedModel:
+    """A cuda artifact: every program validated, then loaded on this machine's GPU
+    (ArtifactError without one: :mod:`tilefuse.artifact.cuda`)."""
+    from tilefuse.artifact.cuda import cuda_program_executable, decode_cuda
+
+    def link(objects: list[tuple[bytes, KernelSignature]]) -> list[CompiledKernel]:
+        raise ArtifactError(f"{container.path}: a cuda artifact holds no CPU kernels")
+
+    decoder = Decoder(container, manifest, link)
+    entries = decoder.read.items(manifest, "entries", "manifest")
+    if not entries:
+        raise ArtifactError(f"{container.path}: the artifact holds no compiled entry")
+    programs = [decode_cuda(decoder, decoder.read.obj(e, "program", dict, f"entry {i}"))
+                for i, e in enumerate(entries)]
+    made = [(cuda_program_executable(p, container.path), {}) for p in programs]
+    arch = str(manifest["target"]["cuda"])
+    return LoadedModel(container, manifest, CpuTarget("nvptx64-nvidia-cuda", arch, ""),
+                       made)  # type: ignore[arg-type]

@@ -212,3 +212,23 @@ def write_artifact(path: str | Path, kind: str, fields: dict[str, Any],
     text = json.dumps(manifest, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
     write(path, {MANIFEST: text.encode("ascii"), **sections.data})
     return Path(path)
+
+
+def write_cuda_artifact(path: str | Path, kind: str, fields: dict[str, Any],
+                        programs: list[Any]) -> Path:
+    """Writes cuda programs (:class:`~tilefuse.runtime.gpu.GpuProgram`, PTX inside, built
+    without a GPU) as an artifact of ``kind``: :mod:`tilefuse.artifact.cuda`."""
+    import tilefuse
+    from tilefuse.artifact.cuda import encode_cuda
+
+    archs = {p.target.arch for p in programs}
+    if len(archs) != 1:
+        raise ArtifactError("the programs to save were built for different GPUs")
+    sections = program.Sections()
+    saved = [{"program": encode_cuda(p, sections)} for p in programs]
+    manifest = {"format": FORMAT_VERSION, "tilefuse_version": tilefuse.__version__,
+                "kind": kind, **fields, "target": {"cuda": archs.pop()}, "entries": saved,
+                "kernels": [], "constants": sections.constants}
+    text = json.dumps(manifest, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    write(path, {MANIFEST: text.encode("ascii"), **sections.data})
+    return Path(path)
