@@ -275,7 +275,8 @@ def _worker(p: _Builder) -> ir.Function:
 
 def _controls(p: _Builder, worker: ir.Function) -> None:
     """``i32 tilefuse_pool_spawn(i64 tid)`` (pthread_create's result),
-    ``void tilefuse_pool_set_workers(i64 count)`` (also clears the state: a forked child) and
+    ``void tilefuse_pool_set_workers(i64 count)`` (with 0, before workers start, also clears
+    the state: a forked child) and
     ``i64 tilefuse_pool_stop()`` (tells the workers to exit; returns how many still run)."""
     spawn = ir.Function(p.module, ir.FunctionType(I32, [I64]), "tilefuse_pool_spawn")
     b = ir.IRBuilder(spawn.append_basic_block("entry"))
@@ -288,9 +289,13 @@ def _controls(p: _Builder, worker: ir.Function) -> None:
     b.ret(rc)
     setter = ir.Function(p.module, ir.FunctionType(VOID, [I64]), "tilefuse_pool_set_workers")
     b = ir.IRBuilder(setter.append_basic_block("entry"))
-    for name in ("inflight", "busy", "sleepers", "stop"):
-        typ = p.state[name].value_type
-        p.store(b, name, ir.Constant(typ, 0))
+    # The state is cleared by set_workers(0), before any worker starts, never after: a worker
+    # spawned since may already sleep, counted in sleepers (clearing that left it asleep for
+    # good, every caller believing no one slept: a forked child's pool lost its worker).
+    with b.if_then(b.icmp_signed("==", setter.args[0], ir.Constant(I64, 0))):
+        for name in ("inflight", "busy", "sleepers", "stop"):
+            typ = p.state[name].value_type
+            p.store(b, name, ir.Constant(typ, 0))
     p.store(b, "workers", setter.args[0])
     p.store(b, "alive", setter.args[0])
     b.ret_void()
