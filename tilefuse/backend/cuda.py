@@ -30,6 +30,7 @@ from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan
 from tilefuse.kernel.lower_gpu import GPU_KINDS, lower_group_gpu
 from tilefuse.kernel.lower_gpu_attention import attention_alternatives, group_attention
 from tilefuse.kernel.lower_gpu_contraction import split_contraction
+from tilefuse.kernel.lower_gpu_qmatmul import quantized_node, quantized_step
 from tilefuse.kernel.lower_matmul import matmul_shape
 from tilefuse.log import get_logger
 from tilefuse.runtime.cublas import CUBLAS_DTYPES, GemmShape
@@ -79,12 +80,15 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
                 shape, bindings = group_attention(group)
                 program.steps.append(FusedStep(group, flash_attention(shape, target=target),
                                                bindings, attention_alternatives(shape)))
+            elif quantized_node(group) is not None:   # matmul_wq: lower_gpu_qmatmul
+                program.steps.append(FusedStep(group, *quantized_step(group, target)))
             else:
                 program.steps.append(compile_group(
                     group, tuned_target(group, constants, target, database)))
         except CompileError as err:
             reason = str(err) if group.kind in GPU_KINDS | {KernelKind.CONTRACTION,
-                                                            KernelKind.ATTENTION} else \
+                                                            KernelKind.ATTENTION} \
+                or quantized_node(group) is not None else \
                 f"no GPU lowering for {group.kind.value} kernels yet"
             ops = ", ".join(dict.fromkeys(n.op.name for n in group.nodes))
             log.warning("kernel %s (%s) runs on the host under the cuda target: %s",

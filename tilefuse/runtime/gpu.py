@@ -31,6 +31,7 @@ import numpy as np
 from tilefuse.codegen.llvm_nvptx import GpuTarget
 from tilefuse.codegen.nvptx_attention import FlashKernel
 from tilefuse.codegen.nvptx_mma import MmaGemm
+from tilefuse.codegen.nvptx_qgemm import QGemmKernel
 from tilefuse.dump import DumpWriter
 from tilefuse.errors import GuardError, TilefuseError
 from tilefuse.graph.interpreter import run_node
@@ -99,15 +100,16 @@ class HostGroup:
 
 @dataclass(frozen=True)
 class FusedStep:
-    """A kernel generated directly as LLVM IR (the fused attention): ``bindings`` are the
-    graph values of its pointer parameters, in order; ``alternatives`` are other kernels of
-    the same function (the wgmma attention), timed against ``kernel`` when the executable
-    loads (:meth:`CudaExecutable._choose_fused`)."""
+    """A kernel generated directly as LLVM IR (the fused attention, a quantized product):
+    ``bindings`` are the graph values of its pointer parameters, in order; ``alternatives``
+    are other kernels of the same function (the wgmma attention, other launch
+    configurations), timed against ``kernel`` when the executable loads
+    (:meth:`CudaExecutable._choose_fused`)."""
 
     group: KernelGroup
-    kernel: FlashKernel
+    kernel: FlashKernel | QGemmKernel
     bindings: tuple[Value, ...]
-    alternatives: tuple[FlashKernel, ...] = ()
+    alternatives: tuple[FlashKernel | QGemmKernel, ...] = ()
 
     @property
     def outputs(self) -> tuple[Value, ...]:
