@@ -1,6 +1,6 @@
 """Cross-compilation for the ``cuda`` target on a machine without a GPU.
 
-:func:`cross_compile` runs the graph pipeline and :func:`~tilefuse.runtime.gpu.build_gpu_program`
+:func:`cross_compile` runs the graph pipeline and :func:`~tilefuse.driver.build_gpu_program`
 (which needs no GPU) and, given a directory, writes every stage there: the pipeline's graphs,
 ``partition.txt`` (each step's device, the copies host steps cost, the device arena) and
 ``kernels/*.loop`` / ``*.ptx``. :func:`cross_compile_torch` does the same for a ``torch.nn.Module``
@@ -32,7 +32,6 @@ from tilefuse.runtime.gpu import (
     GpuKernel,
     GpuProgram,
     HostGroup,
-    build_gpu_program,
 )
 
 
@@ -74,7 +73,9 @@ def cross_compile(graph: Graph, out: Path | str | None = None, target: GpuTarget
 
         graph = run_pipeline(graph, for_target(pipeline, "cuda") or GRAPH_PIPELINE,
                              dump_dir=out)[0]
-    return CrossCompiled(graph, build_gpu_program(graph, target, dump_dir=out))
+    from tilefuse.driver import CompileOptions, build_gpu_program
+
+    return CrossCompiled(graph, build_gpu_program(graph, target, CompileOptions(dump_dir=out)))
 
 
 def cross_compile_torch(module: Any, inputs: Sequence[np.ndarray],
