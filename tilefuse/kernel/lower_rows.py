@@ -26,7 +26,9 @@ outputs; per-row outputs are stored after it::
 
 Softmax and log_softmax take 3 passes (max, sum, write), layer_norm 3 (mean, variance, write),
 rms_norm 2. ``var`` takes two passes itself (mean, then centred squares), like NumPy. max/min
-propagate NaN. ``prod`` has no horizontal vector product in the loop IR: its pass is scalar.
+propagate NaN, except softmax's max on the CPU where the sum propagates it for them
+(:mod:`~tilefuse.kernel.row_softmax`, which also gives ``exp(x - max)`` a cheaper exp).
+``prod`` has no horizontal vector product in the loop IR: its pass is scalar.
 Composite ops left in a group are decomposed here first. Division by a per-row scalar stays a
 division (IEEE, like NumPy), not a multiplication by its reciprocal.
 """
