@@ -23,7 +23,8 @@ def run(dtype: DType, lanes: int, x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("dtype", "lanes", "bound"),
-                         [(DType.f32, 16, 2), (DType.f32, 8, 4), (DType.f64, 8, 2)])
+                         [(DType.f32, 16, 2), (DType.f32, 8, 2), (DType.f32, 4, 2),
+                          (DType.f64, 8, 2)])
 def test_ulp_error_over_the_non_positive_range(dtype, lanes, bound):
     x = wide_inputs(dtype, seed=28)
     x = -np.abs(x[~np.isnan(x)])
@@ -33,7 +34,8 @@ def test_ulp_error_over_the_non_positive_range(dtype, lanes, bound):
     assert err[worst] <= bound, f"{dtype}x{lanes}: {err[worst]} ulp at x={x[worst]!r}"
 
 
-@pytest.mark.parametrize(("dtype", "lanes"), [(DType.f32, 16), (DType.f32, 8), (DType.f64, 8)])
+@pytest.mark.parametrize(("dtype", "lanes"),
+                         [(DType.f32, 16), (DType.f32, 8), (DType.f32, 4), (DType.f64, 8)])
 def test_special_values(dtype, lanes):
     cases = [(-np.inf, 0.0), (np.nan, np.nan), (-0.0, 1.0), (0.0, 1.0), (-800.0, 0.0),
              (-104.0, float(np.exp(np.float64(-104.0)).astype(dtype.np)))]
@@ -44,12 +46,14 @@ def test_special_values(dtype, lanes):
     assert same.all(), f"x={x[~same]} got {got[~same]} want {want[~same]}"
 
 
-def test_the_avx512_form_has_no_compare_or_blend():
-    """16-lane f32 on AVX-512: a vmaxps clamp (NaN passes), no unordered compare, one vscalef."""
-    if not host_target().has("avx512f"):
-        pytest.skip("needs AVX-512")
-    asm = compile_kernel(one_op(XOp.EXP_NONPOS, DType.f32, lanes=16)).assembly()
-    lines = [line for line in asm.splitlines() if "zmm" in line]
+@pytest.mark.parametrize(("lanes", "register"), [(16, "zmm"), (8, "ymm")])
+def test_the_avx512_form_has_no_compare_or_blend(lanes, register):
+    """f32 on AVX-512 (VL for 8 lanes): a vmaxps clamp (NaN passes), no unordered compare, one
+    vscalef."""
+    if not (host_target().has("avx512f") and host_target().has("avx512vl")):
+        pytest.skip("needs AVX-512 with VL")
+    asm = compile_kernel(one_op(XOp.EXP_NONPOS, DType.f32, lanes=lanes)).assembly()
+    lines = [line for line in asm.splitlines() if register in line]
     start = next(i for i, line in enumerate(lines) if "vmaxps" in line)
     end = next(i for i, line in enumerate(lines) if "vscalefps" in line)
     body = lines[start:end + 1]   # one exp of the vector loop (LLVM may vectorise the tail too)

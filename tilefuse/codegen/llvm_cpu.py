@@ -81,7 +81,9 @@ def lower_to_llvm(fn: LoopFunction, target: CpuTarget | None = None) -> ir.Modul
     verify(fn)
     module = ir.Module(name=fn.name)
     try:
-        LoopLowering(fn, module, scalef=target is not None and target.has("avx512f")).lower()
+        lowering = LoopLowering(fn, module, scalef=target is not None and target.has("avx512f"))
+        lowering.math.scalef_vl = lowering.math.scalef and target.has("avx512vl")
+        lowering.lower()
     except TilefuseError:
         raise
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, AssertionError) as exc:

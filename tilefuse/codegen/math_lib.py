@@ -208,15 +208,36 @@ def _exp_nonpos(em: _Em, x: ir.Value) -> ir.Value:
     """exp(x) for x <= 0 or NaN (softmax's and log-softmax's ``exp(x - max)``): no overflow
     path and no NaN select. With vscalef (512-bit f32) the clamp below is one vmaxps that lets
     NaN through, and NaN then flows through the arithmetic: ~12 instructions per vector where
-    :func:`_exp` takes ~16. Elsewhere it is :func:`_exp` (correct for every x)."""
-    if not (em.lib.scalef and em.dtype is DType.f32 and em.lanes == 16):
+    :func:`_exp` takes ~16; 8 and 4 lanes the same with AVX-512VL's narrower vscalef. Elsewhere
+    it is :func:`_exp` (correct for every x)."""
+    # a row's 8- and 4-lane tail vectors, and its single elements (vscalefss): the same
+    # arithmetic at every width, so a value stored by one pass and recomputed by another agree
+    vl = em.lib.scalef_vl and em.lanes in (1, 4, 8)
+    if not (em.dtype is DType.f32 and ((em.lib.scalef and em.lanes == 16) or vl)):
         return _exp(em, x)
     lo, _, ln2_hi, ln2_lo, _ = _EXP_CONSTS[em.dtype]
     xc = em.sel(em.cmp("<", x, em.f(lo)), em.f(lo), x)  # NaN compares false: stays NaN
     n = em.unary("rint", em.mul(xc, em.f(LOG2E)))
     r = em.fma(n, em.f(-ln2_lo), em.fma(n, em.f(-ln2_hi), xc))
     p = em.poly(r, _EXP_NONPOS_F32)
+    if vl:
+        return _scalef_narrow(em, p, n)
     return _scale(em, p, em.to_int_in_range(n), n)
+
+
+def _scalef_narrow(em: _Em, p: ir.Value, n: ir.Value) -> ir.Value:
+    """p * 2**n for 8 or 4 f32 lanes (AVX-512VL vscalefps) or one (vscalefss), rounded once."""
+    mask = ir.IntType(8)
+    if em.lanes > 1:
+        name = f"llvm.x86.avx512.mask.scalef.ps.{32 * em.lanes}"
+        fn = declare(em.b.module, name, p.type, [p.type, p.type, p.type, mask])
+        return em.b.call(fn, [p, n, p, ir.Constant(mask, -1)])
+    v4 = ir.VectorType(p.type, 4)
+    zero = ir.Constant(I32, 0)
+    pv, nv = (em.b.insert_element(ir.Constant(v4, None), a, zero) for a in (p, n))
+    fn = declare(em.b.module, "llvm.x86.avx512.mask.scalef.ss", v4, [v4, v4, v4, mask, I32])
+    return em.b.extract_element(em.b.call(fn, [pv, nv, pv, ir.Constant(mask, -1),
+                                               ir.Constant(I32, 4)]), zero)
 
 
 def _expm1(em: _Em, x: ir.Value) -> ir.Value:
@@ -517,6 +538,8 @@ class MathLib:
         self.module = module
         self.scalef = scalef
         """The target has AVX-512: 512-bit vectors scale by 2**n with vscalef (:func:`_scale`)."""
+        self.scalef_vl = False
+        """It has AVX-512VL too: 128- and 256-bit vscalef (``exp_nonpos``'s tail vectors)."""
 
     def call(self, builder: ir.IRBuilder, name: str, t: LType, args: list[ir.Value]) -> ir.Value:
         return builder.call(self.function(name, t), args)
