@@ -105,7 +105,7 @@ def reductions(dtype: DType = F32) -> Graph:
 
 
 def conv_pool(dtype: DType = F32) -> Graph:
-    """conv2d (implicit GEMM after the pipeline; half precision through f32 on the GPU) then a
+    """conv2d (im2col + GEMM, in its own dtype on the GPU: half precision on tensor cores) then a
     3x3 stride-2 max pool, NCHW."""
     b = GraphBuilder("conv_pool")
     x = b.input(((2, 3, 9, 9), dtype), "x")

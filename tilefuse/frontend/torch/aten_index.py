@@ -14,6 +14,10 @@ code uses (Hugging Face GPT-2, BERT and Llama build their causal and padding mas
   row-reduction kernel on every target without an op of its own. The work is quadratic in the
   axis length, so axes over :data:`CUMSUM_MAX` elements raise :class:`Unsupported`.
 * ``topk`` (sorted) is the ``topk`` op; ``repeat`` a broadcast between two reshapes.
+* ``as_strided`` / ``as_strided_`` that only re-lays the tensor out (same sizes, offset 0,
+  strides of a dense permutation: the channels-last restride the decomposition of
+  ``adaptive_avg_pool2d`` emits) is the tensor itself (tilefuse values have no strides); any
+  other ``as_strided`` raises :class:`Unsupported`.
 """
 
 from __future__ import annotations
@@ -146,6 +150,29 @@ def _repeat(lw: Lowering, node: fx.Node) -> Result:
     return lw.reshape(wide, [r * s for r, s in zip(reps, shape)])
 
 
+def _dense_permutation(sizes: list[int], strides: list[int]) -> bool:
+    """Whether ``strides`` lay ``sizes`` out densely in some dimension order (size-1 dims
+    may have any stride)."""
+    expected = 1
+    for size, stride in sorted((p for p in zip(sizes, strides) if p[0] != 1),
+                               key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _as_strided(lw: Lowering, node: fx.Node) -> Result:
+    source = node.args[0]
+    sizes, strides = list(node.args[1]), list(node.args[2])
+    offset = arg(node, 3, "storage_offset", 0) or 0
+    shape = list(lw.tensor(source).shape)
+    if shape != sizes or offset != 0 or not _dense_permutation(sizes, strides):
+        raise Unsupported(f"as_strided of {shape} to sizes {sizes}, strides {strides}, "
+                          f"offset {offset}: only a restride of the same elements converts")
+    return lw.tensor(source)
+
+
 def index_converters() -> Mapping[Any, Converter]:
     """The converters of this module, for :data:`~tilefuse.frontend.torch.aten.ATEN_CONVERTERS`."""
     return {
@@ -160,6 +187,8 @@ def index_converters() -> Mapping[Any, Converter]:
         aten.cumsum.default: _cumsum,
         aten.topk.default: _topk,
         aten.repeat.default: _repeat,
+        aten.as_strided.default: _as_strided,
+        aten.as_strided_.default: _as_strided,
     }
 
 
