@@ -131,9 +131,11 @@ def bert_inputs(batch: int = 1, seq: int = 128, config: BertConfig = BertConfig(
     return [x, mask]
 
 
-def torch_graph(module: Any, inputs: list[np.ndarray], name: str = "model") -> Graph:
+def torch_graph(module: Any, inputs: list[np.ndarray], name: str = "model",
+                fused_attention: bool = False) -> Graph:
     """The tilefuse graph of ``module`` on ``inputs`` as the torch frontend builds it (core ATen,
-    parameters and buffers as constants), before any graph pass. Every op must convert."""
+    parameters and buffers as constants), before any graph pass. Every op must convert.
+    ``fused_attention``: each SDPA call one ``attention`` node, as the cuda target traces."""
     import torch
 
     from tilefuse.frontend.torch.aten import ATEN_CONVERTERS
@@ -150,7 +152,7 @@ def torch_graph(module: Any, inputs: list[np.ndarray], name: str = "model") -> G
 
     args = [p.detach() for p in params.values()] + [torch.from_numpy(a) for a in inputs]
     with torch.no_grad():
-        traced = trace_to_core_aten(_as_graph_module(flat, len(args)), args)
+        traced = trace_to_core_aten(_as_graph_module(flat, len(args)), args, fused_attention)
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     specs = [Placeholder(node, args[i] if i < len(names) else None)
              for i, node in enumerate(placeholders)]
