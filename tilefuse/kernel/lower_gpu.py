@@ -75,7 +75,13 @@ def gpu_schedule(group: KernelGroup, row_unroll: int = 4) -> Schedule:
         return Schedule(KernelKind.ROW_REDUCTION, order=("r", "n"), parallel_axes=("r",),
                         vector_axis="n" if width > 1 else None, vector_width=width,
                         unroll=unroll)
-    if group.kind in (KernelKind.ELEMENTWISE, KernelKind.MOVEMENT):
+    if group.kind is KernelKind.MOVEMENT:
+        # scalars named explicitly: without a vector axis the movement lowering takes the
+        # host's lanes, and a piece at an odd offset (a pad's copy) then stores vectors the GPU
+        # faults on (CUDA_ERROR_MISALIGNED_ADDRESS; found by the GPU fuzzer)
+        return Schedule(group.kind, order=("i",), parallel_axes=("i",), vector_axis="i",
+                        vector_width=1)
+    if group.kind is KernelKind.ELEMENTWISE:
         return Schedule(group.kind, order=("i",), parallel_axes=("i",))
     raise CompileError(f"kernel {group.name}: no GPU lowering for {group.kind.value} kernels "
                        f"yet")

@@ -11,12 +11,17 @@ writing half-precision patches (a 1x1 stride-1 convolution reads the activation 
 place), and batch norm, bias, ReLU and the residual add of a ResNet block the product's
 epilogue kernel. Earlier sessions ran half convolutions as f32 products between casts (twice
 the bytes, no half tensor cores).
+
+A ``matmul`` with a 1-D operand (a vector times a matrix, NumPy's rule) becomes the 2-D product
+of the vector as a row (``[1, K]``) or a column (``[K, 1]``) reshaped back to the result's
+shape, so it is a cuBLAS product too instead of a host step (found by the GPU fuzzer).
 """
 
 from __future__ import annotations
 
 from tilefuse.dtypes import DType
-from tilefuse.graph.ir import Graph
+from tilefuse.graph.builder import GraphBuilder
+from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.passes.conv_lowering import conv_to_matmul
 from tilefuse.passes.dce import dce
 
@@ -28,7 +33,35 @@ def prepare_for_gpu(graph: Graph) -> Graph:
     """``graph`` with its remaining convolutions (half precision: the pipeline lowered the f32
     ones) as GEMMs in their dtype (module docstring); the same graph when none is left."""
     lowered, changed = conv_to_matmul(graph, GPU_CONV_DTYPES)
-    return dce(lowered)[0] if changed else graph
+    graph = dce(lowered)[0] if changed else graph
+    return _matrix_products(graph)
+
+
+def _vector_product(node: Node) -> bool:
+    return node.op.name == "matmul" and any(len(v.shape) == 1 for v in node.inputs[:2])
+
+
+def _matrix_products(graph: Graph) -> Graph:
+    """``graph`` with every matmul of a 1-D operand as a 2-D product between reshapes."""
+    if not any(_vector_product(n) for n in graph.nodes):
+        return graph
+    b = GraphBuilder(graph.name)
+    renamed: dict[Value, Value] = {v: b.input(v.type, v.name) for v in graph.inputs}
+    for node in graph.nodes:
+        inputs = tuple(renamed.get(v, v) for v in node.inputs)
+        if not _vector_product(node):
+            b.append(node if inputs == node.inputs else
+                     Node(node.op, inputs, node.attrs, node.outputs, node.loc))
+            continue
+        x, y = inputs
+        if len(x.shape) == 1:
+            x = b.add1("reshape", [x], {"shape": (1, x.shape[0])}, node.loc)
+        if len(y.shape) == 1:
+            y = b.add1("reshape", [y], {"shape": (y.shape[0], 1)}, node.loc)
+        product = b.add1("matmul", [x, y], dict(node.attrs), node.loc)
+        renamed[node.outputs[0]] = b.add1("reshape", [product],
+                                          {"shape": tuple(node.outputs[0].shape)}, node.loc)
+    return b.build([renamed.get(v, v) for v in graph.outputs])
 
 
 __all__ = ["GPU_CONV_DTYPES", "HALF", "prepare_for_gpu"]
