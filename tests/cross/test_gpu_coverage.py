@@ -151,6 +151,25 @@ def im2col_f16() -> Graph:
     return b.build([b.add1("relu", [conv])])
 
 
+def scans(dtype: DType = F32) -> Graph:
+    """cumsum along the last and a middle axis, cumprod along the first (a thread per line on
+    the GPU, running value in the working type)."""
+    b = GraphBuilder("scans")
+    x = b.input(((3, 5, 7), dtype), "x")
+    small = b.add1("mul", [x, _const(b, np.array(0.5, dtype.np))])
+    return b.build([b.add1("cumsum", [x], {"axis": -1}), b.add1("cumsum", [x], {"axis": 1}),
+                    b.add1("cumprod", [small], {"axis": 0})])
+
+
+def int_scans() -> Graph:
+    """cumsum of an i64 mask (position ids: ``cumsum(mask) - 1``) and of a bool."""
+    b = GraphBuilder("int_scans")
+    m = b.input(((2, 9), I64), "m")
+    pos = b.add1("sub", [b.add1("cumsum", [m], {"axis": 1}), _const(b, np.array(1, np.int64))])
+    flags = b.add1("gt", [m, _const(b, np.array(0, np.int64))])
+    return b.build([pos, b.add1("cumsum", [flags], {"axis": 0})])
+
+
 def topk(largest: bool, dtype: DType = F32) -> Graph:
     b = GraphBuilder("topk")
     x = b.input(((3, 9, 4), dtype), "x")
@@ -175,6 +194,9 @@ GRAPHS = {
     "vector_products_bf16": lambda: vector_products(BF16),
     "odd_pads": odd_pads,
     "im2col_f16": im2col_f16,
+    "scans": scans,
+    "scans_bf16": lambda: scans(BF16),
+    "int_scans": int_scans,
     "topk_largest": lambda: topk(True),
     "topk_smallest_bf16": lambda: topk(False, BF16),
 }
