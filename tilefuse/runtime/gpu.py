@@ -46,7 +46,11 @@ from tilefuse.graph.types import is_static
 from tilefuse.kernel.access import kernel_buffers
 from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan
 from tilefuse.kernel.lower_gpu import GPU_KINDS, lower_group_gpu
-from tilefuse.kernel.lower_gpu_attention import attention_alternatives, group_attention
+from tilefuse.kernel.lower_gpu_attention import (
+    attention_alternatives,
+    causal_mask,
+    group_attention,
+)
 from tilefuse.kernel.lower_gpu_contraction import split_contraction
 from tilefuse.kernel.lower_matmul import matmul_shape
 from tilefuse.log import get_logger
@@ -251,8 +255,10 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
                 log.debug("kernel %s: product through cuBLAS, epilogue generated", group.name)
             elif group.kind is KernelKind.ATTENTION:
                 shape, bindings = group_attention(group)
+                causal = shape.mask is not None and causal_mask(
+                    constants.get(bindings[3]), shape.sq, shape.sk)
                 program.steps.append(FusedStep(group, flash_attention(shape, target=target),
-                                               bindings, attention_alternatives(shape)))
+                                               bindings, attention_alternatives(shape, causal)))
             else:
                 program.steps.append(compile_group(
                     group, tuned_target(group, constants, target, database)))
@@ -458,7 +464,10 @@ class CudaExecutable:
                      step.group.name, first.name, self.context.info.arch)
             return chosen
         rng = np.random.default_rng(0)
-        ins = [self.context.upload(rng.standard_normal(v.shape, np.float32).astype(v.dtype.np))
+        # random operands; a constant (a causal mask a tile-skipping kernel relies on) as it is
+        ins = [self.context.upload(np.ascontiguousarray(self.program.constants[v]))
+               if v in self.program.constants else
+               self.context.upload(rng.standard_normal(v.shape, np.float32).astype(v.dtype.np))
                for v in step.bindings[:-1]]
         out_value = step.bindings[-1]
         outs = [self.context.alloc(_nbytes(out_value)) for _ in range(2)]
