@@ -9,6 +9,7 @@ from types import MappingProxyType
 from tilefuse.errors import UnknownOpError
 from tilefuse.ops import (
     attention,
+    collective,
     composite,
     contraction,
     elementwise,
@@ -23,7 +24,7 @@ from tilefuse.ops import (
 from tilefuse.ops.registry import AttrSpec, AttrType, OpDef, OpKind, Trait
 
 _MODULES = (elementwise, reduction, composite, contraction, movement, nn, attention, indexing,
-            foreign, quant, scan)
+            foreign, quant, scan, collective)
 
 
 def _gather() -> Mapping[str, OpDef]:
