@@ -35,11 +35,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 class _Count(logging.Handler):
     def __init__(self) -> None:
-        super().__init__(logging.WARNING)
+        super().__init__(logging.INFO)
         self.messages: list[str] = []
+        self.choices: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+        message = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            self.messages.append(message)
+        elif "chosen" in message and "kernel" in message:   # the executable's measured picks
+            self.choices.append(message)
 
 
 def _models(names: list[str]) -> dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]]:
@@ -199,7 +204,10 @@ def run_model(name: str, make: Callable[[], tuple[Any, tuple[Any, ...]]], rounds
     module = wrapped.module
     row: dict[str, Any] = {"model": name}
     count = _Count()
-    logging.getLogger("tilefuse").addHandler(count)
+    logger = logging.getLogger("tilefuse")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(count)
     with torch.no_grad():
         want = module(*inputs)
         torch._dynamo.reset()
@@ -208,8 +216,11 @@ def run_model(name: str, make: Callable[[], tuple[Any, tuple[Any, ...]]], rounds
         got = tf(*inputs)
         torch.cuda.synchronize()
         row["tilefuse_first_s"] = round(time.perf_counter() - t0, 2)
-        logging.getLogger("tilefuse").removeHandler(count)
+        logger.removeHandler(count)
+        logger.setLevel(level)
         row["warnings"] = count.messages[:20]
+        # attention picks only (the product picks are many and alike)
+        row["attention_choices"] = [m for m in count.choices if "attention" in m][:4]
         row["n_warnings"] = len(count.messages)
         scale = float(want.float().abs().max())
         row["max_abs_diff_rel"] = float((got.float() - want.float()).abs().max()) / scale
