@@ -151,6 +151,15 @@ def im2col_f16() -> Graph:
     return b.build([b.add1("relu", [conv])])
 
 
+def head_split(dtype: DType = F16) -> Graph:
+    """[B, S, H·D] -> [B, H, S, D] (reshape, transpose keeping the last axis): a movement
+    kernel of 16-byte runs along D."""
+    b = GraphBuilder("head_split")
+    x = b.input(((2, 5, 4 * 16), dtype), "x")
+    heads = b.add1("reshape", [x], {"shape": (2, 5, 4, 16)})
+    return b.build([b.add1("transpose", [heads], {"perm": (0, 2, 1, 3)})])
+
+
 def scans(dtype: DType = F32) -> Graph:
     """cumsum along the last and a middle axis, cumprod along the first (a thread per line on
     the GPU, running value in the working type)."""
@@ -194,6 +203,8 @@ GRAPHS = {
     "vector_products_bf16": lambda: vector_products(BF16),
     "odd_pads": odd_pads,
     "im2col_f16": im2col_f16,
+    "head_split": head_split,
+    "head_split_f32": lambda: head_split(F32),
     "scans": scans,
     "scans_bf16": lambda: scans(BF16),
     "int_scans": int_scans,
@@ -257,6 +268,11 @@ def test_im2col_copies_channel_runs_as_vectors() -> None:
               [n.op.name for n in s.group.nodes] and "transpose" not in
               [n.op.name for n in s.group.nodes]]
     assert len(im2col) == 1 and "load<8>" in format_function(im2col[0].fn)
+
+
+def test_head_split_copies_runs_as_vectors() -> None:
+    (step,) = [s for s in cross_compile(head_split()).program.steps if isinstance(s, GpuKernel)]
+    assert "load<8>" in format_function(step.fn)
 
 
 def test_movement_kernels_use_every_thread() -> None:

@@ -214,7 +214,8 @@ def _vector_plan(group: KernelGroup, outputs: list[Value], shape: tuple[int, ...
 ALIGNED_REMAPS = frozenset({"reshape", "expand_dims", "squeeze", "window_patches", "pad"})
 """Movement ops that keep a lane-aligned run of the last axis a lane-aligned run of their
 operand's last axis when that axis is a multiple of the lanes (``pad`` when it leaves the
-last axis alone): an im2col prologue's chain."""
+last axis alone; ``transpose`` too when it keeps the last axis last: the head split of
+attention): an im2col prologue's chain."""
 
 
 def _aligned_remap(group: KernelGroup, shape: tuple[int, ...], lanes: int) -> bool:
@@ -230,6 +231,11 @@ def _aligned_remap(group: KernelGroup, shape: tuple[int, ...], lanes: int) -> bo
         if node.op.kind is OpKind.ELEMENTWISE or node.op.name == "constant":
             if any(dims(v.shape) != dims(node.outputs[0].shape) and math.prod(dims(v.shape)) != 1
                    for v in node.inputs):
+                return False
+            continue
+        if node.op.name == "transpose":   # one that keeps the last axis last (heads split)
+            perm = node.attrs["perm"]
+            if perm[-1] % len(perm) != len(perm) - 1:
                 return False
             continue
         if node.op.name not in ALIGNED_REMAPS:
