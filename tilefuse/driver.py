@@ -111,6 +111,10 @@ def compile_graph(graph: Graph, target: Target | str = "cpu",
     """:func:`compile`, also returning the optimised graph and the pass report."""
     target = Target.parse(target)
     options = options or CompileOptions()
+    if target.is_cuda and options.pipeline is not None:  # cuda quantizes to its own ops
+        from tilefuse.passes.quantize import for_target
+
+        options = dataclasses.replace(options, pipeline=for_target(options.pipeline, target))
     # 1. graph
     if options.optimize:
         optimized, report = optimize(graph, options)

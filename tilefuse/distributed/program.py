@@ -5,10 +5,10 @@ form a group, cut again after each node that makes a collective's input, and eac
 segment, which the compile driver builds like any graph (stages 2-6). Collectives start as
 soon as the segment that makes their input has run and are waited for only by the first
 segment that reads them, so work that does not depend on a collective in flight (the rest of
-its group, an independent branch) runs while it moves: the overlap ``Program.text`` reports. Constants and other source nodes are copied
-into every segment that reads them. The cut depends only on the graph's structure, which the
-sharding pass makes the same on every rank: all ranks issue the same collectives in the same
-order, as NCCL and gloo require.
+its group, an independent branch) runs while it moves: the overlap ``Program.text`` reports.
+Constants and other source nodes are copied into every segment that reads them. The cut
+depends only on the graph's structure, which the sharding pass makes the same on every rank:
+all ranks issue the same collectives in the same order, as NCCL and gloo require.
 """
 
 from __future__ import annotations

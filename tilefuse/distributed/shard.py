@@ -357,11 +357,10 @@ class _Sharder:
             return self._replicated(node)
         axis = right_aligned(sq.axis, rq, ro)
         locals_ = [self.local[q]]
-        for i, t in enumerate(rest):
+        for t in rest:
             rt = len(t.type.shape)
             ax = axis - (ro - rt)
-            batch = ax < rt - 2 if i < 2 else ax < rt - 2 or rt < 2
-            if 0 <= ax and batch and t.type.shape[ax] == out.type.shape[axis]:
+            if 0 <= ax < rt - 2 and t.type.shape[ax] == out.type.shape[axis]:
                 locals_.append(self.laid(t, Spec.split(ax, sq.outer)))
             else:
                 locals_.append(self.rep(t))

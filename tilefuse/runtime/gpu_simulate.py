@@ -3,13 +3,15 @@
 Generated kernels run through the loop-IR interpreter (:mod:`tilefuse.loop.interp`; parallel
 loops serially, which the grid-stride mapping makes equivalent), products through NumPy with
 the step's :class:`~tilefuse.runtime.cublas.GemmShape` (so an operand read in place through a
-view is read as cuBLAS reads it), and fused attention and host steps through the references.
+view is read as cuBLAS reads it), quantized products through a model of their kernel's
+arithmetic (:func:`tilefuse.kernel.lower_gpu_qmatmul.emulate`), and fused attention and host
+steps through the references.
 This checks every GPU lowering and the program's bindings on machines without a GPU (CI); the
 PTX itself is checked by ``ptxas`` and on the device. Kernels run with the GPU's alignment rule
 checked too: a thread's vector access (``lanes / simt_width`` elements in a warp-spread kernel)
 must start at a multiple of its width (of 16 bytes, for wider ones), as ``ld.global.v4``
-needs (the device faults with
-CUDA_ERROR_MISALIGNED_ADDRESS and the context is lost); a misaligned one raises
+needs (the device faults with CUDA_ERROR_MISALIGNED_ADDRESS and the context is lost); a
+misaligned one raises
 :class:`MisalignedAccess` naming the kernel, buffer and index.
 """
 
@@ -20,11 +22,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tilefuse.codegen.nvptx_qgemm import QGemmKernel
 from tilefuse.errors import VerifyError
 from tilefuse.graph.interpreter import run_node
+from tilefuse.kernel.lower_gpu_qmatmul import emulate
 from tilefuse.loop import interp as loop_interp
 from tilefuse.loop.ir import LoopFunction
-from tilefuse.runtime.gpu import GemmStep, GpuKernel, GpuProgram
+from tilefuse.runtime.gpu import FusedStep, GemmStep, GpuKernel, GpuProgram
 
 
 class MisalignedAccess(VerifyError):
@@ -80,6 +84,9 @@ def simulate(program: GpuProgram, arrays: Sequence[np.ndarray]) -> list[np.ndarr
             run_kernel(step.fn, [env[v].reshape(-1) for v in step.bindings], step.simt_width)
         elif isinstance(step, GemmStep):
             env[step.out] = _product(step, env[step.a], env[step.b])
+        elif isinstance(step, FusedStep) and isinstance(step.kernel, QGemmKernel):
+            env[step.bindings[-1]] = emulate(step.kernel.config,
+                                             *(env[v] for v in step.bindings[:-1]))
         else:
             for node in step.group.nodes:
                 env.update(zip(node.outputs, run_node(node, [env[v] for v in node.inputs])))
