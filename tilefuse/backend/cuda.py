@@ -28,7 +28,11 @@ from tilefuse.graph.types import is_static
 from tilefuse.kernel.access import kernel_buffers
 from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan
 from tilefuse.kernel.lower_gpu import GPU_KINDS, lower_group_gpu
-from tilefuse.kernel.lower_gpu_attention import attention_alternatives, group_attention
+from tilefuse.kernel.lower_gpu_attention import (
+    attention_alternatives,
+    causal_mask,
+    group_attention,
+)
 from tilefuse.kernel.lower_gpu_contraction import split_contraction
 from tilefuse.kernel.lower_gpu_qmatmul import quantized_node, quantized_step
 from tilefuse.kernel.lower_matmul import matmul_shape
@@ -78,8 +82,10 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
                 log.debug("kernel %s: product through cuBLAS, epilogue generated", group.name)
             elif group.kind is KernelKind.ATTENTION:
                 shape, bindings = group_attention(group)
+                causal = shape.mask is not None and causal_mask(
+                    constants.get(bindings[3]), shape.sq, shape.sk)
                 program.steps.append(FusedStep(group, flash_attention(shape, target=target),
-                                               bindings, attention_alternatives(shape)))
+                                               bindings, attention_alternatives(shape, causal)))
             elif quantized_node(group) is not None:   # matmul_wq: lower_gpu_qmatmul
                 program.steps.append(FusedStep(group, *quantized_step(group, target)))
             else:

@@ -4,7 +4,8 @@
 (which needs no GPU) and, given a directory, writes every stage there: the pipeline's graphs,
 ``partition.txt`` (each step's device, the copies host steps cost, the device arena) and
 ``kernels/*.loop`` / ``*.ptx``. :func:`cross_compile_torch` does the same for a ``torch.nn.Module``
-on example inputs (every ATen op must convert). :func:`assemble` runs ``ptxas`` on PTX text, the
+on example inputs (every ATen op must convert; SDPA traced as one fused op, as the torch
+backend traces for cuda). :func:`assemble` runs ``ptxas`` on PTX text, the
 check CI makes of every kernel (PTX targets ``sm_90`` or, for the wgmma kernels, ``sm_90a``).
 
 ``tilefuse dump MODEL --target cuda -o DIR`` is the command-line form.
@@ -84,7 +85,8 @@ def cross_compile_torch(module: Any, inputs: Sequence[np.ndarray],
     """``module`` on ``inputs`` (NumPy arrays) as one tilefuse graph, cross-compiled."""
     from tilefuse.zoo import torch_graph
 
-    return cross_compile(torch_graph(module, list(inputs), name), out, target)
+    return cross_compile(torch_graph(module, list(inputs), name, fused_attention=True), out,
+                         target)
 
 
 def ptx_arch(ptx: str) -> str:
