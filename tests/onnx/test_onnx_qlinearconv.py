@@ -23,10 +23,10 @@ rng = np.random.default_rng(2929)
 
 def _model(cin: int, cout: int, k: int, stride: int, pad: int, x_type: int, y_type: int,
            per_channel: bool, group: int = 1, quantize_input: bool = True,
-           w_zero: int = 0, hw: tuple[int, int] = (13, 9)) -> tuple:
+           w_zero: int = 0, hw: tuple[int, int] = (13, 9), w_min: int = -127) -> tuple:
     np_of = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
     x_np, y_np = np_of[x_type], np_of[y_type]
-    w = rng.integers(-127, 128, size=(cout, cin // group, k, k)).astype(np.int8)
+    w = rng.integers(w_min, 128, size=(cout, cin // group, k, k)).astype(np.int8)
     ws = (rng.uniform(0.002, 0.01, size=cout) if per_channel
           else np.array([0.004])).astype(np.float32)
     xz = 121 if x_np is np.uint8 else -5
@@ -103,11 +103,11 @@ def test_qlinearconv_on_integer_input_is_correct() -> None:
     _within_one_step(tilefuse.onnx.load(model)(x), _ort(model, x))
 
 
-@pytest.mark.parametrize("group,w_zero", [(2, 0), (1, 3)])
+@pytest.mark.parametrize("group,w_zero,w_min", [(2, 0, -127), (1, 3, -127), (1, 0, -128)])
 def test_grouped_or_asymmetric_qlinearconv_keeps_the_f64_path(group: int, w_zero: int,
-                                                               caplog) -> None:
+                                                               w_min: int, caplog) -> None:
     model, x = _model(16, 32, 3, 1, 1, TensorProto.UINT8, TensorProto.UINT8, True,
-                      group=group, w_zero=w_zero)
+                      group=group, w_zero=w_zero, w_min=w_min)
     with caplog.at_level("INFO"):
         compiled = tilefuse.onnx.load(model)
         out = compiled(x)

@@ -222,6 +222,8 @@ def _qdq_conv_blocker(x: Tensor, x_scale: Tensor, x_zero: Tensor | None, w: Tens
     if w.const is None or w.dtype is not DType.i8 or w_scale.const is None \
             or (w_zero is not None and (w_zero.const is None or np.any(w_zero.const != 0))):
         return "the weight is not a constant symmetric i8 tensor"
+    if w.const.size and int(w.const.min()) < -127:
+        return "the weight has code -128 (the int8 kernels' weight codes are -127..127)"
     if bias is not None and bias.const is None:
         return "the bias is not a constant"
     return None
