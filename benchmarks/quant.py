@@ -10,7 +10,10 @@
   tilefuse (its MatMulInteger / DynamicQuantizeLinear nodes); cosine similarity of int8 vs f32;
 - ``resnet`` (not in the default list: slow to quantize): ResNet-50 with random weights (the
   light model's layout), f32 and int8, and onnxruntime's QDQ file (``quantize_static``, random
-  calibration data) in onnxruntime and here; logits compared, times against onnxruntime QDQ.
+  calibration data) in onnxruntime and here; logits compared, times against onnxruntime QDQ;
+- ``qlinear`` (not in the default list): that ResNet-50 as ``quantize_static`` writes it with
+  ``QuantFormat.QOperator`` (batch norm folded by ``quant_pre_process``, u8 activations, per
+  channel i8 weights, convolutions only: its 53 QLinearConv), in onnxruntime and here.
 
 Prints medians and ratios; figures taken on a shared machine move with its load.
 """
@@ -218,6 +221,61 @@ def resnet(rounds: int) -> None:
         _row("rn50", interleaved_medians(impls, rounds), "onnxruntime qdq")
 
 
+def qlinear(rounds: int) -> None:
+    """The random ResNet-50 of :func:`resnet` with QLinearConv nodes (``QuantFormat.QOperator``,
+    only the convolutions: onnxruntime's com.microsoft QGemm / QLinearAveragePool are not
+    converted by tilefuse), in onnxruntime and in tilefuse (each QLinearConv on qconv_i8)."""
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from tilefuse import onnx as tf_onnx
+
+    light = os.path.join(os.path.dirname(onnx.__file__),
+                         "backend/test/data/light/light_resnet50.onnx")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self, name: str) -> None:
+            self.left = [{name: rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
+                         for _ in range(8)]
+
+        def get_next(self) -> dict | None:
+            return self.left.pop() if self.left else None
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path, pre, qop = (os.path.join(tmp, n) for n in ("rn.onnx", "rn.pre.onnx", "rn.q.onnx"))
+        onnx.save(_random_resnet50(light), path)
+        name = onnx.load(path).graph.input[0].name
+        quant_pre_process(path, pre, skip_symbolic_shape=True)
+        quantize_static(pre, qop, Reader(name), quant_format=QuantFormat.QOperator,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        per_channel=True, op_types_to_quantize=["Conv"])
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = _threads()
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(qop, opts, providers=["CPUExecutionProvider"])
+        models = {"qlinear file": tf_onnx.load(qop),
+                  "qlinear file f32": tf_onnx.load(qop, quantize="none")}
+        impls = {k: (lambda m=m: m(x)) for k, m in models.items()}
+        impls["onnxruntime qlinear"] = lambda: session.run(None, {name: x})[0]
+        want = impls["onnxruntime qlinear"]()
+        for key in models:
+            print(f"  {key} vs onnxruntime: {compare_outputs(want, impls[key]())}")
+        plan = models["qlinear file"].lower(x)
+        ops = [n.op.name for n in plan.optimized.nodes]
+        print(f"  qlinear file: {ops.count('qconv_i8')} qconv_i8, host steps "
+              f"{plan.executable.fallbacks}")
+        _row("qlin", interleaved_medians(impls, rounds), "onnxruntime qlinear")
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -226,7 +284,7 @@ def main(argv: list[str]) -> None:
     for name in args.only.split(","):
         print(f"{name}:")
         {"w1": w1, "gemv": gemv, "chain": gemv_chain, "bert": bert,
-         "resnet": resnet}[name](args.rounds)
+         "resnet": resnet, "qlinear": qlinear}[name](args.rounds)
 
 
 if __name__ == "__main__":

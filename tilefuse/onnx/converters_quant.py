@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from tilefuse.dtypes import DType
+from tilefuse.log import get_logger
 from tilefuse.onnx.context import NodeContext, Tensor
 from tilefuse.onnx.converters_nn import conv_with
 from tilefuse.onnx.model import ModelInfo
@@ -26,6 +27,7 @@ from tilefuse.onnx.tensors import to_dtype
 from tilefuse.passes.quantize import QuantizeOptions
 from tilefuse.target import Target
 
+_LOG = get_logger("passes")
 _RANGES = {DType.u8: (0, 255), DType.i8: (-128, 127), DType.i16: (-32768, 32767)}
 
 
@@ -201,10 +203,64 @@ def _conv_integer(ctx: NodeContext) -> list[Tensor]:
     return [ctx.cast(acc, DType.i32)]
 
 
+def _scalar_const(t: Tensor | None) -> bool:
+    return t is None or (t.const is not None and t.const.size == 1)
+
+
+def _qdq_conv_blocker(x: Tensor, x_scale: Tensor, x_zero: Tensor | None, w: Tensor,
+                      w_scale: Tensor, w_zero: Tensor | None, y_scale: Tensor,
+                      y_zero: Tensor | None, bias: Tensor | None, group: int) -> str | None:
+    """Why a QLinearConv cannot take the QDQ form (:func:`_qlinear_conv_qdq`), else None."""
+    if x.rank != 4 or group != 1:
+        return f"only 2-D convolutions with group 1 are mapped (rank {x.rank}, group {group})"
+    if x.dtype not in (DType.u8, DType.i8):
+        return f"x is {x.dtype.value}, not u8 or i8"
+    if not all(_scalar_const(t) for t in (x_scale, x_zero, y_scale, y_zero)):
+        return "x or y has a run-time or per-channel scale / zero point"
+    if y_zero is not None and y_zero.dtype not in (DType.u8, DType.i8):
+        return f"y is {y_zero.dtype.value}, not u8 or i8"
+    if w.const is None or w.dtype is not DType.i8 or w_scale.const is None \
+            or (w_zero is not None and (w_zero.const is None or np.any(w_zero.const != 0))):
+        return "the weight is not a constant symmetric i8 tensor"
+    if w.const.size and int(w.const.min()) < -127:
+        return "the weight has code -128 (the int8 kernels' weight codes are -127..127)"
+    if bias is not None and bias.const is None:
+        return "the bias is not a constant"
+    return None
+
+
+def _qlinear_conv_qdq(ctx: NodeContext, x: Tensor, x_scale: Tensor, x_zero: Tensor | None,
+                      w: Tensor, w_scale: Tensor, y_scale: Tensor, y_zero: Tensor | None,
+                      bias: Tensor | None) -> Tensor:
+    """QLinearConv as DequantizeLinear -> Conv -> QuantizeLinear, the form the "qdq" quantize
+    pipeline maps onto ``qconv_i8`` (the weight's codes are recovered exactly from its
+    dequantized grid, the requantize is fused into the kernel's epilogue). The i32 bias is
+    dequantized at x_scale · w_scale. The f32 rescale rounds differently from onnxruntime's
+    (one multiply by x_scale · w_scale / y_scale), so codes agree within one step."""
+    def scalar(t: Tensor | None) -> Tensor | None:
+        return None if t is None else ctx.op("reshape", t, shape=())
+
+    xd = dequantize(ctx, x, scalar(x_scale), scalar(x_zero))
+    ws = w_scale.const.astype(np.float32).reshape(-1)
+    wd = dequantize(ctx, w, ctx.const(ws.reshape(-1, 1, 1, 1)), None)
+    b = None
+    if bias is not None:
+        xs = np.float32(x_scale.const.reshape(()))
+        b = ctx.const((bias.const.astype(np.float32) * (xs * ws)).astype(np.float32))
+    y = conv_with(ctx, xd, wd, b)
+    dtype = y_zero.dtype if y_zero is not None else x.dtype
+    return quantize(ctx, y, scalar(y_scale), scalar(y_zero), dtype)
+
+
 def _qlinear_conv(ctx: NodeContext) -> list[Tensor]:
     x, x_scale, x_zero = ctx.input(0), ctx.input(1), ctx.optional(2)
     w, w_scale, w_zero = ctx.input(3), ctx.input(4), ctx.optional(5)
     y_scale, y_zero, bias = ctx.input(6), ctx.optional(7), ctx.optional(8)
+    why = _qdq_conv_blocker(x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias,
+                            int(ctx.attr("group", 1)))
+    if why is None:
+        return [_qlinear_conv_qdq(ctx, x, x_scale, x_zero, w, w_scale, y_scale, y_zero, bias)]
+    _LOG.info("%s stays on the exact f64 path: %s", ctx.label, why)
     acc = _conv_centred(ctx, x, x_zero, w, w_zero)
     if bias is not None:  # i32, already at scale x_scale · w_scale
         acc = ctx.op("add", acc, ctx.op("reshape", ctx.cast(bias, DType.f64),
@@ -233,11 +289,12 @@ def qdq_default(info: ModelInfo, target: Target) -> QuantizeOptions | None:
     ``quantize_static`` writes them: its products then run on the int8 kernels with the
     pairs' static scales) or the model has MatMulInteger / QLinearMatMul (as
     ``quantize_dynamic`` writes them: the rescale after each integer product is fused into
-    it); else none (``quantize="none"`` keeps a QDQ model in f32)."""
+    it) or QLinearConv (``quantize_static`` with QOperator: it is written as a QDQ conv);
+    else none (``quantize="none"`` keeps a QDQ model in f32)."""
     if target.is_cuda:
         return None
     quantized = {o for n in info.nodes if n.op_type == "QuantizeLinear" for o in n.outputs}
-    if any(n.op_type in ("MatMulInteger", "QLinearMatMul") or (
+    if any(n.op_type in ("MatMulInteger", "QLinearMatMul", "QLinearConv") or (
             n.op_type == "DequantizeLinear" and n.inputs and n.inputs[0] in quantized)
            for n in info.nodes):
         return QuantizeOptions("qdq")
