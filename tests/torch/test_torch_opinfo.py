@@ -13,6 +13,7 @@ that a fix shows. ATen ops that no OpInfo exercises are listed in :data:`NO_OPIN
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 from collections.abc import Callable, Iterator
@@ -169,6 +170,25 @@ REDUNDANT = frozenset({"bmm.triton_optimized", "addmm.decomposed", "softmax.with
 """OpInfo variants that call the same ATen op on the same samples as an entry already here."""
 
 
+@contextlib.contextmanager
+def _no_test_fn_lookup() -> Iterator[None]:
+    """torch's sample iterators look for the running unittest ``TestCase`` by walking
+    ``inspect.stack()`` (which reads the source of every frame and scans ``sys.modules`` for
+    each: ~20 s of this module's collection, paid again by every pytest-xdist worker). At
+    collection there is no TestCase on the stack, so the walk finds none: answer None at once.
+    The samples (and their seeds, which fall back to torch's SEED without a test function) are
+    the same."""
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    saved = common_utils.extract_test_fn, core.extract_test_fn
+    common_utils.extract_test_fn = core.extract_test_fn = lambda: None
+    try:
+        yield
+    finally:
+        common_utils.extract_test_fn, core.extract_test_fn = saved
+
+
 def _cases() -> Iterator[Case]:
     """Up to PER_OP samples per entry, taken round-robin (every entry's first sample, then
     every entry's second, ...) until TOTAL_CAP."""
@@ -178,12 +198,13 @@ def _cases() -> Iterator[Case]:
             continue
         torch.manual_seed(0)
         usable = []
-        for s in op.sample_inputs("cpu", torch.float32, requires_grad=False):
-            reason = _unsupported(s)
-            if reason is None:
-                usable.append(s)
-            else:
-                SKIPPED[reason] = SKIPPED.get(reason, 0) + 1
+        with _no_test_fn_lookup():
+            for s in op.sample_inputs("cpu", torch.float32, requires_grad=False):
+                reason = _unsupported(s)
+                if reason is None:
+                    usable.append(s)
+                else:
+                    SKIPPED[reason] = SKIPPED.get(reason, 0) + 1
         picks[entry] = _pick(usable, PER_OP)
     chosen: list[Case] = []
     for i in range(PER_OP):
