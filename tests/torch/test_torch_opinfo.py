@@ -16,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -172,21 +174,30 @@ REDUNDANT = frozenset({"bmm.triton_optimized", "addmm.decomposed", "softmax.with
 
 @contextlib.contextmanager
 def _no_test_fn_lookup() -> Iterator[None]:
-    """torch's sample iterators look for the running unittest ``TestCase`` by walking
-    ``inspect.stack()`` (which reads the source of every frame and scans ``sys.modules`` for
-    each: ~20 s of this module's collection, paid again by every pytest-xdist worker). At
-    collection there is no TestCase on the stack, so the walk finds none: answer None at once.
-    The samples (and their seeds, which fall back to torch's SEED without a test function) are
-    the same."""
+    """Two costs of torch's sample iterators that buy nothing here, each paid again by every
+    pytest-xdist worker at collection. They look for the running unittest ``TestCase`` by
+    walking ``inspect.stack()`` (which reads the source of every frame and scans
+    ``sys.modules`` for each): at collection there is none, so answer None at once. And they
+    reseed before every sample with ``torch.manual_seed``, which also queues a lazy seed for
+    each accelerator, recording a formatted stack each time: seed the CPU generator, ``random``
+    and NumPy only, which is all that CPU samples draw from. The samples are the same, bit for
+    bit (their seed falls back to torch's SEED without a test function)."""
     from torch.testing._internal import common_utils
     from torch.testing._internal.opinfo import core
 
-    saved = common_utils.extract_test_fn, core.extract_test_fn
+    def set_rng_seed(seed: int | None = None) -> None:
+        seed = common_utils.SEED if seed is None else seed
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+
+    saved = common_utils.extract_test_fn, core.extract_test_fn, common_utils.set_rng_seed
     common_utils.extract_test_fn = core.extract_test_fn = lambda: None
+    common_utils.set_rng_seed = set_rng_seed
     try:
         yield
     finally:
-        common_utils.extract_test_fn, core.extract_test_fn = saved
+        common_utils.extract_test_fn, core.extract_test_fn, common_utils.set_rng_seed = saved
 
 
 def _cases() -> Iterator[Case]:
