@@ -1,6 +1,7 @@
-"""Training step time and loss agreement: eager vs tilefuse vs Inductor (torch.compile), CPU.
+"""Training step time and loss agreement: eager vs tilefuse vs Inductor (torch.compile).
 
-    python benchmarks/training.py [--steps 50] [--models cnn,gpt2,adamw-step] [--no-inductor]
+    python benchmarks/training.py [--steps 50] [--models cnn,gpt2,gpt2-small,adamw-step,numpy-mlp]
+                                  [--no-inductor] [--no-eager] [--device cuda] [--autocast bf16]
 
 Each model (the small CNN of tests/torch/test_torch_training.py at batch 32, and
 ``GPT2Config(n_layer=2, n_embd=256, n_head=4)`` with its full 50257-token vocabulary at batch 4,
@@ -10,6 +11,9 @@ the largest relative difference of each compiled variant's losses from eager's o
 (the issue's target: 1e-4 in f32), and the median step time (forward, backward, optimiser) after
 the compiling first steps, with its ratio to eager and to Inductor. ``adamw-step`` times a
 Dynamo-compiled ``AdamW.step`` alone (fixed gradients) against the eager step.
+``numpy-mlp`` times ``tilefuse.value_and_grad`` of a NumPy MLP with softmax cross-entropy (f32,
+several sizes) against ``jax.jit(jax.value_and_grad)`` of the same function, interleaved, with
+the largest gradient difference (the issue's target: <= 1.0x jax on the CPU).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -45,63 +50,180 @@ class SmallCNN(nn.Module):
         return self.head(x.flatten(1))
 
 
+DEVICE = "cpu"
+"""Where the models, batches and compiled code live (``--device``)."""
+
+
 def cnn() -> tuple[nn.Module, Callable[[nn.Module, int], torch.Tensor]]:
     def step(fn: nn.Module, i: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(i)
-        x = torch.randn(32, 3, 32, 32, generator=g)
-        return nn.functional.cross_entropy(fn(x), torch.randint(0, 10, (32,), generator=g))
+        x = torch.randn(32, 3, 32, 32, generator=g).to(DEVICE)
+        y = torch.randint(0, 10, (32,), generator=g).to(DEVICE)
+        return nn.functional.cross_entropy(fn(x), y)
     return SmallCNN(), step
 
 
-def gpt2() -> tuple[nn.Module, Callable[[nn.Module, int], torch.Tensor]]:
+def _gpt2(n_layer: int, n_embd: int, n_head: int, batch: int, seq: int
+          ) -> tuple[nn.Module, Callable[[nn.Module, int], torch.Tensor]]:
     from transformers import GPT2Config, GPT2LMHeadModel
-    config = GPT2Config(n_layer=2, n_embd=256, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
-                        attn_pdrop=0.0)
+    config = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0)
 
     def step(fn: nn.Module, i: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(i)
-        ids = torch.randint(0, config.vocab_size, (4, 128), generator=g)
+        ids = torch.randint(0, config.vocab_size, (batch, seq), generator=g).to(DEVICE)
         return fn(ids, labels=ids).loss
     return GPT2LMHeadModel(config), step
 
 
-MODELS = {"cnn": cnn, "gpt2": gpt2}
+def gpt2() -> tuple[nn.Module, Callable[[nn.Module, int], torch.Tensor]]:
+    """The issue's 2-layer GPT-2, full vocabulary, batch 4, sequence 128."""
+    return _gpt2(2, 256, 4, 4, 128)
 
 
-def run(name: str, steps: int, inductor: bool) -> None:
+def gpt2_small() -> tuple[nn.Module, Callable[[nn.Module, int], torch.Tensor]]:
+    """GPT-2 small (12 layers, 768 wide), batch 8, sequence 512 (the H200 target)."""
+    return _gpt2(12, 768, 12, 8, 512)
+
+
+MODELS = {"cnn": cnn, "gpt2": gpt2, "gpt2-small": gpt2_small}
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def _cpu_memory_exact() -> None:
+    """glibc: every block of 64 KiB or more its own mapping, unmapped when freed (no dynamic
+    threshold), so resident memory follows what is live and the high-water mark below sees a
+    step's peak."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 65536)   # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 65536)   # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def _rss(reset: bool = False) -> int:
+    """This process's resident bytes now; ``reset`` also resets its high-water mark (Linux
+    clear_refs 5). Read after a step, ``_hwm()`` is the step's peak."""
+    if reset:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    return _status("VmRSS")
+
+
+def _hwm() -> int:
+    return _status("VmHWM")
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class _Recording:
+    """A backend that keeps what ``tt.backend`` returned (to read the compiled graphs)."""
+
+    def __init__(self) -> None:
+        self.made: list[Any] = []
+
+    def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        self.made.append(tt.backend(gm, example_inputs, **kwargs))
+        return self.made[-1]
+
+
+def _held(made: list[Any]) -> int:
+    """Bytes the compiled training graphs hold between steps (arenas, output buffers), which
+    a step's resident growth does not show."""
+    from tilefuse.frontend.torch.training import step_memory
+    total = 0
+    for graph in made:
+        memory = step_memory(graph)
+        if memory is not None:
+            total += memory.peak
+            print(f"  tilefuse graph {getattr(graph, 'name', '?')}: {memory}", flush=True)
+    return total
+
+
+def run(name: str, steps: int, inductor: bool, autocast: str | None = None,
+        eager: bool = True, tilefuse: bool = True) -> None:
+    """Trains ``name`` with each variant from the same weights, interleaved. Also the peak
+    memory a step adds to what was allocated before it: activations, saved tensors, gradients
+    and workspaces; the weights and optimizer state, alike in every variant, are left out.
+    On CUDA ``max_memory_allocated``; on the CPU the resident high-water mark over the
+    resident size before the step (glibc set to map and unmap every large block), plus, for
+    tilefuse, the arenas and output buffers its executables hold between steps."""
     torch.manual_seed(0)
     model, step = MODELS[name]()
-    variants = {"eager": (model, None)}
-    variants["tilefuse"] = (copy.deepcopy(model), "tilefuse")
+    model = model.to(DEVICE)
+    variants: dict[str, tuple[nn.Module, Any]] = {}
+    if eager:
+        variants["eager"] = (model, None)
+    if tilefuse:
+        variants["tilefuse"] = (copy.deepcopy(model), "tilefuse")
     if inductor:
         variants["inductor"] = (copy.deepcopy(model), "inductor")
     runners = {}
+    recording = _Recording()
     for label, (m, backend) in variants.items():
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
         fn = m if backend is None else torch.compile(
-            m, backend=tt.backend if backend == "tilefuse" else backend, dynamic=False)
+            m, backend=recording if backend == "tilefuse" else backend, dynamic=False)
         runners[label] = (fn, opt)
+    if DEVICE == "cpu":
+        _cpu_memory_exact()
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}.get(autocast or "")
     losses: dict[str, list[float]] = {k: [] for k in runners}
     times: dict[str, list[float]] = {k: [] for k in runners}
+    peaks: dict[str, int] = {k: 0 for k in runners}
     for i in range(steps):
         for label, (fn, opt) in runners.items():
+            _sync()
+            if DEVICE == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+            else:
+                before = _rss(reset=True)
             t0 = time.perf_counter()
-            loss = step(fn, i)
-            opt.zero_grad()
+            with torch.autocast(DEVICE, dtype=dtype, enabled=dtype is not None):
+                loss = step(fn, i)
+            opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            _sync()
             times[label].append(time.perf_counter() - t0)
             losses[label].append(loss.item())
-    eager = losses["eager"]
-    med = {k: statistics.median(v[WARMUP:]) for k, v in times.items()}
-    print(f"{name}: {steps} AdamW steps, f32, CPU ({torch.get_num_threads()} threads)")
+            if DEVICE == "cuda":
+                peaks[label] = max(peaks[label], torch.cuda.max_memory_allocated() - before)
+            elif i >= WARMUP:   # past the compiling steps
+                peaks[label] = max(peaks[label], _hwm() - before)
+    held = _held(recording.made) if tilefuse and DEVICE == "cpu" else 0
+    warm = min(WARMUP, steps - 1)
+    med = {k: statistics.median(v[warm:]) for k, v in times.items()}
+    print(f"{name}: {steps} AdamW steps, {autocast or 'f32'}, {DEVICE} "
+          f"({torch.get_num_threads()} threads)", flush=True)
+    base = losses.get("eager")
     for label in runners:
-        err = max(abs(a - b) / abs(b) for a, b in zip(losses[label], eager))
-        ratio = f"{med[label] / med['eager']:.2f}x eager"
+        err = "" if base is None else "  max rel loss diff vs eager " + \
+            f"{max(abs(a - b) / abs(b) for a, b in zip(losses[label], base)):.2e}"
+        ratio = f"{med[label] / med['eager']:.2f}x eager" if "eager" in med else ""
         if "inductor" in med:
             ratio += f", {med[label] / med['inductor']:.2f}x inductor"
-        print(f"  {label:9s} step {med[label] * 1e3:8.1f} ms  ({ratio})  first step "
-              f"{times[label][0]:6.1f} s  max rel loss diff vs eager {err:.2e}")
+        memory = f"  step peak +{peaks[label] / 2**20:.0f} MiB"
+        if label == "tilefuse" and held:
+            memory = f"  step peak +{(peaks[label] + held) / 2**20:.0f} MiB (+" \
+                f"{peaks[label] / 2**20:.0f} resident growth, {held / 2**20:.0f} arenas, saved " \
+                "activations and outputs held in tilefuse buffers)"
+        print(f"  {label:9s} step {med[label] * 1e3:8.1f} ms  ({ratio.strip(', ')})  first step "
+              f"{times[label][0]:6.1f} s{memory}{err}  last loss {losses[label][-1]:.4f}",
+              flush=True)
 
 
 def run_optimizer_step(steps: int, inductor: bool) -> None:
@@ -139,18 +261,92 @@ def run_optimizer_step(steps: int, inductor: bool) -> None:
               f"{times[label][0]:6.1f} s  max |param - eager| {err:.1e}")
 
 
+def _mlp_loss(np_: Any) -> Callable[..., Any]:
+    """The MLP loss of tests/frontend/test_grad.py, written against ``np_`` (numpy or
+    jax.numpy)."""
+    def loss(w1: Any, b1: Any, w2: Any, b2: Any, x: Any, labels: Any) -> Any:
+        h = np_.tanh(x @ w1 + b1)
+        logits = h @ w2 + b2
+        z = logits - np_.max(logits, axis=1, keepdims=True)
+        logp = z - np_.log(np_.sum(np_.exp(z), axis=1, keepdims=True))
+        return -np_.mean(np_.take_along_axis(logp, labels[:, None], axis=1))
+    return loss
+
+
+MLP_SIZES = ((64, 64, 128, 10), (128, 256, 256, 100), (256, 784, 512, 10),
+             (1024, 784, 1024, 10))
+"""(batch, features, hidden, classes) of the ``numpy-mlp`` runs."""
+
+
+def run_numpy_mlp(steps: int) -> None:
+    """``tilefuse.value_and_grad`` vs ``jax.jit(jax.value_and_grad)`` of one NumPy MLP loss,
+    f32 on the CPU. jax is given jax arrays already on its device (its best case); tilefuse
+    NumPy arrays. Both return the loss and the four parameter gradients."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        print("numpy-mlp: jax is not installed, skipped")
+        return
+    import numpy as np
+
+    import tilefuse
+    ours = tilefuse.value_and_grad(_mlp_loss(np), argnums=(0, 1, 2, 3))
+    theirs = jax.jit(jax.value_and_grad(_mlp_loss(jnp), argnums=(0, 1, 2, 3)))
+    print(f"value_and_grad of a NumPy MLP (tanh, softmax cross-entropy), f32, CPU, "
+          f"{steps} calls each, interleaved")
+    for batch, features, hidden, classes in MLP_SIZES:
+        rng = np.random.default_rng(0)
+        args = [rng.normal(size=(features, hidden)).astype(np.float32) * 0.05,
+                rng.normal(size=(hidden,)).astype(np.float32) * 0.1,
+                rng.normal(size=(hidden, classes)).astype(np.float32) * 0.05,
+                rng.normal(size=(classes,)).astype(np.float32) * 0.1,
+                rng.normal(size=(batch, features)).astype(np.float32),
+                rng.integers(0, classes, size=batch)]
+        jargs = [jnp.asarray(a) for a in args]
+        t0 = time.perf_counter()
+        value, grads = ours(*args)
+        first = time.perf_counter() - t0
+        jvalue, jgrads = theirs(*jargs)
+        err = max(float(np.abs(a - np.asarray(b)).max() / (np.abs(np.asarray(b)).max() + 1e-30))
+                  for a, b in zip(grads, jgrads))
+        times: dict[str, list[float]] = {"tilefuse": [], "jax": []}
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            ours(*args)
+            times["tilefuse"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            jax.block_until_ready(theirs(*jargs))
+            times["jax"].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v[WARMUP:]) for k, v in times.items()}
+        print(f"  b{batch} f{features} h{hidden} c{classes}: tilefuse "
+              f"{med['tilefuse'] * 1e3:8.3f} ms  jax.jit {med['jax'] * 1e3:8.3f} ms  "
+              f"({med['tilefuse'] / med['jax']:.2f}x jax)  first call {first:5.1f} s  "
+              f"loss diff {abs(float(value) - float(jvalue)):.1e}  max rel grad diff {err:.1e}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--models", default="cnn,gpt2")
     parser.add_argument("--no-inductor", action="store_true")
+    parser.add_argument("--no-eager", action="store_true", help="(models) skip eager")
+    parser.add_argument("--no-tilefuse", action="store_true", help="(models) skip tilefuse")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--autocast", default=None, choices=("bf16", "f16"),
+                        help="(models) run the forward under torch.autocast in this dtype")
     args = parser.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     for name in args.models.split(","):
         if name == "adamw-step":
             run_optimizer_step(args.steps, not args.no_inductor)
+        elif name == "numpy-mlp":
+            run_numpy_mlp(args.steps)
         else:
-            run(name, args.steps, not args.no_inductor)
+            run(name, args.steps, not args.no_inductor, args.autocast, not args.no_eager,
+                not args.no_tilefuse)
     return 0
 
 

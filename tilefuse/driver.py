@@ -7,6 +7,9 @@ each, as ``passes/pipeline.py`` lists the graph passes):
 
 1. **graph**: the graph pipeline (:data:`tilefuse.passes.pipeline.GRAPH_PIPELINE`), unless the
    caller hands over a graph it optimised itself (``CompileOptions(optimize=False)``);
+   **shard** (``CompileOptions(devices=...)`` only): the optimised graph split over N ranks
+   (:mod:`tilefuse.distributed`), this rank's part cut at its collectives, and stages 2-6 run
+   per segment;
 2. **kernels**: kernel formation (:func:`plan_kernels`: :func:`prepare` decomposes composites
    and legalises what the kernels do not take, then
    :func:`~tilefuse.kernel.fusion.form_kernels`; no other module calls either);
@@ -50,6 +53,8 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("graph", "the graph pipeline: shape_infer, decompose, algebra, conv_lowering, dce, "
                    "cse, constant_fold, eqsat, constant_fold, dce, attention, dce"),
+    Stage("shard", "with devices=N only: this rank's graph (column/row-parallel products, "
+                   "heads, vocabulary), collectives as ops, cut into segments between them"),
     Stage("kernels", "decompose composites, legalise matmuls (cuda: GPU preparation, unfuse "
                      "attention), form kernel groups"),
     Stage("schedules", "per kernel: the tuning database's fastest schedule, else the default "
@@ -79,6 +84,9 @@ class CompileOptions:
     pipeline: tuple[Any, ...] | None = None
     """The graph pipeline to run (None: ``GRAPH_PIPELINE``; quantisation and reassociation
     make their own, ``passes/quantize.py``, ``passes/pipeline.py``)."""
+    devices: Any = None
+    """A :class:`tilefuse.distributed.build.Devices`: split the optimised graph over that many
+    ranks (tensor parallel) and build this rank's part (stage 1b, ``shard``)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,10 @@ def compile_graph(graph: Graph, target: Target | str = "cpu",
     """:func:`compile`, also returning the optimised graph and the pass report."""
     target = Target.parse(target)
     options = options or CompileOptions()
+    if target.is_cuda and options.pipeline is not None:  # cuda quantizes to its own ops
+        from tilefuse.passes.quantize import for_target
+
+        options = dataclasses.replace(options, pipeline=for_target(options.pipeline, target))
     # 1. graph
     if options.optimize:
         optimized, report = optimize(graph, options)
@@ -110,6 +122,11 @@ def compile_graph(graph: Graph, target: Target | str = "cpu",
         optimized, report = graph, None
     from tilefuse.runtime.dynamic import DynamicExecutable, is_symbolic
 
+    if options.devices is not None:
+        # 1b. shard: this rank's graph, cut at its collectives; stages 2-6 per segment.
+        from tilefuse.distributed.build import build_sharded
+
+        return Compiled(graph, optimized, report, build_sharded(optimized, target, options))
     if is_symbolic(optimized):
         # Stages 2-6 per size binding (or once with runtime extents: the native CPU build);
         # a specialisation runs the graph pipeline again on its static graph.

@@ -17,7 +17,7 @@ from tilefuse.errors import TilefuseError
 ROOT = "tilefuse"
 ENV_VAR = "TILEFUSE_LOG"
 TOPICS: tuple[str, ...] = ("guards", "recompiles", "passes", "fusion", "cache", "tune",
-                           "fallback", "graph_breaks")
+                           "fallback", "graph_breaks", "distributed")
 
 
 class _EnvHandler(logging.StreamHandler):

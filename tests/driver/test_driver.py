@@ -68,8 +68,8 @@ def test_kernel_plan_decomposes() -> None:
     plan = plan_kernels(softmax_ffn(4, 8, 3))
     ops = {n.op.name for g in plan.groups for n in g.nodes}
     assert "softmax" not in ops and "exp" in ops and "matmul" in ops
-    assert [s.name for s in STAGES] == ["graph", "kernels", "schedules", "lowering", "codegen",
-                                        "assembly"]
+    assert [s.name for s in STAGES] == ["graph", "shard", "kernels", "schedules", "lowering",
+                                        "codegen", "assembly"]
 
 
 def test_frontends_build_through_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:

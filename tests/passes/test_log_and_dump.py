@@ -34,7 +34,7 @@ def _our_handlers() -> list[logging.Handler]:
 
 def test_topics_are_loggers_under_tilefuse():
     assert TOPICS == ("guards", "recompiles", "passes", "fusion", "cache", "tune", "fallback",
-                      "graph_breaks")
+                      "graph_breaks", "distributed")
     assert get_logger("guards").name == "tilefuse.guards"
     with pytest.raises(TilefuseError, match="unknown log topic 'gaurds'"):
         get_logger("gaurds")

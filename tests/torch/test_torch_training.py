@@ -190,3 +190,26 @@ def test_training_with_changing_batch_size() -> None:
         fn(x).square().sum().backward()
         for p, q in zip(model.parameters(), twin.parameters()):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_step_memory_counts_saved_activations_and_arenas() -> None:
+    from tilefuse.frontend.torch.training import step_memory
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(6, 64), nn.Tanh(), nn.Linear(64, 64), nn.GELU(),
+                          nn.Linear(64, 2))
+    made = []
+
+    def backend(gm, example_inputs):
+        made.append(tt.backend(gm, example_inputs))
+        return made[-1]
+
+    fn = torch.compile(model, backend=backend, dynamic=False)
+    x = torch.randn(33, 6)
+    assert step_memory(object()) is None   # not a training graph
+    fn(x).sum().backward()
+    memory = step_memory(made[0])
+    assert memory is not None and memory.saved == made[0].choice.saved_bytes > 0
+    assert memory.outputs >= 33 * 2 * 4 and memory.peak == (memory.forward_arena + memory.saved
+                                                           + memory.backward_arena
+                                                           + memory.outputs)
+    assert "saved activations" in str(memory)

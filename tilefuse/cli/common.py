@@ -47,7 +47,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of random inputs")
     parser.add_argument("--quantize", default=None, metavar="MODE",
                         help="quantize the weights of matrix products: int8, int4, int4:64, "
-                        "int4:32+zp (default: f32)")
+                        "int4:32+zp, fp8 (cuda only) (default: f32)")
 
 
 def show_progress(args: argparse.Namespace) -> bool | None:

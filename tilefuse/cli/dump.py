@@ -42,9 +42,11 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{out} exists and is not a directory")
     note(args, f"compiling {args.model}, writing every stage under {out} ...")
     if getattr(args, "target", "cpu") == "cuda":
+        from tilefuse.passes.quantize import parse_quantize, pipeline_for
         from tilefuse.runtime.gpu_cross import cross_compile
 
-        built = cross_compile(model.graph(arrays), out)
+        built = cross_compile(model.graph(arrays), out,
+                              pipeline=pipeline_for(parse_quantize(args.quantize)))
         for step in built.host_steps:
             print(f"warning: {step.group.name} runs on the host: {step.reason}")
     else:

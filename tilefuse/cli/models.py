@@ -122,6 +122,20 @@ class OnnxFile(Model):
     def lower(self, arrays: list[np.ndarray], dump: Path | None = None) -> Lowered:
         return self._load(dump).lower(*arrays)
 
+    def graph(self, arrays: list[np.ndarray]) -> Any:
+        """The imported graph for these inputs (without building it), unless a converter
+        needs an input's value (then through a build)."""
+        from tilefuse.dtypes import from_numpy
+        from tilefuse.graph.types import TensorType
+        from tilefuse.onnx.context import InputValueNeeded
+        from tilefuse.onnx.importer import import_graph
+
+        types = [TensorType(tuple(a.shape), from_numpy(a.dtype)) for a in arrays]
+        try:
+            return import_graph(self.info, types)
+        except InputValueNeeded:
+            return super().graph(arrays)
+
     def tune_source(self, arrays: list[np.ndarray]) -> Any:
         return str(self.path)
 

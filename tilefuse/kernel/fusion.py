@@ -287,6 +287,13 @@ class _ContractionSpace(_Space):
         self.domain = anchor.outputs[0].type.shape
         self.operands = tuple(SymProduct.of(v.type.shape) for v in anchor.inputs)
 
+    def candidates(self, node: Node) -> list[Role]:
+        if moves_lane_axis(node):
+            # not a leaf: the epilogue's vector reads cannot go through it (GPT-2's tied
+            # embedding gradient: a transposed weight gradient added to the one-hot product)
+            return self._roles(node)
+        return super().candidates(node)
+
     def _roles(self, node: Node) -> list[Role]:
         if not is_pointwise(node):
             return [Role.PROLOGUE] if gathered(node) else []

@@ -9,6 +9,7 @@ from types import MappingProxyType
 from tilefuse.errors import UnknownOpError
 from tilefuse.ops import (
     attention,
+    collective,
     composite,
     contraction,
     elementwise,
@@ -17,13 +18,14 @@ from tilefuse.ops import (
     movement,
     nn,
     quant,
+    quant_gpu,
     reduction,
     scan,
 )
 from tilefuse.ops.registry import AttrSpec, AttrType, OpDef, OpKind, Trait
 
 _MODULES = (elementwise, reduction, composite, contraction, movement, nn, attention, indexing,
-            foreign, quant, scan)
+            foreign, quant, quant_gpu, scan, collective)
 
 
 def _gather() -> Mapping[str, OpDef]:

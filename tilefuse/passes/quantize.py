@@ -19,7 +19,7 @@ small to pay).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from tilefuse.passes.dce import dce
 from tilefuse.passes.manager import PassSpec
 from tilefuse.passes.rewrite import rewrite_nodes
 
-MODES = ("int8", "int4")
+MODES = ("int8", "int4", "fp8")
 GROUPS = (128, 64, 32)
 MIN_WEIGHTS = 4096
 """Weights with fewer elements stay f32: the quantization of x costs more than it saves."""
@@ -47,12 +47,15 @@ class QuantizeError(TilefuseError):
 
 @dataclass(frozen=True)
 class QuantizeOptions:
-    """What to quantize to: ``mode`` "int8" or "int4"; for int4 the ``group`` size along K
-    and whether groups get ``zero_points`` (asymmetric) or are symmetric."""
+    """What to quantize to: ``mode`` "int8", "int4" or "fp8" (cuda only); for int4 the
+    ``group`` size along K and whether groups get ``zero_points`` (asymmetric) or are
+    symmetric. ``target`` "cuda" makes the GPU's weight-only ops
+    (:mod:`tilefuse.passes.quantize_gpu`); :func:`for_target` sets it."""
 
     mode: str
     group: int = 128
     zero_points: bool = False
+    target: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -62,8 +65,8 @@ class QuantizeOptions:
                                 f"got {self.group}")
 
     def __str__(self) -> str:
-        if self.mode == "int8":
-            return "int8"
+        if self.mode in ("int8", "fp8"):
+            return self.mode
         return f"int4:{self.group}{'+zp' if self.zero_points else ''}"
 
 
@@ -81,8 +84,8 @@ def parse_quantize(value: str | QuantizeOptions | None) -> QuantizeOptions | Non
     zero_points = text.endswith("+zp")
     text = text.removesuffix("+zp")
     mode, _, group = text.partition(":")
-    if mode == "int8" and (group or zero_points):
-        raise QuantizeError(f"int8 takes no group size or zero points, got {value!r}")
+    if mode in ("int8", "fp8") and (group or zero_points):
+        raise QuantizeError(f"{mode} takes no group size or zero points, got {value!r}")
     try:
         size = int(group) if group else 128
     except ValueError:
@@ -238,7 +241,15 @@ def _group_for(k: int, options: QuantizeOptions) -> int | None:
 
 
 def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, bool]:
-    """``graph`` with every matmul against a constant f32 weight quantized (module docstring)."""
+    """``graph`` with every matmul against a constant f32 weight quantized (module docstring);
+    for the cuda target the GPU's weight-only ops (:mod:`tilefuse.passes.quantize_gpu`)."""
+    if options.target == "cuda":
+        from tilefuse.passes.quantize_gpu import quantize_weights_gpu
+
+        return quantize_weights_gpu(graph, options, MIN_WEIGHTS)
+    if options.mode == "fp8":
+        raise QuantizeError("quantize='fp8' is for the cuda target (e4m3 weights for its "
+                            "tensor cores); the CPU takes int8 or int4")
     log = get_logger("passes")
     producers = graph.producers()
     readers = users(graph)
@@ -332,7 +343,7 @@ def quantization_summary(graph: Graph) -> QuantSummary:
     producers = graph.producers()
     count = before = after = 0
     for node in graph.nodes:
-        if node.op not in WEIGHT_QUANTIZED:
+        if node.op not in WEIGHT_QUANTIZED and node.op.name != "matmul_wq":
             continue
         count += 1
         n = node.outputs[0].shape[-1]
@@ -360,6 +371,24 @@ def pipeline_for(options: QuantizeOptions | None,
             PassSpec("dce", dce, "drop the f32 weights the quantized ops replaced"))
 
 
-__all__ = ["MODES", "QuantSummary", "QuantizeError", "QuantizeOptions", "parse_quantize",
-           "pipeline_for", "quantization_summary", "quantize_int4", "quantize_int8",
-           "quantize_weights"]
+def for_target(pipeline: tuple[PassSpec, ...] | None, target: object
+               ) -> tuple[PassSpec, ...] | None:
+    """``pipeline`` with its ``quantize`` pass made for ``target`` (a Target or its name):
+    the cuda target quantizes to the GPU's weight-only ops; other targets keep it as is."""
+    if pipeline is None or not str(target).startswith("cuda"):
+        return pipeline
+    out = []
+    for spec in pipeline:
+        given = getattr(spec.fn, "keywords", {}).get("options")
+        if spec.name == "quantize" and isinstance(given, QuantizeOptions):
+            options = replace(given, target="cuda")
+            spec = PassSpec("quantize", functools.partial(quantize_weights, options=options),
+                            f"matmuls against constant weights -> {options} weight-only "
+                            f"GPU products")
+        out.append(spec)
+    return tuple(out)
+
+
+__all__ = ["MODES", "QuantSummary", "QuantizeError", "QuantizeOptions", "for_target",
+           "parse_quantize", "pipeline_for", "quantization_summary", "quantize_int4",
+           "quantize_int8", "quantize_weights"]

@@ -38,6 +38,7 @@ import numpy as np
 from tilefuse.codegen.llvm_nvptx import SM90, GpuTarget, compile_ptx, launch_extent
 from tilefuse.codegen.nvptx_attention import FlashKernel, flash_attention
 from tilefuse.codegen.nvptx_mma import MmaGemm, mma_gemm, supports
+from tilefuse.codegen.nvptx_qgemm import QGemmKernel
 from tilefuse.dump import DumpWriter
 from tilefuse.errors import CompileError, GuardError, TilefuseError
 from tilefuse.graph.interpreter import run_node
@@ -48,6 +49,7 @@ from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan
 from tilefuse.kernel.lower_gpu import GPU_KINDS, lower_group_gpu
 from tilefuse.kernel.lower_gpu_attention import attention_alternatives, group_attention
 from tilefuse.kernel.lower_gpu_contraction import split_contraction
+from tilefuse.kernel.lower_gpu_qmatmul import quantized_node, quantized_step
 from tilefuse.kernel.lower_matmul import matmul_shape
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import LoopFunction
@@ -114,15 +116,16 @@ class HostGroup:
 
 @dataclass(frozen=True)
 class FusedStep:
-    """A kernel generated directly as LLVM IR (the fused attention): ``bindings`` are the
-    graph values of its pointer parameters, in order; ``alternatives`` are other kernels of
-    the same function (the wgmma attention), timed against ``kernel`` when the executable
-    loads (:meth:`CudaExecutable._choose_fused`)."""
+    """A kernel generated directly as LLVM IR (the fused attention, a quantized product):
+    ``bindings`` are the graph values of its pointer parameters, in order; ``alternatives``
+    are other kernels of the same function (the wgmma attention, other launch
+    configurations), timed against ``kernel`` when the executable loads
+    (:meth:`CudaExecutable._choose_fused`)."""
 
     group: KernelGroup
-    kernel: FlashKernel
+    kernel: FlashKernel | QGemmKernel
     bindings: tuple[Value, ...]
-    alternatives: tuple[FlashKernel, ...] = ()
+    alternatives: tuple[FlashKernel | QGemmKernel, ...] = ()
 
     @property
     def outputs(self) -> tuple[Value, ...]:
@@ -253,12 +256,15 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
                 shape, bindings = group_attention(group)
                 program.steps.append(FusedStep(group, flash_attention(shape, target=target),
                                                bindings, attention_alternatives(shape)))
+            elif quantized_node(group) is not None:   # matmul_wq: lower_gpu_qmatmul
+                program.steps.append(FusedStep(group, *quantized_step(group, target)))
             else:
                 program.steps.append(compile_group(
                     group, tuned_target(group, constants, target, database)))
         except CompileError as err:
             reason = str(err) if group.kind in GPU_KINDS | {KernelKind.CONTRACTION,
-                                                            KernelKind.ATTENTION} else \
+                                                            KernelKind.ATTENTION} \
+                or quantized_node(group) is not None else \
                 f"no GPU lowering for {group.kind.value} kernels yet"
             ops = ", ".join(dict.fromkeys(n.op.name for n in group.nodes))
             log.warning("kernel %s (%s) runs on the host under the cuda target: %s",

@@ -62,14 +62,18 @@ class CrossCompiled:
 
 
 def cross_compile(graph: Graph, out: Path | str | None = None, target: GpuTarget = SM90,
-                  optimize: bool = True) -> CrossCompiled:
-    """``graph`` (after the graph pipeline unless ``optimize`` is False) built for ``target``;
-    every stage written under ``out`` when given (module docstring)."""
+                  optimize: bool = True, pipeline: tuple[Any, ...] | None = None
+                  ) -> CrossCompiled:
+    """``graph`` (after the graph pipeline, or ``pipeline``: a quantizing one, say, unless
+    ``optimize`` is False) built for ``target``; every stage written under ``out`` when given
+    (module docstring)."""
     if optimize:
         from tilefuse.passes.manager import run_pipeline
         from tilefuse.passes.pipeline import GRAPH_PIPELINE
+        from tilefuse.passes.quantize import for_target
 
-        graph = run_pipeline(graph, GRAPH_PIPELINE, dump_dir=out)[0]
+        graph = run_pipeline(graph, for_target(pipeline, "cuda") or GRAPH_PIPELINE,
+                             dump_dir=out)[0]
     return CrossCompiled(graph, build_gpu_program(graph, target, dump_dir=out))
 
 

@@ -3,7 +3,9 @@
 Generated kernels run through the loop-IR interpreter (:mod:`tilefuse.loop.interp`; parallel
 loops serially, which the grid-stride mapping makes equivalent), products through NumPy with
 the step's :class:`~tilefuse.runtime.cublas.GemmShape` (so an operand read in place through a
-view is read as cuBLAS reads it), and fused attention and host steps through the references.
+view is read as cuBLAS reads it), quantized products through a model of their kernel's
+arithmetic (:func:`tilefuse.kernel.lower_gpu_qmatmul.emulate`), and fused attention and host
+steps through the references.
 This checks every GPU lowering and the program's bindings on machines without a GPU (CI); the
 PTX itself is checked by ``ptxas`` and on the device.
 """
@@ -15,9 +17,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tilefuse.codegen.nvptx_qgemm import QGemmKernel
 from tilefuse.graph.interpreter import run_node
+from tilefuse.kernel.lower_gpu_qmatmul import emulate
 from tilefuse.loop import interp as loop_interp
-from tilefuse.runtime.gpu import GemmStep, GpuKernel, GpuProgram
+from tilefuse.runtime.gpu import FusedStep, GemmStep, GpuKernel, GpuProgram
 
 
 def _product(step: GemmStep, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -44,6 +48,9 @@ def simulate(program: GpuProgram, arrays: Sequence[np.ndarray]) -> list[np.ndarr
             loop_interp.interpret(step.fn, *[env[v].reshape(-1) for v in step.bindings])
         elif isinstance(step, GemmStep):
             env[step.out] = _product(step, env[step.a], env[step.b])
+        elif isinstance(step, FusedStep) and isinstance(step.kernel, QGemmKernel):
+            env[step.bindings[-1]] = emulate(step.kernel.config,
+                                             *(env[v] for v in step.bindings[:-1]))
         else:
             for node in step.group.nodes:
                 env.update(zip(node.outputs, run_node(node, [env[v] for v in node.inputs])))

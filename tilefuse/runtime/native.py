@@ -677,14 +677,35 @@ class NativeExecutable:
                 raise GuardError(f"input {self._inputs[i][0]} must be {align}-byte aligned")
         return self._run(arrays, addresses)
 
-    def _run(self, arrays: Sequence[np.ndarray], given: list[int] | None = None
-             ) -> list[np.ndarray]:
-        """``given``: the arrays' addresses, when the caller has them already."""
+    def run_into(self, arrays: Sequence[np.ndarray], into: Mapping[int, np.ndarray]
+                 ) -> list[np.ndarray]:
+        """A call whose output ``j`` is written into ``into[j]`` (a C-contiguous array of its
+        shape and dtype) rather than a buffer of the executable's. ``into[j]`` may be an
+        input's memory only where the caller proved that no kernel reads that input after
+        (or at another element than) the write (:mod:`tilefuse.frontend.torch.inplace`: an
+        optimizer step's state updated in place)."""
+        self._check(arrays)
+        for j, out in into.items():
+            shape, dtype = self._outputs[j]
+            if type(out) is not np.ndarray or out.dtype != dtype or out.shape != shape \
+                    or not out.flags.c_contiguous or not out.flags.writeable:
+                raise GuardError(f"@{self.graph.name}: output {j} must go to a writable "
+                                 f"C-contiguous {np.dtype(dtype)}{list(shape)} array, got "
+                                 f"{_describe(out)}")
+        return self._run(arrays, into=into)
+
+    def _run(self, arrays: Sequence[np.ndarray], given: list[int] | None = None,
+             into: Mapping[int, np.ndarray] | None = None) -> list[np.ndarray]:
+        """``given``: the arrays' addresses, when the caller has them already; ``into``: see
+        :meth:`run_into`."""
         with self._lock:
-            outputs = [self._output(j) for j in range(len(self._outputs))]
+            outputs = [self._output(j) if not into or j not in into else into[j]
+                       for j in range(len(self._outputs))]
             table = [*arrays, *outputs]
+            returned_at = self._returned_at if not into else \
+                [into[j].ctypes.data if j in into else a for j, a in enumerate(self._returned_at)]
             addresses = (given if given is not None else self._addresses.addresses(arrays)) \
-                + self._returned_at
+                + returned_at
             if self._launcher is not None:
                 self._launcher(addresses)
             else:
@@ -698,6 +719,8 @@ class NativeExecutable:
             for j, slot in self._copies:
                 outputs[j][...] = table[slot] if isinstance(slot, int) else slot
             self._returned[:] = outputs
+            for j in into or ():
+                self._returned[j] = None   # the caller's array: never reused as ours
         return outputs
 
     def _output(self, j: int) -> np.ndarray:

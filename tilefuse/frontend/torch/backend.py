@@ -35,7 +35,9 @@ weights. Ops that run in torch are logged once per graph at WARNING on ``fallbac
 :func:`compile_exported`): ``dump`` (directory; default ``$TILEFUSE_DUMP``), ``target``
 (``"cpu"``, ``"cuda"`` or ``"reference"``; by default the device the inputs live on:
 :mod:`tilefuse.frontend.torch.device`), ``debug`` (verify after every pass), ``quantize``
-(``"int8"``, ``"int4"``, ...: the weights of matrix products, :mod:`tilefuse.passes.quantize`).
+(``"int8"``, ``"int4"``, ...: the weights of matrix products, :mod:`tilefuse.passes.quantize`),
+``devices`` (N: tensor parallel over the N ranks of torch.distributed's default group, one
+process per device, weights replicated on each rank: :mod:`tilefuse.distributed`).
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ from tilefuse.runtime.executable import Executable
 from tilefuse.target import Target
 
 _DECOMPOSITIONS = core_aten_decompositions()
-KNOWN_OPTIONS = ("dump", "target", "debug", "quantize")
+KNOWN_OPTIONS = ("dump", "target", "debug", "quantize", "devices")
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class Options:
     target: str = "cpu"
     debug: bool = False
     quantize: QuantizeOptions | None = None
+    devices: int | None = None
 
     @staticmethod
     def parse(given: Mapping[str, Any] | None) -> Options:
@@ -94,8 +97,13 @@ class Options:
             raise TilefuseError(f"unknown tilefuse option(s) {', '.join(unknown)} "
                                 f"(known: {', '.join(KNOWN_OPTIONS)})")
         target = str(Target.parse(str(given.get("target", "cpu"))))  # TargetError naming it
+        devices = given.get("devices")
+        if devices is not None and (not isinstance(devices, int) or isinstance(devices, bool)
+                                    or devices < 1):
+            raise TilefuseError(f"option devices must be a positive number of ranks, got "
+                                f"{devices!r}")
         return Options(resolve_dump_dir(given.get("dump")), target, bool(given.get("debug")),
-                       parse_quantize(given.get("quantize")))
+                       parse_quantize(given.get("quantize")), devices)
 
 
 Key = tuple[Any, ...]
@@ -223,8 +231,14 @@ def _compiler(options: Options, dump: Path | None) -> Callable[[Graph, str], Exe
     as one DynamicExecutable (one native build for every size on "cpu")."""
     def compile_graph(graph: Graph, name: str) -> Executable:
         where = None if dump is None else dump / name
+        devices = None
+        if options.devices is not None and options.devices > 1:
+            from tilefuse.distributed.build import Devices
+
+            devices = Devices(options.devices)
         return compile(graph, options.target, CompileOptions(
-            dump_dir=where, debug=options.debug, pipeline=pipeline_for(options.quantize)))
+            dump_dir=where, debug=options.debug, pipeline=pipeline_for(options.quantize),
+            devices=devices))
     return compile_graph
 
 
@@ -265,6 +279,10 @@ def tilefuse_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
     options = follow_data(Options.parse(kwargs.get("options")), kwargs.get("options"),
                           example_inputs)
     if training.needs_training(example_inputs):  # forward and backward through AOTAutograd
+        if options.devices is not None and options.devices > 1:
+            raise TilefuseError(f"{graph_name(gm)}: devices={options.devices} compiles "
+                                f"inference graphs only (call the model under torch.no_grad()), "
+                                f"or drop the devices option")
         return training.compile_training(gm, example_inputs, options, graph_name(gm))
     state = optimizer.stateful_attributes(gm)   # an optimizer step: state updated in place
     if state:
@@ -272,7 +290,7 @@ def tilefuse_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     constants = {i: v for i, (n, v) in enumerate(zip(placeholders, example_inputs))
                  if isinstance(v, torch.Tensor) and _is_parameter_or_buffer(n, v)}
-    if is_symbolic_graph(gm):
+    if is_symbolic_graph(gm) and not options.devices:
         try:
             return SymbolicGraph(gm, constants, options)
         except Exception as err:  # any tracing or build failure: specialise per shape

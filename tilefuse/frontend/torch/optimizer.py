@@ -6,8 +6,12 @@ Dynamo gives an optimizer step as a graph whose parameters and optimizer state (
 every step, so nothing is frozen) and compiles the graph like any other
 (:class:`~tilefuse.frontend.torch.backend.SpecializedGraph`): ``functionalize`` turns the
 in-place updates into pure ops plus one ``copy_`` write-back per updated tensor, so the
-arithmetic of every parameter of a group becomes one tilefuse graph (fused elementwise kernels)
-and only the write-backs run in torch (they are not fallbacks: nothing is computed there).
+arithmetic of every parameter of a group becomes one tilefuse graph (fused elementwise kernels:
+one per parameter, computing the new parameter and moments together). The write-backs are then
+removed where :mod:`~tilefuse.frontend.torch.inplace` proves it safe: the kernels write the new
+state straight into the parameter and state tensors, so a step is one pass over the state
+(``write_backs.txt`` in the dump says how many copies are left; those run in torch, which is
+not a fallback: nothing is computed there).
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ def compile_stateful(gm: fx.GraphModule, attrs: Sequence[fx.Node], options: Any
                      ) -> Callable[..., Any]:
     """``gm`` with the tensors of ``attrs`` as trailing runtime inputs, compiled; the result
     takes Dynamo's inputs and passes the (live) attribute tensors itself."""
-    from tilefuse.frontend.torch.backend import SpecializedGraph
+    from tilefuse.frontend.torch.inplace import StepGraph
 
     tensors = [_attribute(gm, str(n.target)) for n in attrs]
     graph = fx.Graph()   # a copy: Dynamo still owns gm's graph
@@ -96,7 +100,7 @@ def compile_stateful(gm: fx.GraphModule, attrs: Sequence[fx.Node], options: Any
         graph.erase_node(node)
     graph.lint()
     lifted = fx.GraphModule(gm, graph)
-    compiled = SpecializedGraph(lifted, {}, options)
+    compiled = StepGraph(lifted, {}, options)
 
     def step(*args: Any) -> Any:
         with torch.no_grad():  # the write-backs update leaves that require grad

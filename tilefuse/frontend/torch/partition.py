@@ -148,6 +148,10 @@ class CompiledPartition(torch.nn.Module):
         if any(t.device.type != "cuda" for t in inputs):
             raise TilefuseError(f"{graph.name} was compiled for the cuda target; its inputs "
                                 f"must be CUDA tensors")
+        run_torch = getattr(self.executable, "run_torch", None)
+        if run_torch is not None:    # a sharded graph: segments and collectives on tensors
+            outs = run_torch(inputs)
+            return outs[0] if self.single else tuple(outs)
         device = inputs[0].device if inputs else torch.device("cuda")
         outs = [torch.empty(tuple(v.shape), dtype=DTYPE_TO_TORCH[v.dtype], device=device)
                 for v in graph.outputs]

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -202,6 +203,60 @@ class TrainingGraph:
         return compile_half
 
 
+@dataclass(frozen=True)
+class StepMemory:
+    """The memory a compiled training step holds on the CPU, in bytes: the arenas of the
+    forward's and the backward's compiled regions (allocated once, held for the executable's
+    life, so both count at every moment of a step), the activations the forward saves for
+    the backward, and the forward's and backward's outputs (loss, gradients, as torch tensors
+    over NumPy buffers). ``peak`` is their sum: an upper bound of the step's peak, since the
+    saved activations are freed as the backward runs."""
+
+    forward_arena: int
+    backward_arena: int
+    saved: int
+    outputs: int
+
+    @property
+    def peak(self) -> int:
+        return self.forward_arena + self.backward_arena + self.saved + self.outputs
+
+    def __str__(self) -> str:
+        mib = 2.0 ** 20
+        return (f"peak <= {self.peak / mib:.2f} MiB: arenas {self.forward_arena / mib:.2f} "
+                f"(forward) + {self.backward_arena / mib:.2f} (backward), saved activations "
+                f"{self.saved / mib:.2f}, outputs {self.outputs / mib:.2f}")
+
+
+def _arenas_and_outputs(graph: Any) -> tuple[int, int]:
+    """(arena bytes, output bytes) of the compiled regions of a SpecializedGraph's latest
+    signature."""
+    traced = list(getattr(graph, "traced", {}).values())
+    if not traced:
+        return 0, 0
+    arena = out = 0
+    for module in traced[-1].modules():
+        executable = getattr(module, "executable", None)
+        plan = getattr(executable, "memory_plan", None)
+        if plan is None:
+            continue
+        arena += int(getattr(plan, "arena_bytes", 0))
+        for v in executable.graph.outputs:
+            out += int(np.prod(v.type.shape, dtype=np.int64)) * v.type.dtype.np.itemsize
+    return arena, out
+
+
+def step_memory(graph: Any) -> StepMemory | None:
+    """The :class:`StepMemory` of a compiled training graph (a :class:`TrainingGraph`, or what
+    ``tilefuse.torch.backend`` returned for one), None before its first backward."""
+    graph = getattr(graph, "graph", graph)
+    if not isinstance(graph, TrainingGraph) or graph.backward is None or graph.choice is None:
+        return None
+    fa, fo = _arenas_and_outputs(graph.forward)
+    ba, bo = _arenas_and_outputs(graph.backward)
+    return StepMemory(fa, ba, graph.choice.saved_bytes, fo - graph.choice.saved_bytes + bo)
+
+
 def needs_training(example_inputs: Sequence[Any]) -> bool:
     """Whether Dynamo's graph must be differentiable: grad mode on and a tensor input that
     requires grad."""
@@ -215,5 +270,6 @@ def compile_training(gm: fx.GraphModule, example_inputs: Sequence[Any], options:
     return TrainingGraph(gm, example_inputs, options, name)
 
 
-__all__ = ["PartitionChoice", "TrainingGraph", "compile_training", "needs_training",
-           "warn_fallbacks", "warn_host_steps", "warn_whole_graph"]
+__all__ = ["PartitionChoice", "StepMemory", "TrainingGraph", "compile_training",
+           "needs_training", "step_memory", "warn_fallbacks", "warn_host_steps",
+           "warn_whole_graph"]
