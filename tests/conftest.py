@@ -10,6 +10,7 @@ loudly, naming both texts.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,28 @@ def _long_first_rank(nodeid: str) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _is_xdist_worker(config):
         items.sort(key=lambda item: _long_first_rank(item.nodeid))  # stable: paths in order
+
+
+_TORCH_THREADS_SHARED: list[bool] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under pytest-xdist each worker's eager torch (the reference of the torch tests, dynamo
+    and AOT autograd) gets its share of the cores, not all of them: two workers each running
+    two OpenMP threads on two cores spun and preempted each other (a torch training test
+    took ~30% more CPU and ~40% more time, measured interleaved on the busy 2-core machine).
+    tilefuse's own thread pool is left alone (it reads TILEFUSE_NUM_THREADS/OMP_NUM_THREADS,
+    which are not touched, so tests of parallel kernels still run them on every core), and so
+    are subprocesses. Done once, before the first test after torch is imported: this never
+    imports torch."""
+    if _TORCH_THREADS_SHARED or "torch" not in sys.modules:
+        return
+    _TORCH_THREADS_SHARED.append(True)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch = sys.modules["torch"]
+    share = max(1, len(os.sched_getaffinity(0)) // workers)
+    if workers > 1 and share < torch.get_num_threads():
+        torch.set_num_threads(share)
 
 
 # --- ONNX conformance bookkeeping -------------------------------------------------------------
