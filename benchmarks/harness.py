@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from workloads import Workload
+from workloads import Workload, jax_fn
 
 import tilefuse
 from tilefuse.cli.timing import interleaved_medians
@@ -22,8 +22,9 @@ SEPARATE = ("numpy",)
 
 def compass_peers(w: Workload, inputs: list[np.ndarray], threads: int
                   ) -> tuple[dict[str, Callable[[], Any]], dict[str, str]]:
-    """tilefuse, NumPy, torch eager, torch.compile and onnxruntime on ``inputs``; the peers
-    that are not installed, with the reason."""
+    """tilefuse, NumPy, torch eager, torch.compile, onnxruntime, jax.jit and OpenVINO on
+    ``inputs``; the peers that are not installed, with the reason. Weights are constants for
+    tilefuse and jax (closed over), initializers for onnxruntime and OpenVINO."""
     dyn, weights = inputs[:w.dynamic], inputs[w.dynamic:]
     impls: dict[str, Callable[[], Any]] = {}
     skipped: dict[str, str] = {}
@@ -50,6 +51,21 @@ def compass_peers(w: Workload, inputs: list[np.ndarray], threads: int
         impls["onnxruntime"] = lambda: session.run(None, feed)[0]
     except ImportError:
         skipped["onnxruntime"] = "onnxruntime not installed"
+    try:
+        import jax
+
+        fn = jax_fn(w)
+        jitted_jax = jax.jit(lambda *a: fn(*a, *weights))
+        impls["jax"] = lambda: jitted_jax(*dyn).block_until_ready()
+    except ImportError:
+        skipped["jax"] = "jax not installed"
+    try:
+        from tilefuse.cli.bench import openvino_runner
+
+        impls["openvino"] = openvino_runner(w.onnx_model(inputs).SerializeToString(), dyn,
+                                            threads)
+    except ImportError:
+        skipped["openvino"] = "openvino not installed"
     return impls, skipped
 
 

@@ -12,6 +12,7 @@ kernel as it finds the machine inside a model), and alternates the two builds ca
     .venv/bin/python benchmarks/kernel_ab.py resnet50 --prefetch B=8
     .venv/bin/python benchmarks/kernel_ab.py bert --prefetch B_next=0 --only k3,k9
     .venv/bin/python benchmarks/kernel_ab.py resnet50 --parallel n
+    .venv/bin/python benchmarks/kernel_ab.py resnet50 --tile 8x48     # another register tile
 
 Columns: each build's median time, their ratio (default / variant: above 1 the variant is
 faster), and the variant's GFLOP/s.
@@ -53,13 +54,25 @@ FLUSH_FLOATS = 4 << 20   # 16 MiB, as the tuner's MeasureOptions.flush_bytes
 
 
 def _variant(schedule: Schedule, pairs: dict[str, int], parallel: str | None,
-             extents: dict[str, int | None], threads: int) -> Schedule:
-    """The default with ``pairs`` merged into its prefetch (a distance of 0 removes one) and,
-    given ``parallel``, its threads over that axis, the axis's cache block cut to one share of
-    register tiles per thread (or left where it is already smaller)."""
+             extents: dict[str, int | None], threads: int,
+             tile: tuple[int, int] | None = None) -> Schedule:
+    """The default with ``pairs`` merged into its prefetch (a distance of 0 removes one),
+    given ``tile``, that MR x NR register tile (the M and N cache blocks rounded up to
+    multiples of it within their extents, NR cut to N's vectors), and given ``parallel``, its
+    threads over that axis, the axis's cache block cut to one share of register tiles per
+    thread (or left where it is already smaller)."""
     prefetch = dict(schedule.prefetch) | pairs
     variant = dataclasses.replace(schedule,
                                   prefetch=tuple(p for p in prefetch.items() if p[1]))
+    if tile is not None and schedule.micro_tile is not None:
+        lanes = schedule.vector_width
+        n = extents.get("n") or tile[1]
+        mr = max(1, min(tile[0], extents.get("m") or tile[0]))
+        nr = max(lanes, min(tile[1], n // lanes * lanes))
+        unit = {"m": mr, "n": nr}
+        tiles = tuple((a, min(-(-t // unit[a]) * unit[a], extents.get(a) or t)
+                       if a in unit and t else t) for a, t in variant.tiles)
+        variant = dataclasses.replace(variant, micro_tile=(mr, nr), tiles=tiles)
     if parallel is None or schedule.parallel_axes == (parallel,):
         return variant
     unit = schedule.micro_tile[0 if parallel == "m" else 1]
@@ -70,14 +83,15 @@ def _variant(schedule: Schedule, pairs: dict[str, int], parallel: str | None,
 
 
 def _builds(model: str, pairs: dict[str, int], parallel: str | None,
-            only: set[str] | None) -> list[dict]:
+            only: set[str] | None, tile: tuple[int, int] | None = None) -> list[dict]:
     graph, _, _ = _model(model, Path(tempfile.mkdtemp()))
     target, rng, rows = host_target(), np.random.default_rng(0), []
     for name, task in named_tasks(graph):
         if task.kind is not KernelKind.CONTRACTION or (only and name not in only):
             continue
         default = default_schedule(task.group, target)
-        variant = _variant(default, pairs, parallel, task.extents(), as_cpu_target(target).cores)
+        variant = _variant(default, pairs, parallel, task.extents(), as_cpu_target(target).cores,
+                           tile)
         if variant == default:
             continue
         try:
@@ -109,13 +123,16 @@ def main(argv: list[str] | None = None) -> int:
                              "(0 removes one)")
     parser.add_argument("--parallel", choices=("n", "m"),
                         help="threads over this axis (where the default splits the other)")
+    parser.add_argument("--tile", default=None, metavar="MRxNR",
+                        help="the register tile of the variant (6x64, 8x48, 12x32, ...)")
     parser.add_argument("--only", help="comma-separated kernel names (kernels.plan's k3, ...)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=15)
     args = parser.parse_args(argv)
     pairs = {k: int(v) for k, v in (p.split("=") for p in args.prefetch.split(",") if p)}
+    tile = tuple(int(v) for v in args.tile.lower().split("x")) if args.tile else None
     rows = _builds(args.model, pairs, args.parallel,
-                   set(args.only.split(",")) if args.only else None)
+                   set(args.only.split(",")) if args.only else None, tile)
     scratch = np.empty(FLUSH_FLOATS, np.float32)
     times = {r["name"]: {"default": [], "variant": []} for r in rows}
     for round_ in range(args.rounds):

@@ -1,8 +1,8 @@
-"""Whole-model workloads: the light ONNX models shipped in the onnx package (onnxruntime as the
-peer, fed onnx's own dummy inputs) and one BERT-base encoder layer from :mod:`tilefuse.zoo`
-(batch 1, sequence 128) against torch eager, torch.compile (Inductor) and onnxruntime (the layer
-exported with ``torch.onnx.export``), tilefuse running it through
-``torch.compile(backend=tilefuse.torch.backend)``.
+"""Whole-model workloads: the light ONNX models shipped in the onnx package (onnxruntime and
+OpenVINO as the peers, fed onnx's own dummy inputs) and one BERT-base encoder layer from
+:mod:`tilefuse.zoo` (batch 1, sequence 128) against torch eager, torch.compile (Inductor),
+onnxruntime and OpenVINO (the layer exported with ``torch.onnx.export``), tilefuse running it
+through ``torch.compile(backend=tilefuse.torch.backend)``.
 
 Each is timed by :func:`tilefuse.cli.bench.bench_model`, the code behind ``tilefuse bench``. A
 model tilefuse cannot import or compile yet is recorded as ``not supported`` with the reason,
@@ -71,9 +71,10 @@ def model_workloads() -> list[ModelWorkload]:
     for path in sorted(folder.glob("light_*.onnx")) if folder else []:
         name = path.stem
         made.append(ModelWorkload(name, f"{name.removeprefix('light_')} (onnx light model)",
-                                  "onnx-light", _light_loader(path), ("onnxruntime",)))
+                                  "onnx-light", _light_loader(path),
+                                  ("onnxruntime", "openvino")))
     made.append(ModelWorkload("bert", "BERT-base encoder layer, batch 1, seq 128", "bert",
-                              _bert_layer, ("torch", "inductor", "onnxruntime")))
+                              _bert_layer, ("torch", "inductor", "onnxruntime", "openvino")))
     return made
 
 

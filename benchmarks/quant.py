@@ -8,8 +8,9 @@
 - ``bert``: the BERT-base layer (b1 s128) int8 vs f32, vs onnxruntime on the same layer
   quantized by ``onnxruntime.quantization.quantize_dynamic``, and that onnxruntime file run by
   tilefuse (its MatMulInteger / DynamicQuantizeLinear nodes); cosine similarity of int8 vs f32;
-- ``resnet`` (not in the default list: slow to quantize): the light ResNet-50, f32 and int8, and
-  onnxruntime's QDQ file (``quantize_static``, random calibration data) in onnxruntime and here.
+- ``resnet`` (not in the default list: slow to quantize): ResNet-50 with random weights (the
+  light model's layout), f32 and int8, and onnxruntime's QDQ file (``quantize_static``, random
+  calibration data) in onnxruntime and here; logits compared, times against onnxruntime QDQ.
 
 Prints medians and ratios; figures taken on a shared machine move with its load.
 """
@@ -20,6 +21,7 @@ import argparse
 import os
 import sys
 import tempfile
+from typing import Any
 
 import numpy as np
 
@@ -127,23 +129,62 @@ def bert(rounds: int) -> None:
         _row("bert", interleaved_medians(impls, rounds), "f32")
 
 
+def _random_resnet50(path: str) -> Any:
+    """The light ResNet-50 of onnx's test data with random weights: its 239 weights and batch
+    norm parameters are ``ConstantOfShape`` fills (every channel alike, so its logits are all
+    equal); here they become initializers (He-normal convolutions, batch norm near identity)
+    and the logits (the Softmax's input) are the output."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(path)
+    graph = model.graph
+    shapes = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    rng = np.random.default_rng(50)
+    kept = []
+    for node in graph.node:
+        if node.op_type != "ConstantOfShape":
+            kept.append(node)
+            continue
+        name, shape = node.output[0], tuple(int(d) for d in shapes[node.input[0]])
+        if name.endswith("_w_0"):
+            fan_in = int(np.prod(shape[1:]))
+            value = rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
+        elif name.endswith("_bn_s_0"):
+            value = rng.uniform(0.3, 0.6, shape)   # keeps the residual stream bounded
+        elif name.endswith("_bn_riv_0"):
+            value = rng.uniform(0.5, 1.5, shape)
+        else:
+            value = rng.standard_normal(shape) * 0.05
+        graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), name))
+        graph.input.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT,
+                                                              list(shape)))
+    del graph.node[:]
+    graph.node.extend(kept)
+    softmax = next(n for n in graph.node if n.op_type == "Softmax")
+    graph.output[0].name = softmax.input[0]
+    graph.node.remove(softmax)
+    return model
+
+
 def resnet(rounds: int) -> None:
-    """The light ResNet-50 of onnx's test data: tilefuse f32 and int8, onnxruntime on the QDQ
-    file made by ``quantize_static`` (random calibration data), and tilefuse on that file."""
+    """ResNet-50 (the light model of onnx's test data with random weights, logits out):
+    tilefuse f32 and ``quantize="int8"``, onnxruntime f32, and the QDQ file made by
+    ``quantize_static`` (random calibration data) in onnxruntime and in tilefuse (its default
+    for a QDQ file: the convolutions on qconv_i8 with the pairs' static scales)."""
     import onnx
     import onnxruntime as ort
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
     from tilefuse import onnx as tf_onnx
 
-    path = os.path.join(os.path.dirname(onnx.__file__),
-                        "backend/test/data/light/light_resnet50.onnx")
+    light = os.path.join(os.path.dirname(onnx.__file__),
+                         "backend/test/data/light/light_resnet50.onnx")
     rng = np.random.default_rng(5)
-    name = onnx.load(path).graph.input[0].name
     x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
 
     class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
+        def __init__(self, name: str) -> None:
             self.left = [{name: rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
                          for _ in range(8)]
 
@@ -151,22 +192,30 @@ def resnet(rounds: int) -> None:
             return self.left.pop() if self.left else None
 
     with tempfile.TemporaryDirectory() as tmp:
-        qdq = os.path.join(tmp, "resnet.qdq.onnx")
-        quantize_static(path, qdq, Reader(), quant_format=QuantFormat.QDQ)
+        path, qdq = os.path.join(tmp, "resnet.onnx"), os.path.join(tmp, "resnet.qdq.onnx")
+        onnx.save(_random_resnet50(light), path)
+        name = onnx.load(path).graph.input[0].name
+        quantize_static(path, qdq, Reader(name), quant_format=QuantFormat.QDQ)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = _threads()
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(qdq, opts, providers=["CPUExecutionProvider"])
+        sessions = {k: ort.InferenceSession(p, opts, providers=["CPUExecutionProvider"])
+                    for k, p in (("onnxruntime f32", path), ("onnxruntime qdq", qdq))}
         models = {"f32": tf_onnx.load(path), "int8": tf_onnx.load(path, quantize="int8"),
-                  "qdq file": tf_onnx.load(qdq), "qdq file int8": tf_onnx.load(qdq,
-                                                                           quantize="int8")}
+                  "qdq file": tf_onnx.load(qdq)}
         impls = {k: (lambda m=m: m(x)) for k, m in models.items()}
-        impls["onnxruntime qdq"] = lambda: session.run(None, {name: x})[0]
+        impls.update({k: (lambda s=s: s.run(None, {name: x})[0]) for k, s in sessions.items()})
         ref = impls["f32"]()
         for key, impl in impls.items():
             if key != "f32":
-                print(f"  {key} vs f32: {compare_outputs(ref, impl())}")
-        _row("rn50", interleaved_medians(impls, rounds), "f32")
+                print(f"  {key} logits vs f32: {compare_outputs(ref, impl())}")
+        print("  qdq file vs onnxruntime qdq:",
+              compare_outputs(impls["onnxruntime qdq"](), impls["qdq file"]()))
+        plan = models["qdq file"].lower(x)
+        ops = [n.op.name for n in plan.optimized.nodes]
+        print(f"  qdq file: {ops.count('qconv_i8')} qconv_i8, {ops.count('matmul')} f32 "
+              f"matmuls, host steps {plan.executable.fallbacks}")
+        _row("rn50", interleaved_medians(impls, rounds), "onnxruntime qdq")
 
 
 def main(argv: list[str]) -> None:

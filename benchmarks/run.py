@@ -8,9 +8,11 @@ regenerates the tables of docs/PERFORMANCE.md.
     python benchmarks/run.py --quick                 # a smoke run: few rounds, a small subset
 
 Workloads: the compass set W1, W2, W3, W5, W7 (``workloads.py``; NumPy, torch eager,
-torch.compile with Inductor and onnxruntime as peers), the light ONNX models shipped with the
-onnx package (onnxruntime as peer; one tilefuse cannot import yet is reported as not supported)
-and a BERT-base encoder layer (``model_workloads.py``).
+torch.compile with Inductor, onnxruntime, jax.jit (the same NumPy function through jax.numpy)
+and OpenVINO (the same ONNX graph, f32) as peers), the light ONNX models shipped with the onnx
+package (onnxruntime and OpenVINO as peers; one tilefuse cannot import yet is reported as not
+supported) and a BERT-base encoder layer (``model_workloads.py``). The peers' versions are
+recorded in the JSON's ``meta`` and under the generated table.
 
 Every implementation's output is checked before timing. Times are medians over rounds; in each
 round every implementation runs once (or a batch of calls for microsecond workloads), in turn,
@@ -91,6 +93,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         results.append(record)
     meta = {"date": datetime.date.today().isoformat(), "machine": report.machine(),
             "threads": threads, "rounds": rounds, "quick": bool(args.quick),
+            "versions": report.peer_versions(),
             "source": "a run of benchmarks/run.py"}
     return {"meta": meta, "results": results}
 

@@ -1,5 +1,9 @@
 """The compass workloads, each written once as a NumPy function (what tilefuse.jit compiles), as a
-torch function (eager and torch.compile) and as an ONNX graph (onnxruntime)."""
+torch function (eager and torch.compile) and as an ONNX graph (onnxruntime and OpenVINO).
+
+The NumPy functions take the array module and ``scipy.special`` as keyword arguments
+(``np=``, ``special=``): the same function runs through ``jax.numpy`` and ``jax.scipy.special``
+under ``jax.jit`` (see :func:`jax_fn`)."""
 
 from __future__ import annotations
 
@@ -36,9 +40,10 @@ def _nbytes(arrays: list[np.ndarray]) -> float:
 
 # ---- W1: gelu(x @ w + b) -------------------------------------------------------------------
 
-def w1_numpy(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+def w1_numpy(x: np.ndarray, w: np.ndarray, b: np.ndarray, np: Any = np,
+             special: Any = scipy.special) -> np.ndarray:
     y = x @ w + b
-    return 0.5 * y * (1.0 + scipy.special.erf(y / math.sqrt(2.0)))
+    return 0.5 * y * (1.0 + special.erf(y / math.sqrt(2.0)))
 
 
 def w1_torch(x: Any, w: Any, b: Any) -> Any:
@@ -57,7 +62,8 @@ def w1_onnx(inputs: list[np.ndarray]) -> Any:
 
 # ---- W2: layer norm ------------------------------------------------------------------------
 
-def w2_numpy(x: np.ndarray, g: np.ndarray, b: np.ndarray) -> np.ndarray:
+def w2_numpy(x: np.ndarray, g: np.ndarray, b: np.ndarray, np: Any = np,
+             special: Any = scipy.special) -> np.ndarray:
     mean = x.mean(axis=-1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
     return (x - mean) / np.sqrt(var + 1e-5) * g + b
@@ -78,7 +84,7 @@ def w2_onnx(inputs: list[np.ndarray]) -> Any:
 
 # ---- W3: softmax ---------------------------------------------------------------------------
 
-def w3_numpy(x: np.ndarray) -> np.ndarray:
+def w3_numpy(x: np.ndarray, np: Any = np, special: Any = scipy.special) -> np.ndarray:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
@@ -97,7 +103,8 @@ def w3_onnx(inputs: list[np.ndarray]) -> Any:
 # ---- W5: MLP 256-256-256-10, batch 1 -------------------------------------------------------
 
 def w5_numpy(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarray, b2: np.ndarray,
-             w3: np.ndarray, b3: np.ndarray) -> np.ndarray:
+             w3: np.ndarray, b3: np.ndarray, np: Any = np, special: Any = scipy.special
+             ) -> np.ndarray:
     h = np.maximum(x @ w1 + b1, 0.0)
     h = np.maximum(h @ w2 + b2, 0.0)
     return h @ w3 + b3
@@ -127,8 +134,8 @@ def w5_onnx(inputs: list[np.ndarray]) -> Any:
 
 # ---- W7: relu(2x+1) * sigmoid(x) -----------------------------------------------------------
 
-def w7_numpy(x: np.ndarray) -> np.ndarray:
-    return np.maximum(2.0 * x + 1.0, 0.0) * scipy.special.expit(x)
+def w7_numpy(x: np.ndarray, np: Any = np, special: Any = scipy.special) -> np.ndarray:
+    return np.maximum(2.0 * x + 1.0, 0.0) * special.expit(x)
 
 
 def w7_torch(x: Any) -> Any:
@@ -147,6 +154,16 @@ def w7_onnx(inputs: list[np.ndarray]) -> Any:
              helper.make_node("Sigmoid", ["x"], ["s"]),
              helper.make_node("Mul", ["r", "s"], ["out"])]
     return _model(nodes, {"x": x}, {}, x.shape, extra=[two, one])
+
+
+def jax_fn(w: Workload) -> Callable[..., Any]:
+    """``w``'s NumPy function written through ``jax.numpy`` (not jitted)."""
+    import jax.numpy as jnp
+    import jax.scipy.special as jspecial
+
+    def fn(*arrays: Any) -> Any:
+        return w.numpy_fn(*arrays, np=jnp, special=jspecial)
+    return fn
 
 
 def _model(nodes: list[Any], inputs: dict[str, np.ndarray], weights: dict[str, np.ndarray],

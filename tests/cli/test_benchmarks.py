@@ -33,9 +33,18 @@ def test_table_shows_ratios_targets_and_unsupported_models():
     text = report.table(_records())
     w1, w5, light = text.splitlines()[2:]
     assert "| 9 ms |" in w1 and "30 ms (3.33x)" in w1 and "9.9 ms (1.10x)" in w1
-    assert "≤ onnxruntime | **yes**" in w1 and "| n/a |" in w1  # torch left out
-    assert "10 us (0.50x) ⚠" in w5 and "≤ 10 µs | no" in w5
+    assert "| 0.91x | ≤ 0.8x best peer | no" in w1 and "| n/a |" in w1  # torch left out
+    assert "10 us (0.50x) ⚠" in w5 and "| – | ≤ 10 µs and ≤ 0.8x best peer | no" in w5
     assert "**not supported**: OnnxError: unsupported op Foo" in light
+
+
+def test_a_peer_with_a_wrong_output_is_not_the_best_peer():
+    record = {"workload": "W3", "title": "softmax", "group": "compass", "status": "ok",
+              "median_s": {"tilefuse": 2e-3, "onnxruntime": 1e-3, "openvino": 4e-3},
+              "checks": {"tilefuse": "ok", "onnxruntime": "differs: max abs error 1",
+                         "openvino": "ok"}, "skipped": {}}
+    row = report.table([record]).splitlines()[2]
+    assert "1 ms (0.50x) ⚠" in row and "| 0.50x | ≤ 0.8x best peer | **yes** |" in row
 
 
 def test_write_docs_replaces_only_the_generated_block(tmp_path):
@@ -78,6 +87,65 @@ def test_model_workload_on_small_onnx(small_onnx):
     assert record["status"] == "ok"
     assert record["checks"] == {"tilefuse": "ok", "onnxruntime": "reference"}
     assert set(record["median_s"]) == {"tilefuse", "onnxruntime"}
+
+
+def test_model_workload_on_small_onnx_with_openvino(small_onnx):
+    pytest.importorskip("openvino")
+    import numpy as np
+
+    from tilefuse.cli.models import OnnxFile
+    from tilefuse.dtypes import DType
+    from tilefuse.testing import random_array
+
+    x = random_array(np.random.default_rng(1), (7, 13), DType.f32)
+    w = ModelWorkload("small", "relu(x @ w + b)", "onnx-light",
+                      lambda: (OnnxFile(str(small_onnx)), [x]), ("onnxruntime", "openvino"))
+    record = run_model_workload(w, rounds=1, threads=1)
+    assert record["status"] == "ok", record
+    assert record["checks"] == {"tilefuse": "ok", "onnxruntime": "reference", "openvino": "ok"}
+
+
+@pytest.mark.parametrize("name", ["W1", "W2", "W7"])
+def test_compass_peers_jax_and_openvino_compute_the_workload(name):
+    """jax.jit runs the same NumPy function through jax.numpy (W1's erf and W7's expit through
+    jax.scipy.special), OpenVINO the same ONNX graph in f32; both match NumPy on small
+    inputs of odd sizes."""
+    pytest.importorskip("jax")
+    pytest.importorskip("openvino")
+    import dataclasses
+
+    import numpy as np
+    from harness import compass_peers
+    from workloads import WORKLOADS
+
+    from tilefuse.testing import assert_close
+
+    small = {"W1": lambda r: [r.standard_normal((5, 24), dtype=np.float32),
+                              r.standard_normal((24, 33), dtype=np.float32) / 5,
+                              r.standard_normal(33, dtype=np.float32)],
+             "W2": lambda r: [r.standard_normal((9, 77), dtype=np.float32),
+                              r.standard_normal(77, dtype=np.float32),
+                              r.standard_normal(77, dtype=np.float32)],
+             "W7": lambda r: [r.standard_normal(1000, dtype=np.float32) * 4]}
+    w = dataclasses.replace(next(x for x in WORKLOADS if x.name == name),
+                            make_inputs=small[name])
+    inputs = w.make_inputs(np.random.default_rng(3))
+    impls, skipped = compass_peers(w, inputs, threads=1)
+    assert not {"jax", "openvino"} & set(skipped)
+    want = w.numpy_fn(*inputs)
+    for peer in ("jax", "openvino"):
+        out = impls[peer]()
+        got = np.asarray(out[0] if isinstance(out, list) else out)
+        assert got.dtype == np.float32
+        assert_close(got.reshape(want.shape), want.astype(np.float32))
+
+
+def test_peer_versions_are_recorded():
+    versions = report.peer_versions()
+    assert "numpy" in versions and "onnxruntime" in versions
+    payload = {"meta": {"date": "2026-12-03", "machine": "cpu", "threads": 2, "rounds": 3,
+                        "versions": {"jax": "0.10.2"}}, "results": _records()}
+    assert "Versions: jax 0.10.2." in report.docs_block(payload)
 
 
 def test_model_workload_tilefuse_cannot_import_is_not_supported(tmp_path):

@@ -129,3 +129,27 @@ def test_embedding_lookup_through_jit():
     np.testing.assert_allclose(f(table, ids, pos), embed(table, ids, pos), rtol=1e-6)
     exe = f.lower(table, ids, pos).executable
     assert exe is not None and exe.fallbacks == []
+
+
+def test_take_along_the_last_axis_checks_each_index_once():
+    """Single elements along the last axis: the indices are wrapped, checked and clamped once
+    into a local, and the rows read through it without a branch; out-of-range indices still
+    raise after the call."""
+    from tilefuse.kernel.fusion import form_kernels
+    from tilefuse.kernel.lower_gather import lower_gather
+    from tilefuse.loop import Local, format_function
+    from tilefuse.loop.ir import If, walk_stmts
+
+    rng = np.random.default_rng(11)
+    graph = one_op("take", [((9, 37), F32), ((13,), I32)], {"axis": -1})
+    (group,) = form_kernels(graph).groups
+    fn = lower_gather(group)
+    locals_ = [s for s in walk_stmts(fn.body) if isinstance(s, Local)]
+    assert [s.count for s in locals_] == [13], format_function(fn)
+    assert sum(isinstance(s, If) for s in walk_stmts(fn.body)) == 1   # the one check loop
+    exe = run(graph, [random_array(rng, (9, 37), F32),
+                      rng.integers(-37, 37, 13).astype(np.int32)])
+    bad = np.arange(13, dtype=np.int32)
+    bad[7] = 37
+    with pytest.raises(ShapeError, match="index 37"):
+        exe(random_array(rng, (9, 37), F32), bad)

@@ -147,3 +147,23 @@ def test_held_out_example_runs_with_zero_host_steps():
             np.testing.assert_allclose(got, reference(x, y), rtol=1e-5, atol=1e-5)
             exe = f.lower(x, y).executable
             assert exe is not None and exe.fallbacks == []
+
+
+@pytest.mark.parametrize("n", [64, 77, 256, 1000])
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_arg_reductions_keep_exact_indices_per_lane(op, n):
+    """Each lane keeps the index of its own first best (``bcast(i) + iota``); the answer is the
+    least index among lanes holding the row's best: ties within a lane, across lanes and
+    across the unrolled chains, the best in the scalar tail, and NaN (the first one) all give
+    NumPy's index."""
+    import tilefuse
+
+    rng = np.random.default_rng(n)
+    x = rng.integers(-3, 4, (9, n)).astype(np.float32)   # many ties
+    x[1] = 5.0                                            # all equal: index 0
+    x[2, n - 1] = 9.0                                     # best in the last element
+    x[3, [n // 3, n // 2, n - 2]] = np.nan                # the first NaN wins
+    x[4, [17, 33, 49]] = -9.0 if op == "argmin" else 9.0  # ties across lanes and chains
+    x[5, -5:] = 20.0 if op == "argmax" else -20.0         # the tail holds the best
+    fn = tilefuse.jit(lambda v: getattr(np, op)(v, axis=-1))
+    np.testing.assert_array_equal(fn(x), getattr(np, op)(x, axis=-1))

@@ -554,3 +554,61 @@ def test_rows_through_a_reshape_that_splits_axes(shape, view):
     graph = b.build([b.add1("mul", [back, y], {})])
     plan = plan_of(graph)
     check_groups(plan.graph, plan.groups, random_inputs(graph, sum(view)), reduction=True)
+
+
+# ----------------------------------------------------------------------------- streaming
+
+
+def streaming_stores(fn: LoopFunction) -> list[Store]:
+    return [s for s in walk_stmts(fn.body) if isinstance(s, Store) and s.streaming]
+
+
+@pytest.mark.parametrize("op", COMPOSITES)
+@pytest.mark.parametrize("shape", [(7, 64), (3, 5, 256), (2, 7, 13), (5, 1000)])
+def test_large_outputs_stream_and_stored_values_use_a_scratch_row(monkeypatch, op, shape):
+    """Past the threshold, rows of whole aligned vectors write their output once, in the
+    write pass, with streaming stores; softmax's exp goes to a scratch row, not the output
+    (the output would be read for ownership first). Other rows store as before."""
+    monkeypatch.setattr(row_store, "STREAM_MIN_BYTES", 1)
+    (fn,) = check_rows(composite_graph(op, shape), seed=41)
+    passes, writes = row_loops(fn)
+    if shape[-1] * 4 % row_store.STREAM_ALIGN:   # then whole vectors too (<= 16 lanes)
+        assert not streaming_stores(fn)
+        return
+    assert streaming_stores(fn)
+    assert not any(isinstance(s, Store) for p in passes for s in walk_stmts(p))
+    assert all(not reads_output(w) for w in writes)
+    assert all(s.streaming for w in writes for s in walk_stmts(w) if isinstance(s, Store))
+
+
+def test_small_outputs_do_not_stream():
+    (fn,) = check_rows(composite_graph("softmax", (7, 64)), seed=42)
+    assert not streaming_stores(fn) and row_store.stream_min_bytes() > 7 * 64 * 4
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "layer_norm", "rms_norm"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_streamed_results_are_bitwise_those_stored_normally(monkeypatch, op, threads, offset):
+    """Streaming changes how the output is written, not what: bit-identical outputs, also
+    into an output buffer that is not vector-aligned (``offset`` elements in), where the
+    kernel falls back to plain stores."""
+    plan = plan_of(composite_graph(op, (37, 320)))
+    (group,) = plan.groups
+    arrays = nan_rows(plan.graph, 36)
+    arrays[0] *= 30
+
+    def run() -> np.ndarray:
+        fn = lower_group(group, default(group))
+        room = np.empty(arrays[0].size + 16, arrays[0].dtype)
+        start = (-room.ctypes.data // 4) % 16 + offset
+        out = room[start:start + arrays[0].size].reshape(arrays[0].shape)
+        compile_kernel(fn)(*arrays, out, num_threads=threads)
+        return out.copy(), fn
+
+    plain, fn = run()
+    assert not streaming_stores(fn)
+    monkeypatch.setattr(row_store, "STREAM_MIN_BYTES", 1)
+    streamed, fn = run()
+    assert streaming_stores(fn)
+    assert plain.tobytes() == streamed.tobytes()

@@ -174,3 +174,28 @@ def test_int8_non_finite_activations_are_defined() -> None:
     np.testing.assert_array_equal(aq.astype(np.int32) - 128, q)
     np.testing.assert_array_equal(sa, scale)
     np.testing.assert_array_equal(out, q.astype(np.int64) @ w.astype(np.int64))
+
+
+def test_u8s8_fused_rescale_matches_reference_bitwise() -> None:
+    """matmul_u8s8 with the rescale of a quantize_dynamic file in its epilogue: a runtime
+    scalar (the activation's scale times the weight's), a bias vector, relu."""
+    from tilefuse.ops.quant import _u8s8_reference
+
+    m, k, n = 13, 100, 130
+    w = rng.integers(-128, 128, size=(k, n)).astype(np.int8)
+    steps = (("mul", "t", 0, False), ("add", "t", 1, True), ("relu",))
+    qk = L.build_u8s8("t", m, w, steps=steps, operands=(0, 1))
+    a = rng.integers(0, 256, size=(m, k)).astype(np.uint8)
+    zero = np.array(131, np.uint8)
+    scale = np.array(0.0123, np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    s = L.Int8Shape(m, k, n)
+    aq = aligned_empty(s.mp * s.kp, np.uint8)
+    out = np.full((m, n), np.nan, np.float32)
+    c = qk.constants
+    qk.kernel(a, c["w"], c["colsum"], zero, out, aq, scale, bias)
+    ref = _u8s8_reference(a, zero, w, scale, bias, epilogue=steps)
+    np.testing.assert_array_equal(out, ref)
+    acc = (a.astype(np.int64) - 131) @ w.astype(np.int64)
+    np.testing.assert_allclose(out, np.maximum(acc * np.float32(0.0123) + bias, 0), rtol=1e-5,
+                               atol=1e-3)

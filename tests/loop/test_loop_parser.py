@@ -38,6 +38,7 @@ from tilefuse.loop import (
     const,
     fma,
     format_function,
+    iota,
     loop,
     select,
     thread_id,
@@ -131,6 +132,8 @@ def every_construct() -> LoopFunction:
         m.store(i, binary(XOp.AND, binary(XOp.XOR, m.load(i), const(7, DType.i32)),
                           unary(XOp.NOT, m.load(n)))),
         If(binary(XOp.EQ, i, 0), Block(())),
+        Store("C", i * 16, acc.load(1), streaming=True),
+        m.store(i * 16, iota(16) + broadcast(cast(i, DType.i32), 16)),
     ]
     return LoopFunction("every", (a, h, c, m), ("n",),
                         loop("i", 0, n, body, step=12, kind=LoopKind.PARALLEL))
@@ -141,6 +144,7 @@ def test_every_construct_round_trips() -> None:
     verify(parsed)
     text = format_function(parsed)
     assert "prefetch.l2 A[k]" in text and "splat<16>(-0.0)" in text and "-inf" in text
+    assert "stream C[i*16:+16] = acc[1]" in text and "iota<i32x16>" in text
     outer = parsed.body.stmts[0]  # type: ignore[union-attr]
     [stmt] = [s for s in outer.body.stmts if isinstance(s, LocalStore)
               and s.name == "acc" and s.index == const(1)]

@@ -100,6 +100,9 @@ def test_onnxruntime_quantize_dynamic_file(tmp_path) -> None:
     out = compiled(xs)
     assert compiled.lower(xs).executable.fallbacks == []
     assert _ops(compiled, xs).count("matmul_u8s8") == 2
+    fused = [n for n in compiled.lower(xs).optimized.nodes if n.op.name == "matmul_u8s8"]
+    assert all(n.attrs["epilogue"] and n.outputs[0].dtype.name == "f32" for n in fused)
+    np.testing.assert_array_equal(out, tilefuse.onnx.load(str(qpath), target="reference")(xs))
     spec = ReferenceEvaluator(str(qpath)).run(None, {"x": xs})[0]
     np.testing.assert_allclose(out, spec, rtol=1e-5, atol=1e-5)
     with torch.no_grad():
@@ -187,7 +190,7 @@ def test_qdq_convolution_folds_its_weight_and_runs_natively() -> None:
     assert "conv2d" not in _ops(compiled, x)
     assert compiled.lower(x).executable.fallbacks == []
     quantized = tilefuse.onnx.load(model, quantize="int8")
-    assert "qmatmul_i8" in _ops(quantized, x)
+    assert "qconv_i8" in _ops(quantized, x)
     got = quantized(x)
     cos = float((got * spec).sum() / np.linalg.norm(got) / np.linalg.norm(spec))
     assert cos > 0.999

@@ -371,3 +371,67 @@ def test_pool_taps_do_not_recompute_arithmetic():
             for v in graph.inputs]
     for got, want in zip(exe(*args), interpret(graph, *args), strict=True):
         assert_close(got, want, reduction=True)
+
+
+@pytest.mark.parametrize("attrs,clamped", [
+    ({"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1, 1, 1)}, True),   # ResNet's stem
+    ({"kernel": (2, 3), "stride": (2, 1), "padding": (1, 0, 0, 1)}, True),
+    ({"kernel": (5, 5), "stride": (1, 1), "padding": (2, 2, 2, 2)}, True),
+    ({"kernel": (3, 2), "stride": (1, 2), "padding": (0, 1, 1, 1), "dilation": (1, 2)}, False),
+])
+def test_max_pool_reads_its_padding_as_clamped_loads(attrs, clamped):
+    """A channels-last max pool over a -inf padded input with unit dilation reads the padding
+    as loads clamped to the edge (no bounds test, no select): every window holds a real
+    element and max is idempotent. All-negative activations make a 0 fill or a tap clamped
+    outside its window visible; NaN must still propagate."""
+    rng = np.random.default_rng(21)
+    b = GraphBuilder("pool_pad")
+    x = b.input(((2, 3, 9, 8), DType.f32), "x")
+    h = b.add1("conv2d", [x, _const(b, rng, (16, 3, 3, 3))])
+    h = b.add1("sub", [h, b.add1("constant", [], {"value": Literal(np.float32(50.0))})])
+    graph = b.build([b.add1("max_pool2d", [h], attrs)])
+    optimized, _ = run_pipeline(graph, GRAPH_PIPELINE)
+    plan = form_kernels(decompose_composites(optimized)[0])
+    (taps,) = [g for g in plan.groups if g.kind is KernelKind.REDUCTION]
+    from tilefuse.kernel.lower_pool import lower_taps
+    assert ("select(" not in str(lower_taps(taps))) is clamped
+    exe = build_native(optimized)
+    assert exe.fallbacks == []
+    for seed in (3, 4):
+        args = [random_array(np.random.default_rng(seed), (2, 3, 9, 8), DType.f32)]
+        (want,) = interpret(graph, *args)
+        assert want.max() < 0
+        for got, w in zip(exe(*args), (want,), strict=True):
+            assert_close(got, w, reduction=True)
+    args[0][1, :, 4, 4] = np.nan
+    (got,) = exe(*args)
+    (want,) = interpret(graph, *args)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+
+
+@pytest.mark.parametrize("op,keepdims,hw,rewritten", [
+    ("mean", True, (7, 9), True), ("mean", False, (5, 5), True), ("max", True, (6, 4), True),
+    ("sum", False, (3, 11), True), ("mean", True, (17, 16), False),   # over 256 taps
+])
+def test_global_pool_of_a_matrix_is_a_tap_reduction(op, keepdims, hw, rewritten):
+    """A max / mean / sum over H and W of a conv's output reduces the taps of the activation
+    matrix seen as [N, H·W, C] (no transpose back to NCHW), and matches the reference."""
+    rng = np.random.default_rng(31)
+    b = GraphBuilder("gap")
+    x = b.input(((2, 3, *hw), DType.f32), "x")
+    h = b.add1("conv2d", [x, _const(b, rng, (19, 3, 1, 1))])
+    y = b.add1(op, [b.add1("relu", [h])], {"axes": (2, -1), "keepdims": keepdims})
+    graph = b.build([b.add1("mul", [y, y])])
+    result, _ = conv_to_matmul(graph)
+    reductions = [n for n in result.nodes if n.op.name == op]
+    assert len(reductions) == 1
+    assert (tuple(reductions[0].attrs["axes"]) == (1,)) is rewritten
+    back = [n for n in result.nodes if n.op.name == "transpose" and
+            tuple(n.attrs["perm"]) == (0, 3, 1, 2) and tuple(n.inputs[0].shape[1:3]) == hw]
+    assert (not back) is rewritten   # no full-size NHWC -> NCHW transpose
+    assert_same(graph, result, seed=7)
+    exe = build_native(run_pipeline(graph, GRAPH_PIPELINE)[0])
+    assert exe.fallbacks == []
+    args = [random_array(np.random.default_rng(9), (2, 3, *hw), DType.f32)]
+    for got, want in zip(exe(*args), interpret(graph, *args), strict=True):
+        assert_close(got, want, reduction=True)

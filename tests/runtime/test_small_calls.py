@@ -82,3 +82,81 @@ def test_a_call_reads_the_arrays_it_is_given_each_time():
         y = rng.standard_normal(33, dtype=np.float32)
         assert_close(fn(x, y), x * 2.0 + y)
         del x, y
+
+
+def test_contiguous_addresses_copy_what_is_not_contiguous_and_remember_only_originals():
+    cache = AddressCache(3)
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = a.T                                    # not C-contiguous: copied, never remembered
+    arrays, addresses = cache.contiguous([a, t, [1.0, 2.0]])
+    assert arrays[0] is a and addresses[0] == a.ctypes.data
+    assert arrays[1] is not t and arrays[1].flags.c_contiguous
+    assert np.array_equal(arrays[1], t) and addresses[1] == arrays[1].ctypes.data
+    assert isinstance(arrays[2], np.ndarray) and addresses[2] == arrays[2].ctypes.data
+    again, addresses = cache.contiguous([a, t, arrays[2]])
+    assert again[1] is not arrays[1] and addresses[1] == again[1].ctypes.data
+    same = [a, a.copy(), a.copy()]
+    assert cache.contiguous(same)[0] is same   # nothing copied: the caller's own list
+
+
+def _seven(a, b, c, d, e, f, g):
+    return (a - b) * c + d * e - f / (np.abs(g) + 1.0)
+
+
+def test_the_fast_call_path_matches_the_general_one():
+    """Calls on arrays alone take the fast path (one loop: key, lookup, contiguity,
+    addresses); it must give what the general path gives on the same arguments: fresh data
+    in the same arrays, new arrays, non-contiguous views, another shape, keyword calls."""
+    rng = np.random.default_rng(7)
+    fn = tilefuse.jit(_seven)
+    args = [rng.standard_normal((5, 7), dtype=np.float32) for _ in range(7)]
+    for _ in range(3):
+        assert_close(fn(*args), _seven(*args))
+        for a in args:   # new values in the same buffers
+            a[...] = rng.standard_normal(a.shape, dtype=np.float32)
+    assert fn._last_hit[1] is not None and fn._last_hit[1].direct is not None
+    views = [rng.standard_normal((7, 5), dtype=np.float32).T for _ in range(7)]
+    assert_close(fn(*views), _seven(*views))
+    assert_close(fn(*args[:6], g=args[6]), _seven(*args))   # a keyword: the general path
+    wide = [rng.standard_normal((2, 9), dtype=np.float32) for _ in range(7)]
+    assert_close(fn(*wide), _seven(*wide))
+    assert_close(fn(*args), _seven(*args))
+    info = fn.cache_info()
+    assert info.misses == 3 and info.hits == 4   # (5,7) f32 with g by keyword keys apart
+    f64 = [a.astype(np.float64) for a in args]
+    assert fn(*f64).dtype == np.float64
+    fn.clear_cache()
+    assert fn._last_hit == (None, None)
+    assert_close(fn(*args), _seven(*args))
+
+
+def test_outputs_stay_the_callers_on_the_fast_path():
+    """A returned output is reused only once the caller dropped it: kept results are never
+    overwritten by later calls."""
+    fn = tilefuse.jit(lambda x, y: x * y + 1.0)
+    rng = np.random.default_rng(8)
+    kept = []
+    for _ in range(4):
+        x = rng.standard_normal(64, dtype=np.float32)
+        y = rng.standard_normal(64, dtype=np.float32)
+        kept.append((fn(x, y), x * y + 1.0))
+        fn(x, y)   # dropped at once: its buffer may be reused
+    for got, want in kept:
+        assert_close(got, want)
+
+
+def test_a_function_with_graph_breaks_takes_the_general_path(capsys):
+    """A cache entry that is a program of regions (graph breaks) has no direct call: arrays
+    alone still run it, every call, through the general path."""
+    def branchy(x):
+        s = float(x.sum())
+        print("sum", round(s, 3))
+        return x * 2.0 if s > 0 else x - 1.0
+
+    fn = tilefuse.jit(branchy)
+    rng = np.random.default_rng(9)
+    for _ in range(3):
+        x = rng.standard_normal(40, dtype=np.float32)
+        assert_close(fn(x), x * 2.0 if x.sum() > 0 else x - 1.0)
+    assert fn._last_hit == (None, None)
+    assert capsys.readouterr().out.count("sum") == 3

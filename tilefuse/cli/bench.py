@@ -2,9 +2,10 @@
 model, interleaved round by round (:mod:`tilefuse.cli.timing`), medians and ratios, every
 output checked first.
 
-Peers per MODEL kind: an ONNX file runs in onnxruntime; a NumPy function runs as itself
-(``numpy``); a torch module runs in torch eager (``torch``), ``torch.compile`` with Inductor
-(``inductor``) and onnxruntime (the module exported with ``torch.onnx.export``), and tilefuse
+Peers per MODEL kind: an ONNX file runs in onnxruntime and OpenVINO; a NumPy function runs as
+itself (``numpy``); a torch module runs in torch eager (``torch``), ``torch.compile`` with
+Inductor (``inductor``), onnxruntime and OpenVINO (the module exported with
+``torch.onnx.export``), and tilefuse
 runs it through ``torch.compile(backend=tilefuse.torch.backend)``. A peer that does not apply or
 is not installed is listed with the reason, never an error. The outputs of every
 implementation are compared with the reference peer's (onnxruntime for ONNX, NumPy, torch
@@ -43,7 +44,7 @@ EXAMPLE = """  tilefuse bench model.onnx --vs onnxruntime --rounds 21
   tilefuse bench "tilefuse.zoo:bert_layer()" --input x=1x128x768 --input mask=1x1x1x128 \\
       --vs torch,inductor,onnxruntime --json bert.json"""
 
-PEERS = ("onnxruntime", "torch", "inductor", "numpy")
+PEERS = ("onnxruntime", "torch", "inductor", "numpy", "openvino")
 Impl = Callable[[], list[np.ndarray]]
 
 
@@ -93,11 +94,41 @@ def _ort_session(model_bytes: bytes, threads: int | None) -> Any:
     return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
 
 
-def _onnx_peers(model: OnnxFile, arrays: list[np.ndarray], threads: int | None
-                ) -> dict[str, Impl]:
-    session = _ort_session(model.path.read_bytes(), threads)
+def _ort_runner(model_bytes: bytes, arrays: list[np.ndarray], threads: int | None) -> Impl:
+    session = _ort_session(model_bytes, threads)
     feed = {i.name: a for i, a in zip(session.get_inputs(), arrays)}
-    return {"onnxruntime": lambda: session.run(None, feed)}
+    return lambda: session.run(None, feed)
+
+
+def openvino_runner(model_bytes: bytes, arrays: list[np.ndarray], threads: int | None
+                    ) -> Impl:
+    """A call of the ONNX model ``model_bytes`` compiled by OpenVINO for the CPU on ``arrays``
+    (its outputs, views of the request's buffers). f32 inference is asked for: OpenVINO's
+    default on CPUs with bf16 units is bf16, which would not be the same computation."""
+    import openvino as ov
+
+    core = ov.Core()
+    config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
+    compiled = core.compile_model(core.read_model(model_bytes, b""), "CPU", config)
+    request = compiled.create_infer_request()
+    feed = dict(enumerate(arrays))
+
+    def run() -> list[np.ndarray]:
+        request.infer(feed, share_inputs=True)
+        return [request.get_output_tensor(i).data for i in range(len(compiled.outputs))]
+    return run
+
+
+def _onnx_peers(model: OnnxFile, arrays: list[np.ndarray], threads: int | None,
+                wanted: Sequence[str] = ("onnxruntime",)) -> dict[str, Impl]:
+    impls: dict[str, Impl] = {}
+    if "onnxruntime" in wanted:
+        impls["onnxruntime"] = _ort_runner(model.path.read_bytes(), arrays, threads)
+    if "openvino" in wanted:
+        impls["openvino"] = openvino_runner(model.path.read_bytes(), arrays, threads)
+    return impls
 
 
 def _torch_peers(model: TorchModule, arrays: list[np.ndarray], wanted: Sequence[str]
@@ -119,20 +150,24 @@ def _torch_peers(model: TorchModule, arrays: list[np.ndarray], wanted: Sequence[
             with torch.no_grad():
                 return _outputs(compiled(*tensors))
         impls["inductor"] = inductor
-    if "onnxruntime" in wanted:
+    exporters = [p for p in ("onnxruntime", "openvino") if p in wanted]
+    if exporters:
         try:
             exported = io.BytesIO()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 torch.onnx.export(model.module, tuple(tensors), exported, dynamo=False,
                                   input_names=[s.name for s in model.inputs()])
-            session = _ort_session(exported.getvalue(), torch.get_num_threads())
-            feed = {i.name: a for i, a in zip(session.get_inputs(), arrays)}
-            impls["onnxruntime"] = lambda: session.run(None, feed)
-        except ImportError as err:
-            skipped["onnxruntime"] = f"not installed ({err.name})"
         except Exception as err:  # an exporter failure is a note, not a crash
-            skipped["onnxruntime"] = f"torch.onnx.export failed: {type(err).__name__}: {err}"
+            skipped.update({p: f"torch.onnx.export failed: {type(err).__name__}: {err}"
+                            for p in exporters})
+            return impls, skipped
+        for peer in exporters:
+            try:
+                runner = _ort_runner if peer == "onnxruntime" else openvino_runner
+                impls[peer] = runner(exported.getvalue(), arrays, torch.get_num_threads())
+            except ImportError as err:
+                skipped[peer] = f"not installed ({err.name})"
     return impls, skipped
 
 
@@ -140,15 +175,15 @@ def peer_impls(model: Model, arrays: list[np.ndarray], wanted: Sequence[str] | N
                threads: int | None = None) -> tuple[dict[str, Impl], dict[str, str]]:
     """The wanted peers (None: every one that applies) of ``model``, reference first, and
     why any wanted one is left out."""
-    applies = {"onnx": ("onnxruntime",), "numpy": ("numpy",),
-               "torch": ("torch", "inductor", "onnxruntime")}[model.kind]
+    applies = {"onnx": ("onnxruntime", "openvino"), "numpy": ("numpy",),
+               "torch": ("torch", "inductor", "onnxruntime", "openvino")}[model.kind]
     wanted = applies if wanted is None else wanted
     skipped = {p: f"does not apply to a {model.kind} model" for p in wanted if p not in applies}
     chosen = [p for p in applies if p in wanted]
     impls: dict[str, Impl] = {}
     try:
         if isinstance(model, OnnxFile) and chosen:
-            impls = _onnx_peers(model, arrays, threads)
+            impls = _onnx_peers(model, arrays, threads, chosen)
         elif isinstance(model, NumpyFunction) and chosen:
             impls = {"numpy": lambda: _outputs(model.fn(*arrays))}
         elif isinstance(model, TorchModule) and chosen:

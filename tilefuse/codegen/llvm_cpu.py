@@ -116,6 +116,8 @@ class LoopLowering:
 
     ops_class: type[LLVMOps] = LLVMOps
     """The scalar-op protocol implementation (a target may refine its math)."""
+    streaming_stores = True
+    """Whether ``Store.streaming`` becomes a non-temporal store (x86); else a plain one."""
 
     def __init__(self, fn: LoopFunction, module: ir.Module, *, scalef: bool = False):
         self.fn = fn
@@ -128,6 +130,7 @@ class LoopLowering:
         impl, state = self.define(f"{self.fn.name}.impl", list(self.fn.buffers), names,
                                   with_threads=True)
         self.stmt(state, self.fn.body)
+        self.fence(state, self.fn.body)
         state.b.ret_void()
         self.define_entry(impl)
 
@@ -202,7 +205,42 @@ class LoopLowering:
         if buf.dtype is DType.bool:
             value = st.b.zext(value, llvm_type(s.value.type, memory=True))
         address = self.element_ptr(st, ptr, buf, self.expr(st, s.index, {}))
+        width = buf.dtype.itemsize * s.value.lanes
+        if s.streaming and self.streaming_stores and width in (16, 32, 64):
+            self.streaming_store(st, value, address, width, self.access_align(buf, 1))
+            return
         st.b.store(value, address, align=self.access_align(buf, s.value.lanes))
+
+    def streaming_store(self, st: FnState, value: Value, address: Value, width: int,
+                        align: int) -> None:
+        """A non-temporal store (``vmovntps``) where ``address`` is ``width``-aligned, a plain
+        one where it is not (x86 has no unaligned vector non-temporal store): the branch is
+        the same all along a row, so it predicts perfectly. :meth:`fence` after the loop
+        orders the stores before the kernel returns."""
+        b = st.b
+        aligned = b.icmp_unsigned("==", b.and_(b.ptrtoint(address, I64),
+                                               ir.Constant(I64, width - 1)),
+                                  ir.Constant(I64, 0))
+        nt_bb = st.fn.append_basic_block("nt.store")
+        plain_bb = st.fn.append_basic_block("store")
+        merge = st.fn.append_basic_block("stored")
+        b.cbranch(aligned, nt_bb, plain_bb)
+        b.position_at_end(nt_bb)
+        store = b.store(value, address, align=width)
+        store.set_metadata("nontemporal", self.module.add_metadata([ir.Constant(I32, 1)]))
+        b.branch(merge)
+        b.position_at_end(plain_bb)
+        b.store(value, address, align=align)
+        b.branch(merge)
+        b.position_at_end(merge)
+
+    def fence(self, st: FnState, body: Stmt) -> None:
+        """``sfence`` when ``body`` made streaming stores: they are weakly ordered, and the
+        caller (another thread, the next kernel) must see them once this function returns."""
+        if self.streaming_stores and any(isinstance(n, Store) and n.streaming
+                                         for n in walk_stmts(body)):
+            fn = declare(self.module, "llvm.x86.sse.sfence", VOID, [])
+            st.b.call(fn, [])
 
     def prefetch(self, st: FnState, s: Prefetch) -> None:
         """``llvm.prefetch(address, read, the hint's locality, data cache)``; the address
@@ -293,6 +331,7 @@ class LoopLowering:
         fn, state = self.define(f"{name}.body", buffers, values)
         state.thread_id, lo, hi = fn.args[-3:]
         self.serial(state, s.var, lo, hi, s.step, s.body)
+        self.fence(state, s.body)
         state.b.ret_void()
         return fn
 
@@ -369,6 +408,10 @@ class LoopLowering:
             value = st.env[e.arg]  # type: ignore[index]
         elif e.op is XOp.THREAD_ID:
             value = st.thread_id
+        elif e.op is XOp.IOTA:
+            element = llvm_type(e.type.scalar)
+            value = ir.Constant(llvm_type(e.type), [ir.Constant(element, k)
+                                                    for k in range(e.lanes)])
         elif e.op is XOp.LOAD:
             value = self.load(st, e, self.expr(st, e.args[0], memo))
         elif e.op is XOp.LOCAL_LOAD:

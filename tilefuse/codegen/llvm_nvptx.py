@@ -388,25 +388,41 @@ class NvptxLowering(LoopLowering):
         wide = _SHUFFLED.get(arg.dtype)
         if wide is None:
             raise CompileError(f"kernel {self.fn.name}: warp {e.op} of {arg.dtype} is not "
-                               f"supported (f32, i32 and the narrower types are)")
+                               f"supported")
         value = self.expr(st, arg, memo) if arg.lanes == 1 else super().expr(st, e, memo)
         if wide is not arg.dtype:  # narrow types fold as i32 / f32 (exact for max, min, add)
             value = self._convert(st, value, arg.dtype, wide)
         scalar = LType(wide)
         ty = llvm_type(scalar)
         suffix = "f32" if wide is DType.f32 else "i32"
-        shuffle = declare(self.module, f"llvm.nvvm.shfl.sync.bfly.{suffix}", ty,
-                          [I32, ty, I32, I32])
+        shuffle = declare(self.module, f"llvm.nvvm.shfl.sync.bfly.{suffix}",
+                          ty if wide.itemsize == 4 else I32, [I32, ty, I32, I32]
+                          if wide.itemsize == 4 else [I32, I32, I32, I32])
         combine = getattr(st.ops, _COMBINE[e.op])
         offset = self.simt_width // 2
         while offset:
-            other = st.b.call(shuffle, [ir.Constant(I32, -1), value, ir.Constant(I32, offset),
-                                        ir.Constant(I32, 0x1F)])
+            args = [ir.Constant(I32, offset), ir.Constant(I32, 0x1F)]
+            if wide.itemsize == 4:
+                other = st.b.call(shuffle, [ir.Constant(I32, -1), value, *args])
+            else:  # 64-bit values cross the warp as two 32-bit halves
+                other = self._shuffle64(st, shuffle, value, ty, args)
             value = combine(scalar, value, other)
             offset //= 2
         if wide is not arg.dtype:
             value = self._convert(st, value, wide, arg.dtype)
         return value
+
+    @staticmethod
+    def _shuffle64(st: FnState, shuffle: ir.Function, value: ir.Value, ty: ir.Type,
+                   args: list[ir.Value]) -> ir.Value:
+        """A 64-bit ``value`` (i64 or f64) shuffled as its low and high 32-bit halves."""
+        i64 = ir.IntType(64)
+        bits = st.b.bitcast(value, i64) if ty != i64 else value
+        lo = st.b.trunc(bits, I32)
+        hi = st.b.trunc(st.b.lshr(bits, ir.Constant(i64, 32)), I32)
+        lo, hi = (st.b.call(shuffle, [ir.Constant(I32, -1), half, *args]) for half in (lo, hi))
+        joined = st.b.or_(st.b.shl(st.b.zext(hi, i64), ir.Constant(i64, 32)), st.b.zext(lo, i64))
+        return st.b.bitcast(joined, ty) if ty != i64 else joined
 
     @staticmethod
     def _convert(st: FnState, value: ir.Value, source: DType, dest: DType) -> ir.Value:
@@ -423,8 +439,9 @@ class NvptxLowering(LoopLowering):
 _UNSIGNED = frozenset({DType.bool, DType.u8})
 _SHUFFLED = {DType.f32: DType.f32, DType.i32: DType.i32, DType.f16: DType.f32,
              DType.bf16: DType.f32, DType.bool: DType.i32, DType.u8: DType.i32,
-             DType.i8: DType.i32, DType.i16: DType.i32}
-"""The type a warp reduction of each dtype shuffles (32-bit shuffles only)."""
+             DType.i8: DType.i32, DType.i16: DType.i32, DType.i64: DType.i64,
+             DType.f64: DType.f64}
+"""The type a warp reduction of each dtype shuffles (32-bit shuffles; 64-bit types in two)."""
 
 
 def lower_to_nvptx_ir(fn: LoopFunction, target: GpuTarget = SM90,

@@ -105,10 +105,13 @@ def _contiguous(a: Any) -> np.ndarray:
 
 
 class _Entry:
-    """One compiled specialisation and how to feed it from a call's arguments."""
+    """One compiled specialisation and how to feed it from a call's arguments. ``direct``:
+    the executable's own call on the positional arguments as they are (every argument an
+    input, in order, none by keyword), which checks contiguity itself
+    (:meth:`~tilefuse.runtime.native.NativeExecutable.run_args`); None when it has none."""
 
-    __slots__ = ("captured", "executable", "key", "keywords", "optimized", "pack", "positions",
-                 "report")
+    __slots__ = ("captured", "direct", "executable", "key", "keywords", "optimized", "pack",
+                 "positions", "report")
 
     def __init__(self, key: Key, captured: Captured, optimized: Graph, report: Any,
                  executable: Executable):
@@ -120,6 +123,8 @@ class _Entry:
         self.optimized = optimized
         self.report = report
         self.executable = executable
+        in_order = self.positions == tuple(range(len(key[1]))) and not self.keywords
+        self.direct = getattr(executable, "run_args", None) if in_order else None
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         arrays = [_contiguous(args[i]) for i in self.positions]
@@ -164,6 +169,8 @@ class JitFunction:
         self._recompile_log = get_logger("recompiles")
         self._guard_log = get_logger("guards")
         self._dynamic = DynamicDims(dynamic, self._names)
+        self._direct_calls = not self._static_positions and not self._target.is_cuda
+        self._last_hit: tuple[tuple[Any, ...] | None, Any] = (None, None)
         self._max_recompiles = max(0, int(max_recompiles))
 
     def __repr__(self) -> str:
@@ -177,6 +184,29 @@ class JitFunction:
     # ---- calls -----------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs and self._direct_calls and not self._dynamic.any:
+            # the fast path of a cache hit on arrays alone (the key _key makes of them, see
+            # benchmarks/w5_profile.py): every step of the general path below, in one loop
+            parts = []
+            for a in args:
+                if type(a) is not np.ndarray:
+                    break
+                parts.append((a.shape, a.dtype))
+            else:
+                key_parts = tuple(parts)
+                last_parts, entry = self._last_hit   # one tuple: read and set atomically
+                if key_parts != last_parts:   # equal: no hashing, no lookup
+                    entry = self._cache.get((self._target, key_parts, ()))
+                    if type(entry) is not _Entry or entry.direct is None:
+                        entry = None   # a miss, graph breaks (a Program) or a general entry
+                    else:
+                        self._last_hit = (key_parts, entry)
+                if entry is not None:
+                    self._hits += 1
+                    try:
+                        return entry.pack(entry.direct(args))
+                    except (SymbolConflict, SymbolGuardError) as err:
+                        return self._guard_failed(err, args, kwargs)
         device = None
         if self._target.is_cuda and (kwargs or not all(type(a) is np.ndarray for a in args)):
             device = (args, kwargs)   # device arrays: keyed and traced through stand-ins
@@ -497,6 +527,7 @@ class JitFunction:
         """Drops every compiled entry and resets the counters."""
         with self._lock:
             self._cache.clear()
+            self._last_hit = (None, None)
             self._hits = self._misses = self._compiles = 0
 
     # ---- logs ------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from tilefuse.loop.ir import (
     loop,
     var,
 )
+from tilefuse.loop.verify import MAX_UNROLL
 from tilefuse.ops.registry import OpKind
 
 GPU_KINDS = frozenset({KernelKind.ELEMENTWISE, KernelKind.ROW_REDUCTION, KernelKind.MOVEMENT,
@@ -106,7 +107,8 @@ LONG_ROW_BLOCK = 128
 
 def unroll_constant_loops(s: Stmt) -> Stmt:
     """``s`` with every non-parallel loop of constant bounds marked ``unrolled`` (the code
-    generator then emits one copy of the body per iteration)."""
+    generator then emits one copy of the body per iteration), except loops of more than
+    ``MAX_UNROLL`` trips (a row kernel's loop over other rows, say), which stay loops."""
     if isinstance(s, Block):
         return Block(tuple(unroll_constant_loops(c) for c in s.stmts))
     if isinstance(s, If):
@@ -114,7 +116,8 @@ def unroll_constant_loops(s: Stmt) -> Stmt:
                   None if s.else_ is None else unroll_constant_loops(s.else_))
     if isinstance(s, For):
         body = unroll_constant_loops(s.body)
-        constant = s.start.op is XOp.CONST and s.stop.op is XOp.CONST
+        constant = s.start.op is XOp.CONST and s.stop.op is XOp.CONST and \
+            -(-(s.stop.arg - s.start.arg) // s.step) <= MAX_UNROLL  # type: ignore[operator]
         kind = LoopKind.UNROLLED if constant and s.kind is not LoopKind.PARALLEL else s.kind
         return replace(s, body=body, kind=kind)
     return s

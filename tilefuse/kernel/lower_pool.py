@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
-from tilefuse.graph.ir import Node
+from tilefuse.graph.ir import Node, Value
 from tilefuse.kernel.access import NotVectorizable, dims
 from tilefuse.kernel.fusion import KernelKind
 from tilefuse.kernel.lower_elementwise import (
@@ -51,7 +52,7 @@ from tilefuse.kernel.lower_elementwise import (
     run_loops,
     vector_width,
 )
-from tilefuse.kernel.scalar_expr import KernelGroupLike
+from tilefuse.kernel.scalar_expr import ElementBuilder, KernelGroupLike, Override
 from tilefuse.kernel.schedule import PARALLEL_MIN_ELEMENTS
 from tilefuse.loop.ir import (
     Expr,
@@ -181,17 +182,16 @@ def lower_taps(group: KernelGroupLike, schedule: Schedule | None = None) -> Loop
     lanes = fit_lanes(vector_width(schedule) if schedule is not None and
                       schedule.vector_axis else 16, c)
 
+    clamped_pad = _clamped_pad(group, anchor)
+
     def runs(row: Expr) -> list[Stmt]:
         def body(i: Expr, width: int) -> list[Stmt]:
-            b = ctx.builder()
-            acc: Expr | None = None
+            b = ctx.builder(_clamped_read(clamped_pad, lambda: b) if clamped_pad else None)
+            values = []
             for t in range(taps):
                 value = b.value(x, (row, const(t), i), width, 1)
-                if value.type.dtype != work:
-                    value = cast(value, work)
-                acc = value if acc is None else (maximum(acc, value) if anchor.op.name == "max"
-                                                 else binary(XOp.ADD, acc, value))
-            assert acc is not None
+                values.append(value if value.type.dtype == work else cast(value, work))
+            acc = _tree_fold(values, anchor.op.name == "max")
             if anchor.op.name == "mean":
                 acc = binary(XOp.DIV, acc, const(float(taps), work, width))
             if acc.type.dtype != y.dtype:
@@ -206,6 +206,53 @@ def lower_taps(group: KernelGroupLike, schedule: Schedule | None = None) -> Loop
     except NotVectorizable:  # lanes strided in some input (an NCHW input's transpose): scalars
         lanes = 1
         return ctx.function(outer_loop(ctx.names, m, tile, runs))
+
+
+def _clamped_pad(group: KernelGroupLike, anchor: Node) -> Node | None:
+    """The pad to read as a clamped load, with no bounds test and no select, in a max over the
+    taps of a ``-inf`` padded input; None for any other group. Max is idempotent, and with unit
+    dilation along each padded axis and less padding on either side than the kernel's extent,
+    every window holds a real element, so a tap outside the input clamped to the nearest edge
+    reads an element of its own window: the max is unchanged. (ResNet-50's first max pool,
+    112x112x64: the generic pad's masks and selects cost more than the loads.)"""
+    pads = [n for n in group.nodes if n.op.name == "pad"]
+    windows = [n for n in group.nodes if n.op.name == "window_patches"]
+    if anchor.op.name != "max" or len(pads) != 1 or len(windows) != 1:
+        return None
+    pad, window = pads[0], windows[0]
+    readers = [n for n in group.nodes if pad.outputs[0] in n.inputs]
+    if readers != [window] or pad.outputs[0] in group.outputs or \
+            pad.attrs["mode"] != "constant" or pad.attrs["value"] != -math.inf:
+        return None
+    kernel, pp = window.attrs["kernel"], pad.attrs["pads"]
+    if len(dims(pad.outputs[0].shape)) != 4 or any(pp[i] for i in (0, 1, 6, 7)) or \
+            tuple(window.attrs["dilations"]) != (1, 1) or \
+            any(pp[2 * a] >= kernel[a - 1] or pp[2 * a + 1] >= kernel[a - 1] for a in (1, 2)):
+        return None
+    return pad
+
+
+def _clamped_read(pad: Node, builder: Callable[[], ElementBuilder]) -> dict[Value, Override]:
+    """The override of :func:`_clamped_pad`'s pad: its source at the index clamped inside."""
+    source, pp = pad.inputs[0], pad.attrs["pads"]
+    shape = dims(source.shape)
+
+    def clamped(index: tuple[Expr, ...], lanes: int) -> Expr:
+        at = tuple(minimum(maximum(i - pp[2 * a], 0), shape[a] - 1)
+                   if pp[2 * a] or pp[2 * a + 1] else i for a, i in enumerate(index))
+        return builder().value(source, at, lanes, 1)
+    return {pad.outputs[0]: clamped}
+
+
+def _tree_fold(values: list[Expr], is_max: bool) -> Expr:
+    """The max (or sum) of ``values`` as a balanced tree: a chain of T folds is T dependent
+    steps (a NaN-propagating max is a compare and a masked move, ~4 cycles each), a tree
+    log2(T); the taps' loads are independent, so the tree keeps the load ports busy."""
+    while len(values) > 1:
+        paired = [maximum(a, b) if is_max else binary(XOp.ADD, a, b)
+                  for a, b in zip(values[::2], values[1::2])]
+        values = paired + values[len(paired) * 2:]
+    return values[0]
 
 
 def _window_loop(ctx: KernelContext, node_name: str, plane: Expr, rows: _Axis, cols: _Axis,

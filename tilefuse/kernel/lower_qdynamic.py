@@ -16,7 +16,7 @@ import numpy as np
 from tilefuse.codegen.jit import KernelSignature
 from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.dtypes import DType
-from tilefuse.kernel.lower_qmatmul import (
+from tilefuse.kernel.quant_ir import (
     _DECLS,
     _V16F,
     _V16I,

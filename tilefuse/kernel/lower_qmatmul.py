@@ -1,5 +1,7 @@
 """Native kernels of the quantized products (``qmatmul_i8``, ``matmul_w4``, ``matmul_u8s8``),
-as LLVM IR (``dynamic_quantize_u8``'s is in :mod:`tilefuse.kernel.lower_qdynamic`).
+as LLVM IR (``dynamic_quantize_u8``'s is in :mod:`tilefuse.kernel.lower_qdynamic`, the
+convolution's in :mod:`tilefuse.kernel.lower_qconv`; the IR builder, workers, epilogue and
+compilation they share are in :mod:`tilefuse.kernel.quant_ir`).
 
 These kernels are written directly in LLVM IR rather than in loop IR: their inner step is one
 instruction the loop IR has no op for (``vpdpbusd``: 64 u8 x s8 products summed four at a time
@@ -37,32 +39,46 @@ the native executable also passes them through its disk cache (``compiler``).
 
 from __future__ import annotations
 
-import struct
-import threading
+import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import llvmlite.binding as llvm
 import numpy as np
 
-from tilefuse.codegen.jit import CompiledKernel, KernelSignature, aligned_empty, optimise
-from tilefuse.codegen.pool import thread_pool
-from tilefuse.codegen.target import CpuTarget, host_target, target_machine
+from tilefuse.codegen.jit import KernelSignature, aligned_empty
+from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
-from tilefuse.loop.ir import Block, BufferParam, LoopFunction
-from tilefuse.ops.quant import DYNAMIC_QUANTIZE_U8, MATMUL_U8S8, MATMUL_W4, QMATMUL_I8
-
-MR8, NV, LANES = 6, 4, 16
-PANEL = NV * LANES          # 64 columns a tile
-MR4 = 4
-MAX_K8 = 65536
-"""Largest K of the int8 kernel: |sum_k (q + 128) * w| <= 255 * 128 * K stays below 2**31."""
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b) * b
-
+from tilefuse.kernel.quant_ir import (
+    _DECLS,
+    _V16F,
+    _V16I,
+    LANES,
+    MAX_K8,
+    MR4,
+    MR8,
+    NV,
+    PANEL,
+    Compiler,
+    QuantKernel,
+    _activate,
+    _ceil,
+    _codes,
+    _entry,
+    _epilogue_store,
+    _Fn,
+    _grab_worker,
+    _lane_mask,
+    _math,
+    _padded,
+    _tile_origin,
+    check_target,
+    compile_ir,
+    compile_with,
+    epilogue_ir,
+    signature_function,
+)
+from tilefuse.ops.quant import DYNAMIC_QUANTIZE_U8, MATMUL_U8S8, MATMUL_W4, QCONV_I8, QMATMUL_I8
 
 # ---- build-time packing ----------------------------------------------------------------------
 
@@ -89,206 +105,7 @@ def pack_int4(wq: np.ndarray) -> np.ndarray:
     return packed
 
 
-def _padded(v: np.ndarray, n: int, dtype: type) -> np.ndarray:
-    out = aligned_empty(_ceil(max(n, 1), PANEL), dtype)
-    out[:] = 0
-    out[:v.shape[-1]] = v
-    return out
-
-
-# ---- IR text helpers -------------------------------------------------------------------------
-
-_V16F, _V16I = "<16 x float>", "<16 x i32>"
-_SQRT2 = f"0x{struct.unpack('<Q', struct.pack('<d', float(np.float32(np.sqrt(2.0)))))[0]:016X}"
-"""sqrt(2) rounded to f32, as LLVM writes a float constant (the f64 bits of the f32 value)."""
-_IOTA = "<" + ", ".join(f"i32 {i}" for i in range(LANES)) + ">"
-
-_DECLS = """
-declare void @tilefuse_parallel(ptr, ptr, i32)
-declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <16 x i32>, <16 x i32>)
-declare <16 x float> @llvm.fabs.v16f32(<16 x float>)
-declare <16 x float> @llvm.rint.v16f32(<16 x float>)
-declare <16 x float> @llvm.maxnum.v16f32(<16 x float>, <16 x float>)
-declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)
-declare float @llvm.fabs.f32(float)
-declare float @llvm.rint.f32(float)
-declare float @llvm.maxnum.f32(float, float)
-declare float @llvm.minnum.f32(float, float)
-declare <16 x float> @llvm.minnum.v16f32(<16 x float>, <16 x float>)
-declare float @llvm.vector.reduce.fmin.v16f32(<16 x float>)
-declare float @llvm.vector.reduce.fmax.v16f32(<16 x float>)
-declare <16 x i32> @llvm.smax.v16i32(<16 x i32>, <16 x i32>)
-declare <16 x i32> @llvm.smin.v16i32(<16 x i32>, <16 x i32>)
-declare i32 @llvm.smax.i32(i32, i32)
-declare i32 @llvm.smin.i32(i32, i32)
-declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32, <16 x i1>)
-declare void @llvm.masked.store.v16i32.p0(<16 x i32>, ptr, i32, <16 x i1>)
-declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)
-declare <16 x i32> @llvm.fptosi.sat.v16i32.v16f32(<16 x float>)
-declare i32 @llvm.fptosi.sat.i32.f32(float)
-"""
-
-
-class _Fn:
-    """Lines of one LLVM function with fresh SSA names."""
-
-    def __init__(self, header: str):
-        self.lines = [header + " {", "entry:"]
-        self.count = 0
-
-    def tmp(self) -> str:
-        self.count += 1
-        return f"%t{self.count}"
-
-    def __call__(self, rhs: str) -> str:
-        name = self.tmp()
-        self.lines.append(f"  {name} = {rhs}")
-        return name
-
-    def alloca(self, ty: str) -> str:
-        """An alloca in the entry block (where mem2reg promotes it to registers)."""
-        name = self.tmp()
-        self.lines.insert(2, f"  {name} = alloca {ty}, align 64")
-        return name
-
-    def at(self, elem: str, base: str, index: str) -> str:
-        """The address of element ``index`` of type ``elem`` from ``base``."""
-        return self(f"getelementptr {elem}, ptr {base}, i64 {index}")
-
-    def vload(self, ty: str, elem: str, base: str, index: str, align: int = 4) -> str:
-        return self(f"load {ty}, ptr {self.at(elem, base, index)}, align {align}")
-
-    def fma(self, a: str, b: str, c: str) -> str:
-        return self(f"call {_V16F} @llvm.fma.v16f32({_V16F} {a}, {_V16F} {b}, {_V16F} {c})")
-
-    def do(self, line: str) -> None:
-        self.lines.append(f"  {line}")
-
-    def label(self, name: str) -> None:
-        self.lines.append(f"{name}:")
-
-    def splat(self, scalar: str, ty: str = "float") -> str:
-        v = self(f"insertelement <16 x {ty}> poison, {ty} {scalar}, i32 0")
-        return self(f"shufflevector <16 x {ty}> {v}, <16 x {ty}> poison, <16 x i32> "
-                    "zeroinitializer")
-
-    def buffer(self, bufs: str, index: int) -> str:
-        slot = self(f"getelementptr ptr, ptr {bufs}, i64 {index}")
-        return self(f"load ptr, ptr {slot}")
-
-    def counted_loop(self, name: str, count: int | str, body: callable) -> None:
-        """for (i = 0; i < count; i++) body(i) with the counter in an alloca (mem2reg)."""
-        var = self.alloca("i64")
-        self.do(f"store i64 0, ptr {var}")
-        self.do(f"br label %{name}.head")
-        self.label(f"{name}.head")
-        i = self(f"load i64, ptr {var}")
-        more = self(f"icmp slt i64 {i}, {count}")
-        self.do(f"br i1 {more}, label %{name}.body, label %{name}.end")
-        self.label(f"{name}.body")
-        body(i)
-        nxt = self(f"add i64 {i}, 1")
-        self.do(f"store i64 {nxt}, ptr {var}")
-        self.do(f"br label %{name}.head")
-        self.label(f"{name}.end")
-
-    def text(self) -> str:
-        return "\n".join([*self.lines, "}"]) + "\n"
-
-
-def _grab_worker(name: str, body: str, total: int, grain: int) -> str:
-    """``void name(ptr ctx, i64 tid, i64 n)``: takes ``grain`` items at a time of ``total``
-    from the counter in ``ctx`` ({ptr buffers, i64 counter}) and calls ``body(bufs, lo, hi)``."""
-    return f"""
-define internal void @{name}(ptr %ctx, i64 %tid, i64 %n) nounwind {{
-entry:
-  %bufs = load ptr, ptr %ctx
-  %cnt = getelementptr i8, ptr %ctx, i64 8
-  br label %grab
-grab:
-  %lo = atomicrmw add ptr %cnt, i64 {grain} monotonic
-  %more = icmp slt i64 %lo, {total}
-  br i1 %more, label %run, label %done
-run:
-  %end = add i64 %lo, {grain}
-  %short = icmp slt i64 %end, {total}
-  %hi = select i1 %short, i64 %end, i64 {total}
-  call void @{body}(ptr %bufs, i64 %lo, i64 %hi)
-  br label %grab
-done:
-  ret void
-}}
-"""
-
-
-def _entry(name: str, workers: list[str]) -> str:
-    lines = [f"define void @{name}(ptr %bufs, ptr %scalars, i32 %threads) nounwind {{", "entry:"]
-    for i, worker in enumerate(workers):
-        lines += [f"  %ctx{i} = alloca {{ptr, i64}}, align 64",
-                  f"  store ptr %bufs, ptr %ctx{i}",
-                  f"  %cnt{i} = getelementptr i8, ptr %ctx{i}, i64 8",
-                  f"  store i64 0, ptr %cnt{i}",
-                  f"  call void @tilefuse_parallel(ptr @{worker}, ptr %ctx{i}, i32 %threads)"]
-    return "\n".join([*lines, "  ret void", "}"]) + "\n"
-
-
-def _erf_text() -> str:
-    """``tf.erf.v16f32`` from the generated math library (codegen/math_lib.py), as IR text
-    without the declarations the module already has."""
-    from llvmlite import ir
-
-    from tilefuse.codegen.math_lib import MathLib
-    from tilefuse.loop.ir import LType
-
-    module = ir.Module()
-    MathLib(module).function("erf", LType(DType.f32, LANES))
-    have = {line.split("@")[1].split("(")[0] for line in _DECLS.splitlines()
-            if line.startswith("declare")}
-    kept = []
-    for line in str(module).splitlines():
-        if line.startswith(("; ModuleID", "target ")):
-            continue
-        if line.startswith("declare"):
-            name = line.split("@")[1].split("(")[0].strip('"')
-            if name in have:
-                continue
-        kept.append(line)
-    return "\n".join(kept) + "\n"
-
-
-def _math(act: str) -> str:
-    return _erf_text() if act == "gelu" else ""
-
-
-def _epilogue_store(f: _Fn, v: str, act: str, ptr: str, mask: str) -> None:
-    if act == "gelu":   # 0.5·v · (1 + erf(v / sqrt 2)), in the reference's order
-        half = f(f"fmul {_V16F} splat (float 5.000000e-01), {v}")
-        scaled = f(f"fdiv {_V16F} {v}, splat (float {_SQRT2})")
-        e = f(f'call {_V16F} @"tf.erf.v16f32"({_V16F} {scaled})')
-        v = f(f"fmul {_V16F} {half}, {f(f'fadd {_V16F} splat (float 1.000000e+00), {e}')}")
-    if act == "relu":
-        neg = f(f"fcmp olt {_V16F} {v}, zeroinitializer")
-        v = f(f"select <16 x i1> {neg}, {_V16F} zeroinitializer, {_V16F} {v}")
-    f.do(f"call void @llvm.masked.store.v16f32.p0({_V16F} {v}, ptr {ptr}, i32 4, "
-         f"<16 x i1> {mask})")
-
-
-def _lane_mask(f: _Fn, n0: str, n: int) -> str:
-    base = f.splat(f(f"trunc i64 {n0} to i32"), "i32")
-    idx = f(f"add {_V16I} {base}, {_IOTA}")
-    limit = f.splat(str(n), "i32")
-    return f(f"icmp slt {_V16I} {idx}, {limit}")
-
-
 # ---- int8 ------------------------------------------------------------------------------------
-
-def _tile_origin(f: _Fn, r: str, mblocks: int, rows: int) -> tuple[str, str]:
-    """A worker's tile ``%lo + r`` as (its N panel, its first row): tiles run M-block fastest,
-    so consecutive tiles share one packed weight panel."""
-    t = f(f"add i64 %lo, {r}")
-    nb = f(f"udiv i64 {t}, {mblocks}")
-    return nb, f(f"mul i64 {f(f'urem i64 {t}, {mblocks}')}, {rows}")
-
 
 @dataclass(frozen=True)
 class Int8Shape:
@@ -350,10 +167,7 @@ def _quant_rows(name: str, s: Int8Shape) -> str:
             off = f(f"mul i64 {i}, {LANES}")
             v = f(f"load {_V16F}, ptr {f(f'getelementptr float, ptr {xrow}, i64 {off}')}, align 4")
             r_ = f(f"call {_V16F} @llvm.rint.v16f32({_V16F} {f(f'fmul {_V16F} {v}, {inv_v}')})")
-            q = f(f"call {_V16I} @llvm.fptosi.sat.v16i32.v16f32({_V16F} {r_})")  # NaN -> 0
-            q = f(f"call {_V16I} @llvm.smax.v16i32({_V16I} {q}, {_V16I} splat (i32 -127))")
-            q = f(f"call {_V16I} @llvm.smin.v16i32({_V16I} {q}, {_V16I} splat (i32 127))")
-            q = f(f"trunc {_V16I} {f(f'add {_V16I} {q}, splat (i32 128)')} to <16 x i8>")
+            q = _codes(f, r_, -127, 127, 128)
             f.do(f"store <16 x i8> {q}, ptr {f(f'getelementptr i8, ptr {arow}, i64 {off}')}, "
                  "align 1")
 
@@ -378,11 +192,17 @@ def _quant_rows(name: str, s: Int8Shape) -> str:
     return f.text()
 
 
-def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool = False) -> str:
+Post = Callable[[_Fn, str, str, str, str], str]
+"""``post(f, v, m, n0, mask)``: more epilogue on the 16 floats ``v`` of row m, columns
+n0..n0+15 (after the activation), returning the value to store."""
+
+
+def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool = False,
+                post: Post | None = None) -> str:
     """``void name(bufs, lo, hi)``: tiles lo..hi (panel-major) of MR8 rows x 64 columns.
     ``raw``: store acc - comp as i32 (the integer core, for tests) instead of the epilogue.
     ``zero_point`` (``matmul_u8s8``, raw): buffers a, w, colsum, a_zero, out, aq, and comp is
-    ``a_zero * colsum``."""
+    ``a_zero * colsum``. ``post``: a fused elementwise epilogue after the activation."""
     f = _Fn(f"define internal void @{name}(ptr %bufs, i64 %lo, i64 %hi) nounwind")
     if zero_point:
         w, comp, out, aq = (f.buffer("%bufs", i) for i in (1, 2, 4, 5))
@@ -444,6 +264,10 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
                 acc = f(f"sub {_V16I} {f(f'load {_V16I}, ptr {accs[i][j]}, align 64')}, {comps[j]}")
                 at = f(f"mul i64 {m}, {s.n}")
                 dst = f(f"getelementptr float, ptr {out}, i64 {f(f'add i64 {at}, {cols[j]}')}")
+                if raw and post is not None:   # matmul_u8s8's fused rescale
+                    v = post(f, f(f"sitofp {_V16I} {acc} to {_V16F}"), m, cols[j], masks[j])
+                    _epilogue_store(f, v, "none", dst, masks[j])
+                    continue
                 if raw:
                     f.do(f"call void @llvm.masked.store.v16i32.p0({_V16I} {acc}, ptr {dst}, "
                          f"i32 4, <16 x i1> {masks[j]})")
@@ -451,7 +275,9 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
                 v = f(f"sitofp {_V16I} {acc} to {_V16F}")
                 v = f(f"fmul {_V16F} {v}, {f(f'fmul {_V16F} {sa_i}, {scales[j]}')}")
                 v = f(f"fadd {_V16F} {v}, {biases[j]}")
-                _epilogue_store(f, v, act, dst, masks[j])
+                if post is not None:
+                    v = post(f, _activate(f, v, act), m, cols[j], masks[j])
+                _epilogue_store(f, v, "none" if post is not None else act, dst, masks[j])
             f.do(f"br label %{label}.skip")
             f.label(f"{label}.skip")
 
@@ -479,12 +305,15 @@ def _copy_rows(name: str, s: Int8Shape) -> str:
     return f.text()
 
 
-def u8s8_module(name: str, s: Int8Shape) -> str:
-    """The LLVM IR of ``matmul_u8s8``; buffers: a (u8), w (packed), colsum, a_zero, out (i32),
-    aq (scratch)."""
+def u8s8_module(name: str, s: Int8Shape, steps: tuple = (),
+                operands: tuple[int, ...] = ()) -> str:
+    """The LLVM IR of ``matmul_u8s8``; buffers: a (u8), w (packed), colsum, a_zero, out (i32;
+    f32 with a fused epilogue over the operands that follow), aq (scratch)."""
     tiles = (s.mp // MR8) * (s.np_ // PANEL)
+    post = epilogue_ir(steps, operands, s.n, len(U8S8_BUFFERS)) if steps else None
     return "".join([_DECLS, _copy_rows(f"{name}.copy", s),
-                    _int8_tiles(f"{name}.tiles", s, "none", True, zero_point=True),
+                    _int8_tiles(f"{name}.tiles", s, "none", True, zero_point=True,
+                                post=post),
                     _grab_worker(f"{name}.w0", f"{name}.copy", s.m, 8),
                     _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1),
                     _entry(name, [f"{name}.w0", f"{name}.w1"])])
@@ -608,65 +437,6 @@ def int4_module(name: str, s: Int4Shape, act: str = "none") -> str:
                     _entry(name, [f"{name}.w0"])])
 
 
-# ---- compilation -----------------------------------------------------------------------------
-
-_COMPILED: dict[tuple[str, CpuTarget], CompiledKernel] = {}
-_LOCK = threading.Lock()
-
-
-Compiler = Callable[[str, KernelSignature], CompiledKernel]
-"""Turns a kernel's IR text and signature into machine code (:func:`compile_ir`, or the
-native executable's disk cache around it)."""
-
-
-def check_target(target: CpuTarget, vnni: bool) -> None:
-    """CompileError unless ``target`` has the instructions these kernels use."""
-    need = ["avx512f", "avx512bw"] + (["avx512vnni"] if vnni else [])
-    missing = [f for f in need if not target.has(f)]
-    if missing:
-        raise CompileError(f"the quantized kernels need {', '.join(missing)}, which {target.cpu} "
-                           "lacks")
-
-
-def compile_ir(text: str, signature: KernelSignature, target: CpuTarget | None = None
-               ) -> CompiledKernel:
-    """Parses, optimises (O3) and JIT-compiles hand-written IR with the loop IR's entry ABI;
-    one compile per distinct text in this process."""
-    target = target or host_target()
-    key = (text, target)
-    with _LOCK:
-        if key in _COMPILED and _COMPILED[key].name == signature.name:
-            return _COMPILED[key]
-    tm = target_machine(target)
-    try:
-        module = llvm.parse_assembly(text)
-        module.triple = target.triple
-        module.data_layout = str(tm.target_data)
-        module.verify()
-    except RuntimeError as exc:
-        raise CompileError(f"LLVM rejected the IR of kernel {signature.name}: {exc}") from exc
-    optimise(module, tm)
-    thread_pool()
-    engine = llvm.create_mcjit_compiler(module, tm)
-    engine.finalize_object()
-    kernel = CompiledKernel(signature, engine, target, str(module))
-    with _LOCK:
-        _COMPILED[key] = kernel
-    return kernel
-
-
-def compile_with(compiler: Compiler | None, text: str, signature: KernelSignature,
-                 target: CpuTarget) -> CompiledKernel:
-    """``compiler(text, signature)`` when given, else :func:`compile_ir` for ``target``."""
-    return compile_ir(text, signature, target) if compiler is None else compiler(text, signature)
-
-
-def signature_function(name: str, buffers: list[tuple[str, DType, bool]]) -> LoopFunction:
-    """A loop-IR function with these buffers and no body: the signature the runtime binds and
-    launches (the code is the hand-written IR)."""
-    return LoopFunction(name, tuple(BufferParam(n, d, ro) for n, d, ro in buffers), (),
-                        Block(()))
-
 
 INT8_BUFFERS = [("x", DType.f32, True), ("w", DType.i8, True), ("comp", DType.i32, True),
                 ("w_scale", DType.f32, True), ("bias", DType.f32, True),
@@ -674,22 +444,6 @@ INT8_BUFFERS = [("x", DType.f32, True), ("w", DType.i8, True), ("comp", DType.i3
 INT4_BUFFERS = [("x", DType.f32, True), ("wq", DType.u8, True), ("scales", DType.f32, True),
                 ("offsets", DType.f32, True), ("bias", DType.f32, True),
                 ("out", DType.f32, False)]
-
-
-@dataclass
-class QuantKernel:
-    """A compiled quantized kernel, its signature function and the arrays made at build time
-    (keyed by buffer name); ``scratch`` gives the per-call scratch sizes in bytes."""
-
-    fn: LoopFunction
-    kernel: CompiledKernel
-    ir: str
-    constants: dict[str, np.ndarray]
-    scratch: dict[str, tuple[int, np.dtype]]
-    inputs: dict[str, int] = field(default_factory=lambda: {"x": 0})
-    """Buffers bound to the node's inputs (name -> input position)."""
-    outputs: dict[str, int] = field(default_factory=lambda: {"out": 0})
-    """Buffers bound to the node's outputs (name -> output position)."""
 
 
 def build_int8(name: str, m: int, w: np.ndarray, w_scale: np.ndarray, bias: np.ndarray,
@@ -723,9 +477,11 @@ U8S8_BUFFERS = [("a", DType.u8, True), ("w", DType.i8, True), ("colsum", DType.i
 
 
 def build_u8s8(name: str, m: int, w: np.ndarray, target: CpuTarget | None = None,
-               compiler: Compiler | None = None) -> QuantKernel:
+               compiler: Compiler | None = None, steps: tuple = (),
+               operands: tuple[int, ...] = ()) -> QuantKernel:
     """The exact integer product ``(a - a_zero) @ w`` (ONNX MatMulInteger with u8 activations
-    and i8 weights) for a [m, K]; out is i32."""
+    and i8 weights) for a [m, K]; out is i32, or f32 through the fused epilogue ``steps``
+    (the rescale an onnxruntime ``quantize_dynamic`` file writes after it)."""
     target = target or host_target()
     check_target(target, vnni=True)
     k, n = w.shape
@@ -734,13 +490,18 @@ def build_u8s8(name: str, m: int, w: np.ndarray, target: CpuTarget | None = None
                            "overflow")
     s = Int8Shape(m, k, n)
     name = f"{name}_u8s8_{m}x{k}x{n}"
-    text = u8s8_module(name, s)
-    fn = signature_function(name, U8S8_BUFFERS)
+    buffers = list(U8S8_BUFFERS)
+    if steps:
+        name += "_e" + hashlib.sha1(repr((steps, operands)).encode()).hexdigest()[:12]
+        buffers[4] = ("out", DType.f32, False)
+        buffers += [(f"e{i}", DType.f32, True) for i in range(len(operands))]
+    text = u8s8_module(name, s, steps, operands)
+    fn = signature_function(name, buffers)
     kernel = compile_with(compiler, text, KernelSignature(name, fn.buffers, (), True), target)
     packed, comp = pack_int8(np.asarray(w, np.int8))
     consts = {"w": packed, "colsum": _padded(comp // 128, n, np.int32)}
     return QuantKernel(fn, kernel, text, consts, {"aq": (s.mp * s.kp, np.dtype(np.uint8))},
-                       {"a": 0, "a_zero": 1})
+                       {"a": 0, "a_zero": 1, **{f"e{i}": 3 + i for i in range(len(operands))}})
 
 
 def build_int4(name: str, m: int, wq: np.ndarray, scales: np.ndarray, zeros: np.ndarray,
@@ -776,8 +537,15 @@ __all__ = ["INT4_BUFFERS", "INT8_BUFFERS", "Int4Shape", "Int8Shape", "QuantKerne
 
 # ---- kernel groups ---------------------------------------------------------------------------
 
-QUANT_OPS = frozenset({QMATMUL_I8, MATMUL_W4, MATMUL_U8S8, DYNAMIC_QUANTIZE_U8})
+QUANT_OPS = frozenset({QMATMUL_I8, MATMUL_W4, MATMUL_U8S8, DYNAMIC_QUANTIZE_U8, QCONV_I8})
 """The ops lowered here (by OpDef, as nodes point at them)."""
+
+
+def _kind(value: object) -> int:
+    """An epilogue operand's kind for :func:`tilefuse.kernel.quant_ir.epilogue_ir`: 0 scalar,
+    1 [N] vector, 2 [M, N] tensor."""
+    shape = tuple(value.shape)  # type: ignore[attr-defined]
+    return 0 if len(shape) == 0 or shape == (1,) else 1 if len(shape) == 1 else 2
 
 
 def is_quant_group(group: object) -> bool:
@@ -804,11 +572,20 @@ def lower_quant_group(group: object, constants: dict, target: CpuTarget | None =
         w = constants.get(node.inputs[2])
         if w is None:
             raise CompileError("matmul_u8s8: the weight must be a constant")
-        return build_u8s8(name, m, w, target, compiler)
-    arrays = [constants.get(v) for v in node.inputs[1:]]
+        return build_u8s8(name, m, w, target, compiler, node.attrs["epilogue"],
+                          tuple(_kind(v) for v in node.inputs[3:]))
+    arrays = [constants.get(v) for v in node.inputs[1:4 if node.op is QCONV_I8 else None]]
     if any(a is None for a in arrays):
         raise CompileError(f"{node.op.name}: the weights, scales and bias must be constants")
     act = node.attrs["act"]
+    if node.op is QCONV_I8:
+        from tilefuse.kernel.lower_qconv import build_qconv, conv_shape, static_of
+
+        w, scale, bias = arrays[:3]
+        operands = tuple(_kind(v) for v in node.inputs[4:])
+        return build_qconv(name, conv_shape(node), w, scale, bias, act, static_of(node.attrs),
+                           target=target, compiler=compiler, steps=node.attrs["epilogue"],
+                           operands=operands)
     if node.op is QMATMUL_I8:
         w, scale, bias = arrays
         return build_int8(name, m, w, scale, bias, act, target=target, compiler=compiler)

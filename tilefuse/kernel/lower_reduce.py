@@ -71,6 +71,7 @@ from tilefuse.loop.ir import (
     broadcast,
     cast,
     const,
+    iota,
     loop,
     minimum,
     reduce,
@@ -171,11 +172,14 @@ def _identity(stage: _Stage, largest: bool, lanes: int) -> Expr:
 def _better(new: Expr, best: Expr, largest: bool) -> Expr:
     """Whether an arg-reduction takes ``new`` over ``best``: strictly better, or the first
     NaN (NumPy's argmax/argmin)."""
-    take = binary(XOp.GT if largest else XOp.LT, new, best)
     if new.dtype.is_float:
-        first_nan = binary(XOp.AND, unary(XOp.ISNAN, new), unary(XOp.NOT, unary(XOp.ISNAN, best)))
-        take = binary(XOp.OR, take, first_nan)
-    return take
+        # (new > best or isnan(new)) and not isnan(best), written as one unordered compare
+        # and one ordered one (two vector compares, where the three of the spelled-out rule
+        # and their "or" made argmax 2-3x slower than NumPy's)
+        worse_or_equal = binary(XOp.LE if largest else XOp.GE, new, best)
+        return binary(XOp.AND, unary(XOp.NOT, worse_or_equal),
+                      unary(XOp.NOT, unary(XOp.ISNAN, best)))
+    return binary(XOp.GT if largest else XOp.LT, new, best)
 
 
 class _Lowering:
@@ -465,36 +469,39 @@ class _Lowering:
                        inner_shape: tuple[int, ...], n: int, width: int
                        ) -> tuple[list[Stmt], Expr]:
         """An arg-reduction over the trailing run in one vector pass. Each lane keeps its best
-        value and the start of the vector run it came from (strictly better, or the first NaN,
-        as the scalar rule), in ``unroll`` chains. Run starts are multiples of ``width``, so
-        the first index holding the best value ``m`` lies in the earliest run any lane holding
-        ``m`` came from: that run's ``width`` elements are scanned for it. The scalar tail
-        comes after every run, so it wins only when strictly better."""
+        value and that element's index (``bcast(i) + iota``: strictly better, or the first
+        NaN, as the scalar rule), in ``unroll`` chains; each lane holds the first index of its
+        own best, so the answer is the least index among the lanes holding the overall best
+        ``m``. The scalar tail comes after every vector, so it wins only when strictly
+        better."""
         rank = len(self.shape)
         whole = n - n % width
-        never = const(n, DType.i64)  # past every index: "no match"
         unroll = max(1, min(UNROLL, n // (2 * width)))
         big = n - n % (width * unroll)
+        # indices in i32 lanes where they fit: as wide as the values' lanes (one register and
+        # one mask per select; i64 lanes took two of each and spilled masks)
+        at = DType.i32 if n < 2 ** 31 else DType.i64
+        lanes = iota(width, at)
 
-        def term(i: Expr, lanes: int) -> tuple[list[Stmt], Expr]:
+        def term(i: Expr, count: int) -> tuple[list[Stmt], Expr]:
             within = dict(zip(inner, unflatten(i, inner_shape)))
             index = tuple(within[a] if a in within else prefix[a] for a in range(rank))
             b = self.ctx.builder()
-            return list(b.lets), stage.term(b, index, lanes, len(inner), None)
+            return list(b.lets), stage.term(b, index, count, len(inner), None)
 
         vals = Local(self.fresh("acc"), LType(stage.acc, width), unroll)
-        runs = Local(self.fresh("run"), LType(DType.i64, width), unroll)
-        stmts: list[Stmt] = [vals, runs]
+        idxs = Local(self.fresh("at"), LType(at, width), unroll)
+        stmts: list[Stmt] = [vals, idxs]
         for j in range(unroll):
             stmts += [LocalStore(vals.name, const(j), _identity(stage, self.largest, width)),
-                      LocalStore(runs.name, const(j), const(0, DType.i64, width))]
+                      LocalStore(idxs.name, const(j), const(0, at, width))]
 
         def update(j: int, i: Expr) -> list[Stmt]:
             lets, e = term(i, width)
             take = Let(self.fresh("take"), _better(e, vals.load(j), self.largest))
+            where = broadcast(i if at is DType.i64 else cast(i, at), width) + lanes
             return [*lets, take, LocalStore(vals.name, const(j), select(take.ref, e, vals.load(j))),
-                    LocalStore(runs.name, const(j), select(take.ref, broadcast(i, width),
-                                                           runs.load(j)))]
+                    LocalStore(idxs.name, const(j), select(take.ref, where, idxs.load(j)))]
 
         if unroll > 1:
             i = self.fresh("i")
@@ -521,21 +528,16 @@ class _Lowering:
 
         earliest: Expr | None = None
         for j in range(unroll):
-            cand = select(matches(vals.load(j)), runs.load(j), broadcast(never, width))
+            cand = select(matches(vals.load(j)), idxs.load(j), const(n, at, width))
             earliest = cand if earliest is None else minimum(earliest, cand)
         assert earliest is not None
-        run = Let(self.fresh("run"), minimum(reduce(XOp.REDUCE_MIN, earliest), const(whole - 1)))
-        stmts.append(run)
-        found: Expr = never
-        for t in range(width):  # the first element equal to m in that run
-            lets, e = term(minimum(run.ref + t, const(whole - 1)), 1)
-            hit = Let(self.fresh("hit"), select(matches(e), run.ref + t, never))
-            stmts += [*lets, hit]
-            found = minimum(found, hit.ref)
+        first = reduce(XOp.REDUCE_MIN, earliest)
+        found = Let(self.fresh("found"), first if at is DType.i64 else cast(first, DType.i64))
+        stmts.append(found)
         tail_v = Local(self.fresh("acc"), LType(stage.acc), 1)
         tail_i = Local(self.fresh("idx"), LType(DType.i64), 1)
         stmts += [tail_v, tail_i, LocalStore(tail_v.name, const(0), m.ref),
-                  LocalStore(tail_i.name, const(0), found)]
+                  LocalStore(tail_i.name, const(0), found.ref)]
         if n > whole:
             i = self.fresh("i")
             lets, e = term(var(i), 1)

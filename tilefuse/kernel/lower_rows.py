@@ -55,7 +55,7 @@ from tilefuse.kernel.lower_elementwise import (
     vector_width,
     with_lanes,
 )
-from tilefuse.kernel.row_store import RowShape, StoredValue, choose_stores
+from tilefuse.kernel.row_store import RowShape, StoredValue, choose_stores, streams
 from tilefuse.kernel.scalar_expr import ElementBuilder, KernelGroupLike, Override, work_dtype
 from tilefuse.kernel.schedule import PARALLEL_MIN_ELEMENTS, SYMBOLIC_DIM_HINT
 from tilefuse.loop.ir import (
@@ -284,29 +284,38 @@ def lower_rows(group: KernelGroupLike, schedule: Schedule | None = None, *,
     ctx = KernelContext.of(group)
     lanes = fit_lanes(vector_width(schedule), math.prod(plan.row))
     unroll = dict(getattr(schedule, "unroll", ()) or ()).get("n", 1)
-    stored = choose_stores(group, row_shape(group, plan), ctx.load) if store_values else ()
-    finished = {s.output for s in stored if s.value == s.output}
+    shape = row_shape(group, plan)
+    stored = choose_stores(group, shape, ctx.load) if store_values else ()
+    stream = cpu_tails and streams(shape, lanes, stored) and all(
+        s.combine in _HORIZONTAL for s in plan.stages)
+    # streaming: stored values go to scratch rows (module row_store), the outputs are
+    # written once, by the write pass
+    scratch = {s.value: Local(ctx.names.fresh("row"), LType(s.value.dtype, lanes),
+                              math.prod(plan.row) // lanes) for s in stored} if stream else {}
+    finished = {s.output for s in stored if s.value == s.output and not stream}
     written = tuple(v for v in plan.full_outputs if v not in finished)
-    held = frozenset(ctx.buffers.outputs[s.output].name for s in stored)
+    held = frozenset() if stream else frozenset(ctx.buffers.outputs[s.output].name
+                                                for s in stored)
 
     def row_body(r: Expr) -> list[Stmt]:
         prefix = unflatten(r, plan.rows)
         results: dict[str, Expr] = {}
         overrides: dict[Value, Override] = {}
-        stmts: list[Stmt] = []
+        stmts: list[Stmt] = [*scratch.values()]
         for level in range(1, plan.levels + 1):
             stages = [s for s in plan.stages if s.level == level]
             keep = [s for s in stored if s.level == level]
             vector = lanes if all(s.combine in _HORIZONTAL for s in stages) else 1
             stmts += with_lanes(ctx, vector, lambda c, n, st=stages, kp=keep: _reduce_pass(
                 c, plan, st, prefix, n, unroll, results, overrides, kp,
-                TAIL_MIN_LANES if cpu_tails else n))
+                TAIL_MIN_LANES if cpu_tails else n, scratch))
         if written:
-            reads = {**overrides, **{s.value: _stored_reader(ctx, plan, s) for s in stored}}
+            reads = {**overrides, **{s.value: _stored_reader(ctx, plan, s, scratch)
+                                     for s in stored}}
             per_row = frozenset(e.arg for e in results.values() if e.op is XOp.VAR) \
                 if cpu_tails else frozenset()
-            stmts += with_lanes(ctx, lanes, lambda c, n: _write_pass(c, plan, written, prefix,
-                                                                     n, reads, held, per_row))
+            stmts += with_lanes(ctx, lanes, lambda c, n: _write_pass(
+                c, plan, written, prefix, n, reads, held, per_row, stream))
         return stmts + _row_stores(ctx, plan, r, overrides)
 
     count = math.prod(plan.rows)
@@ -339,8 +348,15 @@ def row_shape(group: KernelGroupLike, plan: RowPlan) -> RowShape:
     return RowShape(plan.rows, plan.row, per_row, sources, plan.full_outputs)
 
 
-def _stored_reader(ctx: KernelContext, plan: RowPlan, stored: StoredValue) -> Override:
-    """The write pass's read of a stored row value: a load from the output row holding it."""
+def _stored_reader(ctx: KernelContext, plan: RowPlan, stored: StoredValue,
+                   scratch: Mapping[Value, Local]) -> Override:
+    """The write pass's read of a stored row value: a load from the output row holding it,
+    or from its scratch row (whole vectors only: the row is)."""
+    local = scratch.get(stored.value)
+    if local is not None:
+        k = len(plan.row)
+        return lambda index, lanes: local.load(flatten(index[len(index) - k:], plan.row)
+                                               // lanes)
     buffer = ctx.buffers.outputs[stored.output]
     full = plan.rows + plan.row
     return lambda index, lanes: buffer.load(flatten(index, full), lanes)
@@ -349,10 +365,13 @@ def _stored_reader(ctx: KernelContext, plan: RowPlan, stored: StoredValue) -> Ov
 def _reduce_pass(ctx: KernelContext, plan: RowPlan, stages: list[Stage],
                  prefix: tuple[Expr, ...], lanes: int, unroll: int,
                  results: dict[str, Expr], overrides: dict[Value, Override],
-                 stored: list[StoredValue], tail_lanes: int = TAIL_MIN_LANES) -> list[Stmt]:
+                 stored: list[StoredValue], tail_lanes: int = TAIL_MIN_LANES,
+                 scratch: Mapping[Value, Local] | None = None) -> list[Stmt]:
     """One pass over the row accumulating ``stages`` and storing the ``stored`` values it
-    computes; binds their results (and the results' overrides) after the loops. The tail
-    runs in halving vectors down to ``tail_lanes`` lanes, then element by element."""
+    computes (into their ``scratch`` rows when they have one: the row is whole vectors);
+    binds their results (and the results' overrides) after the loops. The tail runs in
+    halving vectors down to ``tail_lanes`` lanes, then element by element."""
+    scratch = scratch or {}
     k, n, full = len(plan.row), math.prod(plan.row), plan.rows + plan.row
     names = ctx.names
     unroll = max(1, min(unroll, n // lanes)) if lanes > 1 else 1
@@ -364,8 +383,10 @@ def _reduce_pass(ctx: KernelContext, plan: RowPlan, stages: list[Stage],
         b = ctx.builder(overrides)
         run = Run(prefix + unflatten(i, plan.row), width, k)
         terms = [s.term(b, run, results) for s in stages]
-        stores = [Store(ctx.buffers.outputs[s.output].name, flatten(run.index, full),
-                        b.value(s.value, run.index, width, k)) for s in stored]
+        stores = [LocalStore(scratch[s.value].name, i // width,
+                             b.value(s.value, run.index, width, k)) if s.value in scratch
+                  else Store(ctx.buffers.outputs[s.output].name, flatten(run.index, full),
+                             b.value(s.value, run.index, width, k)) for s in stored]
         return [*b.lets, *(LocalStore(a.name, slot, binary(s.combine, a.load(slot), t))
                            for a, s, t in zip(accs, stages, terms)), *stores]
 
@@ -450,12 +471,13 @@ def _tree(combine: XOp, local: Local, count: int) -> Expr:
 
 def _write_pass(ctx: KernelContext, plan: RowPlan, outputs: tuple[Value, ...],
                 prefix: tuple[Expr, ...], lanes: int, overrides: Mapping[Value, Override],
-                held: frozenset[str], per_row: frozenset[object] = frozenset()) -> list[Stmt]:
-    """The last pass: writes the full-row ``outputs``. Stored values are read back through
-    ``overrides`` from the output buffers named ``held``; every value reading them is bound
-    before the first store of the run (which may overwrite what it reads). A division by a
-    value of the per-row results ``per_row`` alone becomes a product with its reciprocal
-    (:func:`reciprocal_divisions`)."""
+                held: frozenset[str], per_row: frozenset[object] = frozenset(),
+                stream: bool = False) -> list[Stmt]:
+    """The last pass: writes the full-row ``outputs`` (streaming stores when ``stream``).
+    Stored values are read back through ``overrides`` from the output buffers named ``held``
+    (or scratch rows); every value reading them is bound before the first store of the run
+    (which may overwrite what it reads). A division by a value of the per-row results
+    ``per_row`` alone becomes a product with its reciprocal (:func:`reciprocal_divisions`)."""
     k, full = len(plan.row), plan.rows + plan.row
     inputs = frozenset(p.name for p in ctx.buffers.inputs.values())
 
@@ -477,7 +499,8 @@ def _write_pass(ctx: KernelContext, plan: RowPlan, outputs: tuple[Value, ...],
                 pinned.append(Let(ctx.names.fresh("t"), e))
                 values[pos] = pinned[-1].ref
         at = flatten(index, full)
-        stores = [Store(ctx.buffers.outputs[v].name, at, e) for v, e in zip(outputs, values)]
+        stores = [Store(ctx.buffers.outputs[v].name, at, e, stream and width > 1)
+                  for v, e in zip(outputs, values)]
         return [*b.lets, *pinned, *stores]
 
     return run_loops(ctx.names, 0, math.prod(plan.row), lanes, body)

@@ -27,10 +27,18 @@ The rule, per full-row output ``o`` (one with the domain's shape):
 
 The stored value is the very expression the pass computes, so results are bit-identical to
 recomputing it. Otherwise the value is recomputed as before.
+
+**Streaming.** A row kernel whose full-row outputs are large (:data:`STREAM_MIN_BYTES`) is
+not read back soon: its write pass stores them with non-temporal (streaming) stores, which go
+to memory without first reading each line (the write-allocate read, a third of a row kernel's
+traffic) and without evicting the input from the cache (:func:`streams`). A value stored for
+the write pass then goes to a scratch row on the stack (:data:`SCRATCH_ROW_BYTES`, in L1)
+instead of the output's row, so that the output is written once, by the write pass.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -51,6 +59,22 @@ each ~10-20x a multiply)."""
 STORE_ROW_BYTES = 1 << 20
 """Rows longer than this (in bytes of the output) are recomputed: reading them back would
 miss the cache."""
+
+STREAM_MIN_BYTES: int | None = None
+"""Full-row outputs of at least this many bytes in all are stored streaming (see the module
+docstring). None: half the host's L3 (:func:`stream_min_bytes`). Measured on the 2-core EPYC
+(2026-12-03, busy host, kernels alone, interleaved): softmax 12x512x512 (12 MiB out, in and
+out together fit the 32 MiB L3) ran 2.4-5.7x *slower* streaming, as its output no longer
+stays in the L3 between calls; 64x512x512 softmax (64 MiB) 0.61x and layer norm 8192x2048
+0.79x of the regular stores; layer norm 2048x768 (6 MiB) 0.73-1.09x (noise)."""
+
+SCRATCH_ROW_BYTES = 16 << 10
+"""The longest row (bytes) a stored value keeps in a scratch row on the stack when the
+kernel streams its outputs (L1 holds it); longer rows do not stream."""
+
+STREAM_ALIGN = 64
+"""Rows stream only when each starts on this boundary (a whole zmm store's alignment) in a
+buffer that does (tilefuse's outputs and arena slots)."""
 
 _FREE = frozenset({XOp.CONST, XOp.VAR, XOp.THREAD_ID, XOp.LOAD, XOp.LOCAL_LOAD,
                    XOp.BROADCAST})
@@ -223,3 +247,38 @@ def _misaligned(outputs: Iterable[Value], producers: Mapping[Value, Node],
     """The values the write pass reads at an element other than the one it writes."""
     return frozenset(v for v, aligned in _walk(outputs, producers, stops, full)
                      if not aligned)
+
+
+def streams(shape: RowShape, lanes: int, stored: Iterable[StoredValue]) -> bool:
+    """Whether a CPU row kernel of ``shape`` run in ``lanes``-wide vectors stores its full-row
+    outputs streaming (module docstring): static shapes; float outputs of
+    :data:`STREAM_MIN_BYTES` or more in all, whose rows are whole vectors starting on
+    :data:`STREAM_ALIGN`-byte boundaries; every stored value's row fits the scratch row."""
+    if not shape.full_outputs or not all(isinstance(d, int) for d in shape.full):
+        return False
+    n = math.prod(shape.row)
+    if lanes < 2 or n % lanes:
+        return False
+    for out in shape.full_outputs:
+        size = out.dtype.itemsize
+        if not out.dtype.is_float or n * size % STREAM_ALIGN or size * lanes not in (16, 32, 64):
+            return False
+    total = sum(o.dtype.itemsize * math.prod(shape.full) for o in shape.full_outputs)
+    if total < stream_min_bytes():
+        return False
+    return all(s.value.dtype.itemsize * n <= SCRATCH_ROW_BYTES for s in stored)
+
+
+def stream_min_bytes() -> int:
+    """:data:`STREAM_MIN_BYTES`, or half the L3 of this host: output beyond that would not
+    stay in the cache until it is read (it would evict the input, too)."""
+    if STREAM_MIN_BYTES is not None:
+        return STREAM_MIN_BYTES
+    return _half_l3()
+
+
+@functools.cache
+def _half_l3() -> int:
+    from tilefuse.tune.bandwidth import cache_sizes
+
+    return cache_sizes().get("L3", 32 << 20) // 2

@@ -26,6 +26,7 @@ from tilefuse.loop.ir import (
     cast,
     const,
     fma,
+    iota,
     load,
     local_load,
     loop,
@@ -46,7 +47,7 @@ __all__ = [
     "BOOL", "I64", "Block", "BufferParam", "Expr", "For", "If", "LType", "Let", "Local",
     "LocalStore", "LoopFunction", "LoopKind", "Prefetch", "Stmt", "Store", "XOp", "binary", "block",
     "broadcast", "cast", "const", "fma", "fold_constants", "fold_expr", "format_expr",
-    "format_function", "hoist_invariants", "interpret", "load", "local_load", "loop", "maximum",
-    "minimum", "parse_function", "reduce", "select", "simplify", "thread_id", "unary", "var",
-    "verify",
+    "format_function", "hoist_invariants", "interpret", "iota", "load", "local_load", "loop",
+    "maximum", "minimum", "parse_function", "reduce", "select", "simplify", "thread_id", "unary",
+    "var", "verify",
 ]

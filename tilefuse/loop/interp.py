@@ -336,6 +336,8 @@ class _Machine:
             value = self.env[e.arg]  # type: ignore[index]
         elif e.op is XOp.THREAD_ID:
             value = np.zeros(1, np.int64)  # parallel loops run serially here
+        elif e.op is XOp.IOTA:
+            value = np.arange(e.lanes, dtype=e.dtype.np)
         elif e.op is XOp.LOAD:
             value = self.buffer_slice(e.arg, self.scalar(e.args[0]), e.lanes).copy()  # type: ignore[arg-type]
         elif e.op is XOp.LOCAL_LOAD:

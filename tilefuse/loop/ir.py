@@ -50,6 +50,7 @@ class XOp(enum.Enum):
     CONST = "const"
     VAR = "var"
     THREAD_ID = "thread_id"
+    IOTA = "iota"
     LOAD = "load"
     LOCAL_LOAD = "local_load"
     BROADCAST = "broadcast"
@@ -113,9 +114,10 @@ UNARY_MATH = frozenset({XOp.EXP, XOp.LOG, XOp.LOG1P, XOp.EXPM1, XOp.SQRT, XOp.RS
                         XOp.SIGMOID, XOp.ERF, XOp.SIN, XOp.COS, XOp.FLOOR, XOp.CEIL, XOp.ROUND})
 REDUCE = frozenset({XOp.REDUCE_ADD, XOp.REDUCE_MAX, XOp.REDUCE_MIN})
 MEMORY = frozenset({XOp.LOAD, XOp.LOCAL_LOAD})
-LEAF = frozenset({XOp.CONST, XOp.VAR, XOp.THREAD_ID})
-#: ops computed by the scalar-op protocol (all but variables, thread ids and memory accesses)
-VALUE_OPS = frozenset(XOp) - MEMORY - {XOp.VAR, XOp.THREAD_ID}
+LEAF = frozenset({XOp.CONST, XOp.VAR, XOp.THREAD_ID, XOp.IOTA})
+#: ops computed by the scalar-op protocol (all but variables, thread ids, lane indices and
+#: memory accesses)
+VALUE_OPS = frozenset(XOp) - MEMORY - {XOp.VAR, XOp.THREAD_ID, XOp.IOTA}
 FLOAT_ONLY = UNARY_MATH | {XOp.DIV, XOp.POW, XOp.ISNAN}
 INT_ONLY = frozenset({XOp.MOD, XOp.FLOORDIV})
 LOGICAL = frozenset({XOp.AND, XOp.OR, XOp.XOR, XOp.NOT})  # ints (bitwise) and bools
@@ -216,6 +218,12 @@ def const(value: int | float | bool, dtype: DType = DType.i64, lanes: int = 1) -
 def var(name: str, type: LType = I64) -> Expr:
     """A loop variable, scalar parameter (both ``i64``) or let-bound value."""
     return Expr(XOp.VAR, type, (), name)
+
+
+def iota(lanes: int, dtype: DType = DType.i32) -> Expr:
+    """The lane indices ``[0, 1, ..., lanes - 1]`` as an integer vector (printed
+    ``iota<i32x16>``): an arg-reduction's exact element index is ``bcast(i) + iota``."""
+    return Expr(XOp.IOTA, LType(dtype, lanes))
 
 
 def thread_id() -> Expr:
@@ -352,9 +360,15 @@ class For:
 
 @dataclass(frozen=True)
 class Store:
+    """``buffer[index:+lanes] = value``. ``streaming``: a non-temporal store (written
+    ``stream buffer[...] = ...``), for output that is not read again soon: it goes to memory
+    without reading the line first or evicting what the cache holds. Targets without such
+    stores (the GPU, the interpreter) store normally."""
+
     buffer: str
     index: Expr
     value: Expr
+    streaming: bool = False
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ naming the line and what was expected.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tilefuse.dtypes import DType
 from tilefuse.errors import ParseError
@@ -51,7 +51,8 @@ _INFIX = {"+": XOp.ADD, "-": XOp.SUB, "*": XOp.MUL, "/": XOp.DIV, "//": XOp.FLOO
           "%": XOp.MOD}
 _COMPARE = {"<": XOp.LT, "<=": XOp.LE, "==": XOp.EQ, "!=": XOp.NE, ">": XOp.GT, ">=": XOp.GE}
 _CALLS = {str(op): op for op in XOp} | {"thread_id": XOp.THREAD_ID}
-_NOT_CALLS = {XOp.CONST, XOp.VAR, XOp.LOAD, XOp.LOCAL_LOAD, XOp.BROADCAST, XOp.CAST}
+_NOT_CALLS = {XOp.CONST, XOp.VAR, XOp.LOAD, XOp.LOCAL_LOAD, XOp.BROADCAST, XOp.CAST,
+              XOp.IOTA}
 _DTYPES = {d.value: d for d in DType}
 _KINDS = {k.value: k for k in LoopKind if k is not LoopKind.SERIAL}
 
@@ -256,6 +257,12 @@ class _Parser:
             t.expect("]")
             t.done()
             return Prefetch(buffer.name, index, 4 - int(level) if level else 3)
+        if first == "stream" and t.kind(1) == "name" and t.peek(2) == "[":
+            t.next()
+            store = self._store(t)
+            if not isinstance(store, Store):
+                t.fail("a streaming store writes a buffer, not a local")
+            return replace(store, streaming=True)
         return self._store(t)
 
     def _for(self, t: _Tokens, indent: int) -> For:
@@ -380,6 +387,11 @@ class _Parser:
         if kind != "name":
             t.fail(f"expected an expression, got {token!r}")
         name = t.next()
+        if name == "iota" and t.peek() == "<":
+            t.next()
+            dtype, lanes = self._ltype(t)
+            t.expect(">")
+            return Expr(XOp.IOTA, LType(dtype, lanes))
         if name in ("load", "bcast", "splat", "cast") and t.peek() == "<":
             return self._special(t, name)
         if t.peek() == "[":

@@ -69,6 +69,8 @@ def format_expr(e: Expr) -> str:
         return f"{e.arg}[{format_expr(e.args[0])}]"
     if op is XOp.BROADCAST:
         return f"bcast<{e.lanes}>({format_expr(e.args[0])})"
+    if op is XOp.IOTA:
+        return f"iota<{e.type}>"
     if op is XOp.CAST:
         return f"cast<{e.dtype}>({format_expr(e.args[0])})"
     if op is XOp.NEG:
@@ -108,7 +110,8 @@ def format_stmt(s: Stmt, indent: int = 0) -> list[str]:
     if isinstance(s, Store):
         lanes = s.value.lanes
         where = format_expr(s.index) + ("" if lanes == 1 else f":+{lanes}")
-        return [f"{pad}{s.buffer}[{where}] = {format_expr(s.value)}"]
+        stream = "stream " if s.streaming else ""
+        return [f"{pad}{stream}{s.buffer}[{where}] = {format_expr(s.value)}"]
     if isinstance(s, LocalStore):
         return [f"{pad}{s.name}[{format_expr(s.index)}] = {format_expr(s.value)}"]
     if isinstance(s, Let):

@@ -310,7 +310,7 @@ class _Hoister:
 
     def collect_expr(self, e: Expr, variant: set[str], loads_ok: bool,
                      found: dict[Expr, str]) -> None:
-        if e.op in (XOp.CONST, XOp.VAR, XOp.THREAD_ID):
+        if e.op in (XOp.CONST, XOp.VAR, XOp.THREAD_ID, XOp.IOTA):
             return
         if e in found or self.invariant(e, variant, loads_ok):
             found.setdefault(e, self.namer.fresh())

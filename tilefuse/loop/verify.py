@@ -216,6 +216,9 @@ class _Checker:
             return None if have == t else f"{e.arg} is {have}, used as {t}"
         if op is XOp.THREAD_ID:
             return None if t == I64 else f"is {t}, not i64"
+        if op is XOp.IOTA:
+            return None if t.dtype.is_int and t.dtype is not DType.bool else \
+                f"lane indices of {t}, not of an integer type"
         if op is XOp.LOAD:
             buf = self.buffers.get(e.arg)  # type: ignore[arg-type]
             if buf is None:
@@ -231,7 +234,7 @@ class _Checker:
 
 def arity(op: XOp) -> int:
     """How many expression operands ``op`` takes."""
-    if op in (XOp.CONST, XOp.VAR, XOp.THREAD_ID):
+    if op in (XOp.CONST, XOp.VAR, XOp.THREAD_ID, XOp.IOTA):
         return 0
     if op in BINARY or op in COMPARE:
         return 2

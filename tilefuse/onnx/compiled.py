@@ -32,6 +32,7 @@ from tilefuse.graph.ir import Graph
 from tilefuse.graph.types import Sym, TensorType
 from tilefuse.log import get_logger
 from tilefuse.onnx.context import InputValueNeeded
+from tilefuse.onnx.converters_quant import qdq_default
 from tilefuse.onnx.importer import import_graph
 from tilefuse.onnx.model import ModelInfo, TensorSpec
 from tilefuse.onnx.tensors import OnnxError
@@ -128,9 +129,10 @@ class OnnxModel:
 
     def __init__(self, info: ModelInfo, *, target: str | Target = "cpu",
                  dump: str | Path | None = None, quantize: Any = None):
-        self._pipeline = pipeline_for(parse_quantize(quantize))
         self.info = info
         self._target = Target.parse(target)  # TargetError (a CompileError) naming it
+        self._pipeline = pipeline_for(parse_quantize(quantize) if quantize is not None
+                                      else qdq_default(info, self._target))
         self._dump = dump
         self._cache: dict[Key, Lowered] = {}
         self._by_value: list[int] = []   # indices of inputs compiled per value, in order

@@ -21,7 +21,10 @@ import numpy as np
 from tilefuse.dtypes import DType
 from tilefuse.onnx.context import NodeContext, Tensor
 from tilefuse.onnx.converters_nn import conv_with
+from tilefuse.onnx.model import ModelInfo
 from tilefuse.onnx.tensors import to_dtype
+from tilefuse.passes.quantize import QuantizeOptions
+from tilefuse.target import Target
 
 _RANGES = {DType.u8: (0, 255), DType.i8: (-128, 127), DType.i16: (-32768, 32767)}
 
@@ -222,6 +225,23 @@ def _qlinear_matmul(ctx: NodeContext) -> list[Tensor]:
     factor = ctx.op("div", ctx.op("mul", ctx.cast(a_scale, DType.f32),
                                   ctx.cast(b_scale, DType.f32)), ctx.cast(y_scale, DType.f32))
     return [_requantize(ctx, product, factor, y_zero, a.dtype)]
+
+
+def qdq_default(info: ModelInfo, target: Target) -> QuantizeOptions | None:
+    """The quantization an ONNX model gets when the caller names none: "qdq" on the CPU when
+    a QuantizeLinear's output feeds a DequantizeLinear (a QDQ model, as onnxruntime's
+    ``quantize_static`` writes them: its products then run on the int8 kernels with the
+    pairs' static scales) or the model has MatMulInteger / QLinearMatMul (as
+    ``quantize_dynamic`` writes them: the rescale after each integer product is fused into
+    it); else none (``quantize="none"`` keeps a QDQ model in f32)."""
+    if target.is_cuda:
+        return None
+    quantized = {o for n in info.nodes if n.op_type == "QuantizeLinear" for o in n.outputs}
+    if any(n.op_type in ("MatMulInteger", "QLinearMatMul") or (
+            n.op_type == "DequantizeLinear" and n.inputs and n.inputs[0] in quantized)
+           for n in info.nodes):
+        return QuantizeOptions("qdq")
+    return None
 
 
 CONVERTERS = (

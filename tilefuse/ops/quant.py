@@ -17,10 +17,19 @@ Their references are the exact semantics the kernels are held to:
   4-bit weights a byte along K (low nibble: even k), ``w = (q - z) * s`` per group of G rows
   of K; ``out = x @ w + bias`` in f32 (the kernel dequantizes with one FMA, so results agree
   to f32 rounding, not bit for bit).
+- ``qconv_i8(p f32[N, Hp, Wp, C], w i8[KH*KW*C, O], w_scale, bias)``: a convolution's int8
+  product whose rows are the KHxKW windows of the (already padded) NHWC input, read in place
+  by the kernel (no im2col matrix). Rows are quantized per row as above (``x_scale`` 0: what
+  ``quantize="int8"`` makes) or by a static ONNX QuantizeLinear (``x_scale``, ``x_zero``, codes
+  ``[x_min, x_max]``: a QDQ model's activation), then the same exact i32 sums and epilogue,
+  then an optional fused elementwise ``epilogue`` (steps over scalars and extra f32 operands
+  of shape [O] or [N*OH*OW, O]: what follows a QDQ model's convolution, its batch norm, the
+  next QuantizeLinear/DequantizeLinear, a residual add and relu; :func:`run_epilogue`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -156,34 +165,196 @@ MATMUL_W4 = OpDef(
     accepts=frozenset({DType.f32, DType.u8}),
     doc="x @ ((q - z) * s) with 4-bit weights q per group of K rows, bias, act")
 
+def _conv_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
+    if len(shapes) < 4:
+        raise ShapeError(f"qconv_i8 takes p, w, w_scale, bias and the epilogue's operands, got "
+                         f"{len(shapes)} inputs")
+    p, w, scale, bias = shapes[:4]
+    if attrs["nhwc"] is not None:   # p read as this NHWC shape (a row-major reshape, in place)
+        if not all(isinstance(d, int) for d in p) or \
+                int(np.prod(p, dtype=np.int64)) != int(np.prod(attrs["nhwc"], dtype=np.int64)):
+            raise ShapeError(f"qconv_i8: nhwc {list(attrs['nhwc'])} does not hold the "
+                             f"{format_shape(p)} input")
+        p = tuple(attrs["nhwc"])
+    (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["strides"], attrs["dilations"]
+    if len(p) != 4 or len(w) != 2 or not all(isinstance(d, int) for d in (*p, *w)):
+        raise ShapeError(f"qconv_i8 needs a static NHWC input [N, Hp, Wp, C] and w [KH*KW*C, O], "
+                         f"got {format_shape(p)} and {format_shape(w)}")
+    n, hp, wp, c = p
+    if w[0] != kh * kw * c:
+        raise ShapeError(f"qconv_i8: w has {w[0]} rows, the {kh}x{kw} window over {c} channels "
+                         f"needs {kh * kw * c}")
+    top, bottom, left, right = attrs["pads"]
+    if len(attrs["pads"]) != 4 or min(attrs["pads"]) < 0:
+        raise ShapeError(f"qconv_i8: pads must be 4 non-negative ints, got {attrs['pads']}")
+    hp, wp = hp + top + bottom, wp + left + right
+    oh, ow = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise ShapeError(f"qconv_i8: a {kh}x{kw} window does not fit {format_shape(p)}")
+    _check_vector(scale, w[1], "w_scale")
+    _check_vector(bias, w[1], "bias")
+    out = (n * oh * ow, w[1])
+    for extra in shapes[4:]:
+        if tuple(extra) not in ((), (1,), (w[1],), out):
+            raise ShapeError(f"qconv_i8: an epilogue operand must be a scalar, [{w[1]}] or "
+                             f"{format_shape(out)}, got {format_shape(extra)}")
+    check_epilogue(attrs["epilogue"], len(shapes) - 4)
+    return (out,)
+
+
+EPILOGUE_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
+
+
+def check_epilogue(steps: tuple, operands: int) -> None:
+    """ShapeError unless ``steps`` is a well-formed fused epilogue over ``operands`` inputs:
+    ``("round",)``, ``("relu",)``, ``("clip", lo, hi)`` or ``(op, kind, x, swapped)`` with op
+    one of :data:`EPILOGUE_BINARY`, kind "s" (x a float) or "t" (x an operand index)."""
+    for step in steps:
+        ok = (step in (("round",), ("relu",))
+              or (len(step) == 3 and step[0] == "clip")
+              or (len(step) == 4 and step[0] in EPILOGUE_BINARY
+                  and (step[1] == "s" or (step[1] == "t" and 0 <= step[2] < operands))))
+        if not ok:
+            raise ShapeError(f"qconv_i8: bad epilogue step {step!r}")
+
+
+def run_epilogue(v: np.ndarray, steps: tuple, operands: tuple[np.ndarray, ...]) -> np.ndarray:
+    """The fused epilogue in f32, step by step (the order the kernel computes it)."""
+    fns = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+           "maximum": np.maximum, "minimum": np.minimum}
+    with np.errstate(all="ignore"):
+        for step in steps:
+            if step[0] == "round":
+                v = np.rint(v)
+            elif step[0] == "relu":
+                v = np.maximum(v, _F32(0))
+            elif step[0] == "clip":
+                v = np.clip(v, _F32(step[1]), _F32(step[2]))
+            else:
+                x = _F32(step[2]) if step[1] == "s" else np.asarray(operands[step[2]], _F32)
+                v = fns[step[0]](x, v) if step[3] else fns[step[0]](v, x)
+            v = v.astype(_F32)
+    return v
+
+
+def _conv_dtypes(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
+    if any(d is not DType.f32 for d in dtypes[4:]):
+        raise DTypeError("qconv_i8's epilogue operands must be f32, got "
+                         f"({', '.join(d.value for d in dtypes[4:])})")
+    return _i8_dtypes(dtypes[:4], attrs)
+
+
+def _conv_reference(p: np.ndarray, w: np.ndarray, w_scale: np.ndarray, bias: np.ndarray,
+                    *operands: np.ndarray, kernel: tuple[int, ...], strides: tuple[int, ...],
+                    dilations: tuple[int, ...], act: str, x_scale: float, x_zero: int,
+                    x_min: int, x_max: int, epilogue: tuple = (),
+                    nhwc: tuple[int, ...] | None = None,
+                    pads: tuple[int, ...] = (0, 0, 0, 0)) -> np.ndarray:
+    from tilefuse.ops.movement import _window_ref
+
+    p = np.asarray(p, _F32) if nhwc is None else np.asarray(p, _F32).reshape(nhwc)
+    p = np.pad(p, [(0, 0), (pads[0], pads[1]), (pads[2], pads[3]), (0, 0)])
+    a = _window_ref(p, kernel, strides, dilations)
+    a = a.reshape(-1, w.shape[0])
+    q, sa = window_codes(a, x_scale, x_zero, x_min, x_max)
+    acc = (q.astype(np.int64) @ w.astype(np.int64)).astype(np.int32)
+    out = acc.astype(_F32) * (sa[:, None] * w_scale[None, :].astype(_F32)) + bias.astype(_F32)
+    return run_epilogue(_ACT(out.astype(_F32), act), epilogue, operands)
+
+
+@dataclass(frozen=True)
+class Static:
+    """A static activation quantization (ONNX QuantizeLinear): scale, zero point, code range."""
+
+    scale: float
+    zero: int
+    lo: int
+    hi: int
+
+    @property
+    def offset(self) -> int:
+        """What the stored u8 code adds to the centred code ``q - zero``."""
+        return self.zero - self.lo
+
+
+def window_codes(a: np.ndarray, x_scale: float, x_zero: int, x_min: int, x_max: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The centred codes (i32) of the rows of ``a`` and each row's scale: dynamic per row
+    (:func:`quantize_rows`) when ``x_scale`` is 0, else ONNX QuantizeLinear's
+    ``clip(rint(a / x_scale) + x_zero, x_min, x_max) - x_zero`` (f32 division; NaN codes 0)."""
+    if x_scale == 0:
+        return quantize_rows(a)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        r = np.nan_to_num(np.rint(a / _F32(x_scale)), nan=0.0, posinf=1e9, neginf=-1e9)
+    q = np.clip(r, x_min - x_zero, x_max - x_zero).astype(np.int32)
+    return q, np.full(a.shape[0], _F32(x_scale), _F32)
+
+
+_ACT = epilogue   # the activation, under a name the reference's ``epilogue`` attr leaves free
+
+QCONV_I8 = OpDef(
+    "qconv_i8", OpKind.OPAQUE, None, _conv_rule, _conv_dtypes, _conv_reference,
+    attrs=(attr("kernel", AttrType.INTS), attr("strides", AttrType.INTS, (1, 1)),
+           attr("dilations", AttrType.INTS, (1, 1)),
+           attr("act", AttrType.STR, "none", ACTIVATIONS),
+           attr("x_scale", AttrType.FLOAT, 0.0), attr("x_zero", AttrType.INT, 0),
+           attr("x_min", AttrType.INT, -128), attr("x_max", AttrType.INT, 127),
+           attr("epilogue", AttrType.ANY, ()), attr("nhwc", AttrType.OPT_INTS, None),
+           attr("pads", AttrType.INTS, (0, 0, 0, 0))),
+    accepts=frozenset({DType.f32, DType.i8}),
+    doc="a convolution as an int8 product over the KHxKW windows of an NHWC input read in "
+        "place: rows quantized per row (x_scale 0) or by a static QuantizeLinear (x_scale, "
+        "x_zero, [x_min, x_max]), exact i32 sums, out [N*OH*OW, O] = f32(acc) * (sa * "
+        "w_scale) + bias, act, then the fused elementwise epilogue on its extra operands")
+
 def _u8s8_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
-    a, zero, w = shapes
+    if len(shapes) < 3:
+        raise ShapeError(f"matmul_u8s8 takes a, a_zero, w and the epilogue's operands, got "
+                         f"{len(shapes)} inputs")
+    a, zero, w = shapes[:3]
     if len(a) < 1 or len(w) != 2 or a[-1] != w[0]:
         raise ShapeError(f"matmul_u8s8 needs a [..., K] and w [K, N], got {format_shape(a)} "
                          f"and {format_shape(w)}")
     if tuple(zero) not in ((), (1,)):
         raise ShapeError(f"a_zero must be a scalar, got {format_shape(zero)}")
-    return ((*a[:-1], w[1]),)
+    out = (*a[:-1], w[1])
+    rows = (int(np.prod(a[:-1], dtype=np.int64)), w[1]) if all(
+        isinstance(d, int) for d in a[:-1]) else None
+    for extra in shapes[3:]:
+        if tuple(extra) not in ((), (1,), (w[1],), rows):
+            raise ShapeError(f"matmul_u8s8: an epilogue operand must be a scalar, [{w[1]}] or "
+                             f"{format_shape(out)} as rows, got {format_shape(extra)}")
+    check_epilogue(attrs["epilogue"], len(shapes) - 3)
+    return (out,)
 
 
 def _u8s8_dtypes(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
-    if dtypes != (DType.u8, DType.u8, DType.i8):
-        raise DTypeError("matmul_u8s8 takes (u8, u8, i8), got "
+    if dtypes[:3] != (DType.u8, DType.u8, DType.i8) or any(d is not DType.f32
+                                                          for d in dtypes[3:]):
+        raise DTypeError("matmul_u8s8 takes (u8, u8, i8) and f32 epilogue operands, got "
                          f"({', '.join(d.value for d in dtypes)})")
-    return (DType.i32,)
+    return (DType.f32 if attrs["epilogue"] else DType.i32,)
 
 
-def _u8s8_reference(a: np.ndarray, zero: np.ndarray, w: np.ndarray) -> np.ndarray:
+def _u8s8_reference(a: np.ndarray, zero: np.ndarray, w: np.ndarray, *operands: np.ndarray,
+                    epilogue: tuple = ()) -> np.ndarray:
     centred = a.astype(np.int64) - np.int64(zero.reshape(()))
     k, n = w.shape
-    out = centred.reshape(-1, k) @ w.astype(np.int64)
-    return out.astype(np.int32).reshape(*a.shape[:-1], n)
+    out = (centred.reshape(-1, k) @ w.astype(np.int64)).astype(np.int32)
+    if epilogue:
+        flat = tuple(np.asarray(o, _F32).reshape(() if o.size == 1 else o.shape)
+                     for o in operands)
+        out = run_epilogue(out.astype(_F32), epilogue, flat)
+    return out.reshape(*a.shape[:-1], n)
 
 
 MATMUL_U8S8 = OpDef(
-    "matmul_u8s8", OpKind.OPAQUE, 3, _u8s8_rule, _u8s8_dtypes, _u8s8_reference,
-    accepts=frozenset({DType.u8, DType.i8}),
-    doc="(a - a_zero) @ w in exact i32: ONNX MatMulInteger with u8 activations, i8 weights")
+    "matmul_u8s8", OpKind.OPAQUE, None, _u8s8_rule, _u8s8_dtypes, _u8s8_reference,
+    attrs=(attr("epilogue", AttrType.ANY, ()),),
+    accepts=frozenset({DType.u8, DType.i8, DType.f32}),
+    doc="(a - a_zero) @ w in exact i32: ONNX MatMulInteger with u8 activations, i8 weights; "
+        "with an epilogue, f32(acc) through it (the rescale that follows it in a "
+        "quantize_dynamic file)")
 
 def _dql_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
     return (shapes[0], (), ())
@@ -213,13 +384,29 @@ DYNAMIC_QUANTIZE_U8 = OpDef(
     traits=frozenset({Trait.MULTI_OUTPUT}), accepts=frozenset({DType.f32}),
     doc="ONNX DynamicQuantizeLinear: u8 codes, scale and zero point over the whole tensor")
 
-DEFINITIONS: tuple[OpDef, ...] = (QMATMUL_I8, MATMUL_W4, MATMUL_U8S8, DYNAMIC_QUANTIZE_U8)
+DEFINITIONS: tuple[OpDef, ...] = (QMATMUL_I8, MATMUL_W4, MATMUL_U8S8, DYNAMIC_QUANTIZE_U8,
+                                  QCONV_I8)
 
-WEIGHT_QUANTIZED = frozenset({QMATMUL_I8, MATMUL_W4})
+WEIGHT_QUANTIZED = frozenset({QMATMUL_I8, MATMUL_W4, QCONV_I8})
 """The products the ``quantize`` pass makes from f32 weights (what reports count)."""
 INTEGER_PRODUCTS = frozenset({QMATMUL_I8, MATMUL_W4, MATMUL_U8S8})
 """Every quantized product: ``x[..., K] @ w[K, N]``-shaped work, 2·M·N·K operations."""
 
-__all__ = ["ACTIVATIONS", "DEFINITIONS", "DYNAMIC_QUANTIZE_U8", "INTEGER_PRODUCTS",
-           "MATMUL_U8S8", "MATMUL_W4", "QMATMUL_I8", "WEIGHT_QUANTIZED", "dequantize_w4",
-           "quantize_rows", "unpack_w4"]
+__all__ = [
+    "ACTIVATIONS",
+    "DEFINITIONS",
+    "DYNAMIC_QUANTIZE_U8",
+    "INTEGER_PRODUCTS",
+    "MATMUL_U8S8",
+    "MATMUL_W4",
+    "QCONV_I8",
+    "QMATMUL_I8",
+    "WEIGHT_QUANTIZED",
+    "Static",
+    "check_epilogue",
+    "dequantize_w4",
+    "quantize_rows",
+    "run_epilogue",
+    "unpack_w4",
+    "window_codes",
+]

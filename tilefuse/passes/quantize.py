@@ -8,7 +8,11 @@ of G rows of K, symmetric (zero point 8, codes -7..7) or asymmetric (zero point 
 column). A following ``add`` of a constant bias [N] and a ``relu`` are absorbed into the op,
 so the native kernel applies them to its accumulators; so is an exact GELU (the ``gelu`` op or
 NumPy's ``0.5*v*(1 + erf(v/sqrt 2))`` written out). Convolutions are covered because
-``conv_lowering`` runs first and turns a conv2d with a constant weight into such a matmul.
+``conv_lowering`` runs first and turns a conv2d with a constant weight into such a matmul; with
+int8 its im2col operand is read in place by ``qconv_i8`` (:mod:`tilefuse.passes.quantize_conv`).
+A product whose activation is a QuantizeLinear/DequantizeLinear pair (a QDQ ONNX model) reads
+the pair's input with its static scale and zero point instead of quantizing per row; mode
+"qdq" (the default of such ONNX models) quantizes only those products.
 
 The pass runs last in the pipeline (:func:`pipeline_for`), after folding and equality
 saturation have made weights plain constants. Products it leaves in f32 are logged on the
@@ -19,6 +23,7 @@ small to pay).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -31,9 +36,17 @@ from tilefuse.log import get_logger
 from tilefuse.ops.quant import WEIGHT_QUANTIZED
 from tilefuse.passes.dce import dce
 from tilefuse.passes.manager import PassSpec
+from tilefuse.passes.quantize_conv import (
+    ConvWindow,
+    QdqSource,
+    conv_window,
+    fuse_epilogues,
+    qdq_source,
+    replay,
+)
 from tilefuse.passes.rewrite import rewrite_nodes
 
-MODES = ("int8", "int4", "fp8")
+MODES = ("int8", "int4", "fp8", "qdq")
 GROUPS = (128, 64, 32)
 MIN_WEIGHTS = 4096
 """Weights with fewer elements stay f32: the quantization of x costs more than it saves."""
@@ -50,7 +63,10 @@ class QuantizeOptions:
     """What to quantize to: ``mode`` "int8", "int4" or "fp8" (cuda only); for int4 the
     ``group`` size along K and whether groups get ``zero_points`` (asymmetric) or are
     symmetric. ``target`` "cuda" makes the GPU's weight-only ops
-    (:mod:`tilefuse.passes.quantize_gpu`); :func:`for_target` sets it."""
+    (:mod:`tilefuse.passes.quantize_gpu`); :func:`for_target` sets it. "qdq" (CPU; what an
+    ONNX model with QuantizeLinear/DequantizeLinear pairs gets by default) puts only the
+    products whose activation such a pair quantizes on the int8 kernel, with the pair's
+    static scale."""
 
     mode: str
     group: int = 128
@@ -65,7 +81,7 @@ class QuantizeOptions:
                                 f"got {self.group}")
 
     def __str__(self) -> str:
-        if self.mode in ("int8", "fp8"):
+        if self.mode in ("int8", "fp8", "qdq"):
             return self.mode
         return f"int4:{self.group}{'+zp' if self.zero_points else ''}"
 
@@ -84,7 +100,7 @@ def parse_quantize(value: str | QuantizeOptions | None) -> QuantizeOptions | Non
     zero_points = text.endswith("+zp")
     text = text.removesuffix("+zp")
     mode, _, group = text.partition(":")
-    if mode in ("int8", "fp8") and (group or zero_points):
+    if mode in ("int8", "fp8", "qdq") and (group or zero_points):
         raise QuantizeError(f"{mode} takes no group size or zero points, got {value!r}")
     try:
         size = int(group) if group else 128
@@ -95,9 +111,48 @@ def parse_quantize(value: str | QuantizeOptions | None) -> QuantizeOptions | Non
 
 # ---- weight quantization (build time, NumPy) ------------------------------------------------
 
+def _grid_codes(w: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Per column: whether ``w[:, n]`` is ``q * g[n]`` with integers |q| <= 127, to within
+    f32 rounding (2 ulp: a scale divided by a small integer is rounded once more)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = np.rint(w / g)
+        err = np.abs(q * g.astype(np.float64) - w) <= 2.5e-7 * np.abs(w)
+        ok = np.all(np.abs(q) <= 127, axis=0) & np.all(err, axis=0)
+    return ok & np.isfinite(g) & (g > 0)
+
+
+def _integer_grid(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(q, g) with ``w = q * g[n]`` per column (to f32 rounding) when w already is an int8
+    grid (a QDQ model's weights, dequantized at import), else None (then
+    :func:`quantize_int8` rounds as usual). Candidate steps: the smallest magnitude of the
+    whole tensor (a per-tensor scale), then each column's smallest magnitude divided by
+    1..16 (a per-channel scale whose column has no code ±1)."""
+    a = np.where(w != 0, np.abs(w), np.inf).astype(_F32)
+    col_min = np.min(a, axis=0)
+    g = np.where(np.isfinite(col_min), np.min(a), _F32(1)).astype(_F32)
+    ok = _grid_codes(w, g)
+    for j in range(1, 17):
+        if ok.all():
+            break
+        left = ~ok
+        trial = g.copy()
+        trial[left] = np.where(np.isfinite(col_min[left]), col_min[left] / _F32(j), _F32(1))
+        good = _grid_codes(w[:, left], trial[left])
+        idx = np.flatnonzero(left)[good]
+        g[idx] = trial[idx]
+        ok[idx] = True
+    if not ok.all():
+        return None
+    return np.rint(w / g).astype(np.int8), g.astype(_F32)
+
+
 def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per output channel: (q i8 [K, N] in -127..127, scale f32 [N])."""
+    """Symmetric per output channel: (q i8 [K, N] in -127..127, scale f32 [N]); a weight that
+    already is an int8 grid per column keeps its codes exactly (:func:`_integer_grid`)."""
     w = np.asarray(w, _F32)
+    exact = _integer_grid(w) if w.size else None
+    if exact is not None:
+        return exact
     amax = np.max(np.abs(w), axis=0)
     scale = np.where(amax > 0, amax / _F32(127), _F32(1)).astype(_F32)
     q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
@@ -240,10 +295,25 @@ def _group_for(k: int, options: QuantizeOptions) -> int | None:
     return None
 
 
+def _conv_plan(node: Node, producers: dict[Value, Node], options: QuantizeOptions
+               ) -> tuple[ConvWindow | None, QdqSource | None]:
+    """The window (a lowered convolution) and the QDQ pair behind the product's activation,
+    for int8 and qdq (int4 reads the activation as it is)."""
+    if options.mode == "int4":
+        return None, None
+    a = node.inputs[0]
+    window = conv_window(a, producers)
+    qdq = qdq_source(window.s if window is not None else a, producers)
+    return window, qdq
+
+
 def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, bool]:
     """``graph`` with every matmul against a constant f32 weight quantized (module docstring);
     for the cuda target the GPU's weight-only ops (:mod:`tilefuse.passes.quantize_gpu`)."""
     if options.target == "cuda":
+        if options.mode == "qdq":
+            raise QuantizeError("quantize='qdq' (a QDQ model's static int8) runs on the CPU's "
+                                "integer kernels; the cuda target takes int8, int4 or fp8")
         from tilefuse.passes.quantize_gpu import quantize_weights_gpu
 
         return quantize_weights_gpu(graph, options, MIN_WEIGHTS)
@@ -254,13 +324,15 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
     producers = graph.producers()
     readers = users(graph)
     absorbed: dict[Node, Value] = {}   # add / relu node -> the quantized op's output
-    plans: dict[Node, tuple[np.ndarray, Node | None, str]] = {}
+    plans: dict[Node, tuple[np.ndarray, Node | None, str, ConvWindow | None,
+                            QdqSource | None]] = {}
     for node in graph.nodes:
         if node.op.name != "matmul":
             continue
         x, b = node.inputs
         w = _constant(b, producers)
         why = None
+        window = qdq = None
         if w is None or w.ndim != 2 or w.dtype != np.float32:
             why = "the weight is not a constant 2-D f32 matrix"
         elif x.dtype.np != np.float32 or x.type.rank < 1:
@@ -269,6 +341,12 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
             why = f"{w.size} weights are too few to pay for quantizing x"
         elif options.mode == "int4" and _group_for(w.shape[0], options) is None:
             why = f"K = {w.shape[0]} is no multiple of an int4 group (32, 64, 128)"
+        else:
+            window, qdq = _conv_plan(node, producers, options)
+            if window is None and not all(isinstance(d, int) for d in x.shape):
+                qdq = None   # qconv_i8 needs static shapes
+            if options.mode == "qdq" and qdq is None:
+                why = "no QuantizeLinear/DequantizeLinear pair quantizes its activation"
         if why is not None:
             if w is not None:
                 log.debug("%s stays f32: %s", node.outputs[0].type, why)
@@ -280,7 +358,7 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
             add = None
         last = add.outputs[0] if add is not None else out
         act, act_nodes = _activation(last, readers, producers, graph)
-        plans[node] = (w, add, act)
+        plans[node] = (w, add, act, window, qdq)
         for absorbed_node in (add, *act_nodes):
             if absorbed_node is not None:
                 absorbed[absorbed_node] = out
@@ -288,12 +366,24 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
         return graph, False
     made: dict[Value, Value] = {}
 
+    def resolve(value: Value) -> Value:
+        """``value`` in the graph being built: rewritten products and graph inputs (which
+        rewrite_nodes re-creates, in order) have new values; kept nodes keep theirs."""
+        if value in graph.inputs:
+            return builder_inputs[0][graph.inputs.index(value)]
+        return made.get(value, value)
+
+    builder_inputs: list[list[Value]] = []
+
     def rule(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]) -> list[Value] | None:
+        if not builder_inputs:
+            builder_inputs.append(builder._inputs)
         if node in absorbed:
+            made[node.outputs[0]] = made[absorbed[node]]
             return [made[absorbed[node]]]
         if node not in plans:
             return None
-        w, add, act = plans[node]
+        w, add, act, window, qdq = plans[node]
         n = w.shape[1]
         bias = _bias_of(add, node.outputs[0], producers, n) if add is not None else None
         bias = np.zeros(n, _F32) if bias is None else np.asarray(bias, _F32)
@@ -301,7 +391,10 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
         def const(array: np.ndarray) -> Value:
             return builder.add1("constant", [], {"value": Literal(array)}, node.loc)
 
-        if options.mode == "int8":
+        if window is not None or qdq is not None:
+            value = _qconv(builder, node, window, qdq, resolve, act,
+                           [const(a) for a in (*quantize_int8(w), bias)])
+        elif options.mode == "int8":
             q, scale = quantize_int8(w)
             value = builder.add1("qmatmul_i8", [inputs[0], const(q), const(scale), const(bias)],
                                  {"act": act}, node.loc)
@@ -315,6 +408,47 @@ def quantize_weights(graph: Graph, options: QuantizeOptions) -> tuple[Graph, boo
         return [value]
 
     return rewrite_nodes(graph, rule)
+
+
+def _qconv(builder: GraphBuilder, node: Node, window: ConvWindow | None, qdq: QdqSource | None,
+           resolve: Callable[[Value], Value], act: str, weights: list[Value]) -> Value:
+    """The ``qconv_i8`` of a product: over the window's input (a lowered convolution) or over
+    the activation matrix as a 1x1 window; reading y through the QDQ pair's static
+    quantization when there is one, else quantizing each row at run time."""
+    attrs: dict = {"act": act}
+    steps = window.steps if window is not None else ()
+    pad = steps[-1] if steps and steps[-1].op.name == "pad" else None
+    if pad is not None and (any(pad.attrs["pads"][i] for i in (0, 1, 6, 7))
+                            or any(n.op.name != "reshape" for n in steps[:-1])):
+        pad = None   # only a zero padding of H and W after reshapes is read by the kernel
+    if qdq is not None:
+        source = replay(builder, qdq.movements, resolve(qdq.y))
+        st = qdq.static
+        attrs.update(x_scale=st.scale, x_zero=st.zero, x_min=st.lo, x_max=st.hi)
+        if pad is None and any(n.op.name != "reshape" for n in steps):
+            source = replay(builder, steps, source)
+    elif pad is not None:
+        source = resolve(window.s)  # type: ignore[union-attr]
+    else:
+        source = resolve(window.p)  # type: ignore[union-attr]
+    if window is not None:
+        attrs.update(window.attrs)
+        p = source
+        view = pad.inputs[0] if pad is not None else window.p
+        if pad is not None:
+            attrs.update(pads=tuple(int(pad.attrs["pads"][i]) for i in (2, 3, 4, 5)))
+        if tuple(p.shape) != tuple(view.shape):   # reshapes alone: read in place
+            attrs.update(nhwc=tuple(int(d) for d in view.shape))
+    else:
+        k = int(source.shape[-1])
+        m = int(np.prod(source.shape[:-1], dtype=np.int64))
+        p = source
+        attrs.update(kernel=(1, 1), nhwc=(1, 1, m, k))
+    value = builder.add1("qconv_i8", [p, *weights], attrs, node.loc)
+    if value.shape != node.outputs[0].shape:
+        value = builder.add1("reshape", [value], {"shape": tuple(node.outputs[0].shape)},
+                             node.loc)
+    return value
 
 
 @dataclass(frozen=True)
@@ -347,9 +481,10 @@ def quantization_summary(graph: Graph) -> QuantSummary:
             continue
         count += 1
         n = node.outputs[0].shape[-1]
-        k = node.inputs[0].shape[-1]
+        k = node.inputs[1].shape[0] if node.op.name == "qconv_i8" else node.inputs[0].shape[-1]
         before += int(k) * int(n) * 4
-        for v in node.inputs[1:-1]:   # the weight and its scales / zero points, not the bias
+        weights = node.inputs[1:3] if node.op.name == "qconv_i8" else node.inputs[1:-1]
+        for v in weights:   # the weight and its scales / zero points, not the bias
             array = _constant(v, producers)
             after += array.nbytes if array is not None else 0
     return QuantSummary(count, before, after)
@@ -368,6 +503,8 @@ def pipeline_for(options: QuantizeOptions | None,
     return (*base,
             PassSpec("quantize", functools.partial(quantize_weights, options=options),
                      f"matmuls against constant weights -> {options} quantized ops"),
+            PassSpec("qconv_epilogue", fuse_epilogues,
+                     "elementwise chains after qconv_i8 -> its tile epilogue"),
             PassSpec("dce", dce, "drop the f32 weights the quantized ops replaced"))
 
 

@@ -46,5 +46,35 @@ class AddressCache:
             out.append(address)
         return out
 
+    def contiguous(self, arrays: Sequence[object]) -> tuple[Sequence[np.ndarray], list[int]]:
+        """``arrays`` made C-contiguous ndarrays (copies only where they are not) and their
+        addresses, in one pass: an array seen in its slot last time (same object, same size)
+        was contiguous then and is now (NumPy 2.4 deprecated setting ``strides``; an in-place
+        ``shape`` change keeps a contiguous array contiguous). ``arrays`` themselves are
+        returned when no copy was made. The caller has checked the count."""
+        seen = self._seen
+        out = []
+        made: list[np.ndarray] | None = None
+        for i, a in enumerate(arrays):
+            hit = seen[i]
+            if hit is not None and hit[0]() is a and hit[2] == a.size:  # type: ignore[union-attr]
+                out.append(hit[1])
+                continue
+            array = a if type(a) is np.ndarray else np.asarray(a)
+            if not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array)
+            address = array.ctypes.data
+            if array is a:
+                try:
+                    seen[i] = (weakref.ref(array), address, array.size)
+                except TypeError:
+                    seen[i] = None
+            else:   # a copy (dies after the call) or a conversion: not remembered
+                if made is None:
+                    made = list(arrays)  # type: ignore[arg-type]
+                made[i] = array
+            out.append(address)
+        return (arrays if made is None else made), out  # type: ignore[return-value]
+
 
 __all__ = ["AddressCache"]

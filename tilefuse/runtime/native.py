@@ -677,6 +677,25 @@ class NativeExecutable:
                 raise GuardError(f"input {self._inputs[i][0]} must be {align}-byte aligned")
         return self._run(arrays, addresses)
 
+    def run_args(self, args: Sequence[object]) -> list[np.ndarray]:
+        """The call for ``tilefuse.jit``'s fast path: its cache key proved count, dtypes and
+        shapes of ``args`` (arrays, or what NumPy makes arrays of); contiguity (a copy where
+        needed) and alignment are checked here, in the same pass that reads the addresses."""
+        arrays, addresses = self._addresses.contiguous(args)
+        if self._align:
+            for i, align in self._align.items():
+                if addresses[i] % align:
+                    raise GuardError(f"input {self._inputs[i][0]} must be {align}-byte aligned")
+        launcher = self._launcher
+        if launcher is None or self._copies or self._index_checks:
+            return self._run(arrays, addresses)
+        with self._lock:   # _run's steps for one native entry and nothing after it
+            count = len(self._outputs)
+            outputs = [self._output(0)] if count == 1 else [self._output(j) for j in range(count)]
+            launcher(addresses + self._returned_at)
+            self._returned[:] = outputs
+        return outputs
+
     def run_into(self, arrays: Sequence[np.ndarray], into: Mapping[int, np.ndarray]
                  ) -> list[np.ndarray]:
         """A call whose output ``j`` is written into ``into[j]`` (a C-contiguous array of its
@@ -717,7 +736,7 @@ class NativeExecutable:
                     flags[:] = 0
                     raise index_error(node, bad)
             for j, slot in self._copies:
-                outputs[j][...] = table[slot] if isinstance(slot, int) else slot
+                outputs[j][...] = table[slot] if isinstance(slot, int) else slot  # type: ignore[index]
             self._returned[:] = outputs
             for j in into or ():
                 self._returned[j] = None   # the caller's array: never reused as ours
