@@ -5,7 +5,8 @@ on CUDA tensors (the target follows the data) against eager torch and Inductor's
 
 Models are Hugging Face configs with random weights (no downloads): GPT-2 (12 layers, b4 s512
 fp16), BERT-base (b8 s128 fp16), a Llama-style decoder (hidden 2048, 16 heads, 4 KV heads,
-4 layers, b1 s2048 bf16), ViT-base (b32 fp16) and a Llama-style decoding step (``llama_decode``:
+4 layers, b1 s2048 bf16), ViT-base (b32 fp16), torchvision's ResNet-50 (b32 fp16,
+channels-last weights and input; ``resnet50``) and a Llama-style decoding step (``llama_decode``:
 the same shapes, one new token against a KV cache of 2048 passed as inputs, bf16; Inductor
 runs it with ``mode="reduce-overhead"``, its CUDA graphs). After the timings each model is
 called once more on fresh inputs (``replay_max_abs_diff_rel``: the replayed CUDA graph).
@@ -34,11 +35,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 class _Count(logging.Handler):
     def __init__(self) -> None:
-        super().__init__(logging.WARNING)
+        super().__init__(logging.INFO)
         self.messages: list[str] = []
+        self.choices: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+        message = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            self.messages.append(message)
+        elif "chosen" in message and "kernel" in message:   # the executable's measured picks
+            self.choices.append(message)
 
 
 def _models(names: list[str]) -> dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]]:
@@ -65,6 +71,19 @@ def _models(names: list[str]) -> dict[str, Callable[[], tuple[Any, tuple[Any, ..
         m = T.ViTModel(T.ViTConfig()).eval().half().to(dev)
         return _Hidden(m, "pixel_values"), (torch.randn(32, 3, 224, 224, device=dev).half(),)
 
+    def resnet50() -> tuple[Any, tuple[Any, ...]]:
+        try:  # torchvision's own, where installed; else the same structure from tilefuse.zoo
+            import torchvision
+
+            m = torchvision.models.resnet50(weights=None)
+        except ImportError:
+            from tilefuse.zoo import resnet50 as build
+
+            m = build()
+        m = m.eval().half().to(dev).to(memory_format=torch.channels_last)
+        x = torch.randn(32, 3, 224, 224, device=dev).half().to(memory_format=torch.channels_last)
+        return _Plain(m), (x,)
+
     def llama_decode() -> tuple[Any, tuple[Any, ...]]:
         m = _decode_llama().eval().to(torch.bfloat16).to(dev)
         caches = [torch.randn(1, 4, 2048, 128, device=dev, dtype=torch.bfloat16)
@@ -72,7 +91,7 @@ def _models(names: list[str]) -> dict[str, Callable[[], tuple[Any, tuple[Any, ..
         return _Plain(m), (torch.randint(0, 32000, (1, 1), device=dev), *caches)
 
     table = {"gpt2": gpt2, "bert": bert, "llama": llama, "vit": vit,
-             "llama_decode": llama_decode}
+             "llama_decode": llama_decode, "resnet50": resnet50}
     return {n: table[n] for n in names}
 
 
@@ -185,7 +204,10 @@ def run_model(name: str, make: Callable[[], tuple[Any, tuple[Any, ...]]], rounds
     module = wrapped.module
     row: dict[str, Any] = {"model": name}
     count = _Count()
-    logging.getLogger("tilefuse").addHandler(count)
+    logger = logging.getLogger("tilefuse")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(count)
     with torch.no_grad():
         want = module(*inputs)
         torch._dynamo.reset()
@@ -194,8 +216,11 @@ def run_model(name: str, make: Callable[[], tuple[Any, tuple[Any, ...]]], rounds
         got = tf(*inputs)
         torch.cuda.synchronize()
         row["tilefuse_first_s"] = round(time.perf_counter() - t0, 2)
-        logging.getLogger("tilefuse").removeHandler(count)
+        logger.removeHandler(count)
+        logger.setLevel(level)
         row["warnings"] = count.messages[:20]
+        # attention picks only (the product picks are many and alike)
+        row["attention_choices"] = [m for m in count.choices if "attention" in m][:4]
         row["n_warnings"] = len(count.messages)
         scale = float(want.float().abs().max())
         row["max_abs_diff_rel"] = float((got.float() - want.float()).abs().max()) / scale
@@ -231,7 +256,7 @@ def run_model(name: str, make: Callable[[], tuple[Any, tuple[Any, ...]]], rounds
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="gpt2,bert,llama,vit,llama_decode")
+    parser.add_argument("--models", default="gpt2,bert,llama,vit,llama_decode,resnet50")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--budget", type=float, default=420.0)
     parser.add_argument("--rounds", type=int, default=5)

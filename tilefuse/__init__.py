@@ -20,8 +20,6 @@ from tilefuse.errors import (
     UnknownOpError,
     VerifyError,
 )
-from tilefuse.frontend import jit
-from tilefuse.frontend.grad import grad, value_and_grad
 from tilefuse.graph.types import Sym, TensorType
 from tilefuse.log import configure_from_env
 
@@ -38,10 +36,20 @@ configure_from_env()  # TILEFUSE_LOG=topics turns on logging; idempotent
 
 
 def __getattr__(name: str) -> object:
-    """``tilefuse.autotune``: :func:`tilefuse.tune.tune`, imported on first use (the tuner
+    """``tilefuse.jit``, ``tilefuse.grad``, ``tilefuse.value_and_grad``: the frontend, imported
+    on first use (loading an artifact needs none of it);
+    ``tilefuse.autotune``: :func:`tilefuse.tune.tune`, imported on first use (the tuner
     is not loaded by ``import tilefuse``; ``tilefuse.tune`` is the package);
     ``tilefuse.compile``: the compile driver (:func:`tilefuse.driver.compile`);
     ``tilefuse.Target``: :class:`tilefuse.target.Target`."""
+    if name == "jit":  # the frontend (tracer, ops, graph passes): imported on first use
+        from tilefuse.frontend.jit import jit
+
+        return jit
+    if name in ("grad", "value_and_grad"):
+        import importlib
+
+        return getattr(importlib.import_module("tilefuse.frontend.grad"), name)
     if name == "autotune":
         from tilefuse.tune.api import tune
 

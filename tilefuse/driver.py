@@ -16,9 +16,11 @@ each, as ``passes/pipeline.py`` lists the graph passes):
 3. **schedules**: each kernel's schedule, from the tuning database or the default rule
    (:class:`~tilefuse.runtime.schedules.ScheduleSource`; the tuner and the fuzzer force theirs);
 4. **lowering**, 5. **codegen**, 6. **assembly**: the back end of the target, handed the kernel
-   plan and the schedule source (:mod:`tilefuse.runtime.native` for CPU targets,
-   :mod:`tilefuse.runtime.gpu` for cuda): loop IR per kernel, LLVM to machine code or PTX, then
-   the launch sequence, host steps and the memory plan.
+   plan and the schedule source (:mod:`tilefuse.backend.cpu` for CPU targets,
+   :mod:`tilefuse.backend.cuda` for cuda): loop IR per kernel, LLVM to machine code or PTX, then
+   the launch sequence, host steps and the memory plan. What they make, ``runtime/`` executes
+   (:class:`~tilefuse.runtime.native.NativeExecutable`,
+   :class:`~tilefuse.runtime.gpu.CudaExecutable`).
 
 A graph whose input dims are symbolic becomes a
 :class:`~tilefuse.runtime.dynamic.DynamicExecutable` whose per-size builds come back here.
@@ -36,10 +38,13 @@ from typing import TYPE_CHECKING, Any
 from tilefuse.target import Target
 
 if TYPE_CHECKING:
+    from tilefuse.codegen.llvm_nvptx import GpuTarget
     from tilefuse.graph.ir import Graph
     from tilefuse.kernel.fusion import KernelPlan
     from tilefuse.passes.manager import PipelineReport
     from tilefuse.runtime.executable import Executable
+    from tilefuse.runtime.gpu import GpuProgram
+    from tilefuse.schedules.database import TuningDatabase
 
 
 @dataclass(frozen=True)
@@ -183,8 +188,8 @@ def plan_kernels(graph: Graph, target: Target | str = "cpu") -> KernelPlan:
 
 def build(graph: Graph, target: Target | str = "cpu",
           options: CompileOptions | None = None) -> Executable:
-    """Stages 2-6 on an optimised graph: the target's back end, handed the kernel plan and
-    the schedule source."""
+    """Stages 2-6 on an optimised graph: the target's back end (:mod:`tilefuse.backend`),
+    handed the kernel plan and the schedule source."""
     target = Target.parse(target)
     options = options or CompileOptions()
     if target.kind == "reference":
@@ -192,23 +197,41 @@ def build(graph: Graph, target: Target | str = "cpu",
 
         return InterpreterExecutable(graph)
     if target.is_cuda:
-        from tilefuse.runtime.gpu import build_cuda
+        from tilefuse.backend.cuda import build_cuda
 
         return build_cuda(graph, options.dump_dir, target=target)
     from tilefuse.runtime.dynamic import is_symbolic
-    from tilefuse.runtime.native import NativeExecutable
     from tilefuse.runtime.schedules import ScheduleSource
 
     llvm_cpu = target.llvm_cpu()
     plan = plan_kernels(graph, target)                               # 2. kernels
     schedules = options.schedules or ScheduleSource(llvm_cpu)        # 3. schedules
     if is_symbolic(graph):                                           # 4-6. the back end
-        from tilefuse.runtime.native_symbolic import SymbolicNativeExecutable
+        from tilefuse.backend.cpu_symbolic import SymbolicNativeExecutable
 
         return SymbolicNativeExecutable(graph, options.dump_dir, target=llvm_cpu,
                                         cache=options.cache, schedules=schedules, plan=plan)
-    return NativeExecutable(graph, options.dump_dir, target=llvm_cpu, cache=options.cache,
-                            schedules=schedules, plan=plan)
+    from tilefuse.backend.cpu import build_cpu
+
+    return build_cpu(graph, options.dump_dir, target=llvm_cpu, cache=options.cache,
+                     schedules=schedules, plan=plan)
+
+
+def build_gpu_program(graph: Graph, target: Target | str | GpuTarget = "cuda:sm_90",
+                      options: CompileOptions | None = None, *,
+                      database: TuningDatabase | None = None) -> GpuProgram:
+    """Stages 2-5 for a cuda target, with no GPU: the program (PTX inside) that
+    :class:`~tilefuse.runtime.gpu.CudaExecutable` loads. The tuner, cross-compilation and
+    cuda artifacts start here. ``target``: a cuda target, or the PTX back end's own
+    ``GpuTarget`` (the tuner's knobs); ``database``: the measured GPU schedules to build with
+    (default: none, every kernel takes the default knobs)."""
+    from tilefuse.backend.cuda import build_gpu_program as build_program
+    from tilefuse.codegen.llvm_nvptx import GpuTarget
+
+    gpu = target if isinstance(target, GpuTarget) else Target.parse(target).gpu()
+    options = options or CompileOptions()
+    return build_program(graph, gpu, options.dump_dir, database,
+                         plan=plan_kernels(graph, "cuda"))                # 2. kernels
 
 
 def _same(graph: Graph) -> Graph:
@@ -219,5 +242,5 @@ def _path(where: Path | str | None) -> Path | None:
     return None if where is None else Path(where)
 
 
-__all__ = ["STAGES", "CompileOptions", "Compiled", "Stage", "build", "compile", "compile_graph",
-           "optimize", "plan_kernels", "prepare"]
+__all__ = ["STAGES", "CompileOptions", "Compiled", "Stage", "build", "build_gpu_program",
+           "compile", "compile_graph", "optimize", "plan_kernels", "prepare"]

@@ -131,9 +131,11 @@ def bert_inputs(batch: int = 1, seq: int = 128, config: BertConfig = BertConfig(
     return [x, mask]
 
 
-def torch_graph(module: Any, inputs: list[np.ndarray], name: str = "model") -> Graph:
+def torch_graph(module: Any, inputs: list[np.ndarray], name: str = "model",
+                fused_attention: bool = False) -> Graph:
     """The tilefuse graph of ``module`` on ``inputs`` as the torch frontend builds it (core ATen,
-    parameters and buffers as constants), before any graph pass. Every op must convert."""
+    parameters and buffers as constants), before any graph pass. Every op must convert.
+    ``fused_attention``: each SDPA call one ``attention`` node, as the cuda target traces."""
     import torch
 
     from tilefuse.frontend.torch.aten import ATEN_CONVERTERS
@@ -150,7 +152,7 @@ def torch_graph(module: Any, inputs: list[np.ndarray], name: str = "model") -> G
 
     args = [p.detach() for p in params.values()] + [torch.from_numpy(a) for a in inputs]
     with torch.no_grad():
-        traced = trace_to_core_aten(_as_graph_module(flat, len(args)), args)
+        traced = trace_to_core_aten(_as_graph_module(flat, len(args)), args, fused_attention)
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     specs = [Placeholder(node, args[i] if i < len(names) else None)
              for i, node in enumerate(placeholders)]
@@ -168,3 +170,78 @@ def _as_graph_module(fn: Any, n_args: int) -> Any:
     out = graph.call_function(fn, tuple(args))
     graph.output(out)
     return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def resnet50(width: int = 64, blocks: tuple[int, ...] = (3, 4, 6, 3), classes: int = 1000,
+             seed: int = 0) -> Any:
+    """torchvision's ResNet-50 (``torchvision.models.resnet50(weights=None)``: the same module
+    names, Bottleneck blocks with the stride on the 3x3 conv, expansion 4, zero-init not
+    applied) built in code so that it needs no torchvision, in eval mode with random weights
+    and batch-norm statistics drawn from ``seed``. ``width`` (64) and ``blocks`` shrink it for
+    tests; the defaults are ResNet-50."""
+    import torch
+    from torch import nn
+
+    class Bottleneck(nn.Module):
+        expansion = 4
+
+        def __init__(self, inplanes: int, planes: int, stride: int,
+                     downsample: nn.Module | None) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+            self.bn3 = nn.BatchNorm2d(planes * 4)
+            self.relu = nn.ReLU(inplace=True)
+            self.downsample = downsample
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.relu(self.bn2(self.conv2(out)))
+            out = self.bn3(self.conv3(out))
+            identity = x if self.downsample is None else self.downsample(x)
+            return self.relu(out + identity)
+
+    class ResNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inplanes = width
+            self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
+            self.bn1 = nn.BatchNorm2d(width)
+            self.relu = nn.ReLU(inplace=True)
+            self.maxpool = nn.MaxPool2d(3, 2, 1)
+            self.layer1 = self._make_layer(width, blocks[0], 1)
+            self.layer2 = self._make_layer(width * 2, blocks[1], 2)
+            self.layer3 = self._make_layer(width * 4, blocks[2], 2)
+            self.layer4 = self._make_layer(width * 8, blocks[3], 2)
+            self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+            self.fc = nn.Linear(width * 8 * 4, classes)
+
+        def _make_layer(self, planes: int, count: int, stride: int) -> nn.Sequential:
+            downsample = None
+            if stride != 1 or self.inplanes != planes * 4:
+                downsample = nn.Sequential(
+                    nn.Conv2d(self.inplanes, planes * 4, 1, stride, bias=False),
+                    nn.BatchNorm2d(planes * 4))
+            layers = [Bottleneck(self.inplanes, planes, stride, downsample)]
+            self.inplanes = planes * 4
+            layers += [Bottleneck(self.inplanes, planes, 1, None) for _ in range(1, count)]
+            return nn.Sequential(*layers)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+            return self.fc(torch.flatten(self.avgpool(x), 1))
+
+    torch.manual_seed(seed)
+    net = ResNet()
+    with torch.no_grad():   # batch-norm statistics a trained net would have, not 0 and 1
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.0)
+                m.bias.uniform_(-0.2, 0.2)
+    return net.eval()

@@ -66,13 +66,13 @@ def test_jit_round_trip_is_bit_identical(tmp_path: Path, dtype: DType) -> None:
 def _reductions_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
     """Makes the reduction lowering fail, so that plain reductions are host steps (every kind
     lowers natively now; the host path is what these tests are about)."""
-    import tilefuse.runtime.native as native
+    import tilefuse.backend.cpu as cpu_backend
     from tilefuse.errors import CompileError
 
     def failing(*args: Any, **kwargs: Any) -> None:
         raise CompileError("made to fail by the test")
 
-    monkeypatch.setattr(native, "lower_reduce", failing)
+    monkeypatch.setattr(cpu_backend, "lower_reduce", failing)
 
 
 def test_host_steps_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,21 +89,6 @@ def test_host_steps_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     x = random_array(rng, (9, 11), DType.f32)
     _same(loaded(x), f(x))
     assert loaded.executables[0].fallbacks
-
-
-def test_symbolic_jit_saves_the_sizes_built(tmp_path: Path) -> None:
-    rng = np.random.default_rng(2)
-    w = random_array(rng, (16, 8), DType.f32)
-    f = tilefuse.jit(lambda x: np.tanh(x @ w).sum(-1), dynamic={"x": {0: "batch"}})
-    for batch in (3, 5):
-        f(random_array(rng, (batch, 16), DType.f32))
-    loaded = tilefuse.load(tilefuse.save(f, tmp_path / "dyn.tilefuse"))
-    assert len(loaded.executables) == 2
-    for batch in (5, 3):
-        x = random_array(rng, (batch, 16), DType.f32)
-        _same(loaded(x), f(x))
-    with pytest.raises(GuardError, match="no saved specialisation"):
-        loaded(random_array(rng, (4, 16), DType.f32))
 
 
 def _onnx_model(path: Path, rng: np.random.Generator) -> Path:
@@ -162,6 +147,7 @@ def test_loading_runs_no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     paths = [tilefuse.save(f, tmp_path / "a.tilefuse"), tilefuse.save(f2, tmp_path / "b.tilefuse"),
              tilefuse.save(f3, tmp_path / "c.tilefuse")]
     import tilefuse.artifact.launcher as artifact_launcher
+    import tilefuse.backend.cpu as cpu_backend
     import tilefuse.codegen.jit as codegen_jit
     import tilefuse.codegen.launcher as launcher
     import tilefuse.codegen.llvm_cpu as llvm_cpu
@@ -170,14 +156,13 @@ def test_loading_runs_no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     import tilefuse.kernel.fusion as fusion
     import tilefuse.passes.decompose as decompose
     import tilefuse.passes.manager as manager
-    import tilefuse.runtime.native as native
 
     for module, name in [(codegen_jit, "compile_kernel"), (codegen_jit, "optimise"),
                          (codegen_jit, "llvm_ir_text"), (llvm_cpu, "lower_to_llvm"),
                          (launcher, "_launcher_ir"), (capture, "capture"),
                          (fusion, "form_kernels"), (driver, "plan_kernels"),
                          (decompose, "decompose_composites"), (driver, "prepare"),
-                         (manager, "run_pipeline"), (native._Builder, "__init__"),
+                         (manager, "run_pipeline"), (cpu_backend.CpuBuild, "__init__"),
                          (artifact_launcher, "_ir"), (artifact_launcher, "launcher_object")]:
         monkeypatch.setattr(module, name, _boom(f"{getattr(module, '__name__', module)}.{name}"))
     # LLVM itself: no optimisation pipeline, no code emission, no IR but the empty module

@@ -36,9 +36,18 @@ CASES = {
     "gather": (lambda x, m: torch.gather(x[:, 0], 1, m.clamp(0, 6)[:, :4]), [X, MASK]),
     "cumsum_int": (lambda m: torch.cumsum(m, dim=-1) * m - 1, [MASK]),
     "cumsum_float_axis0": (lambda x: torch.cumsum(x, dim=0), [X]),
+    "cumsum_int32_dtype": (lambda m: torch.cumsum(m, dim=1, dtype=torch.int32), [MASK]),
+    "cumsum_long_axis": (lambda x: torch.cumsum(x, dim=-1),
+                         [rng.standard_normal((2, 9000)).astype(np.float32)]),
     "repeat": (lambda x: x[:, :2].repeat(2, 1, 1, 3), [X]),
     "topk": (lambda x: torch.topk(x, 3, dim=1), [X]),
 }
+
+
+def test_cumsum_is_the_scan_op() -> None:
+    """One definition of cumsum: the converter emits the scan op (no quadratic masked sum)."""
+    graph = torch_graph(Fn(lambda x: torch.cumsum(x, dim=1)), [X], "cumsum")
+    assert [n.op.name for n in graph.nodes if n.op.name not in ("constant",)] == ["cumsum"]
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -17,6 +17,7 @@ from tilefuse.dtypes import DType
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph
+from tilefuse.loop.printer import format_function
 from tilefuse.runtime.gpu import GemmStep, GpuKernel, HostGroup
 from tilefuse.runtime.gpu_cross import assemble, cross_compile
 from tilefuse.runtime.gpu_simulate import simulate
@@ -105,7 +106,7 @@ def reductions(dtype: DType = F32) -> Graph:
 
 
 def conv_pool(dtype: DType = F32) -> Graph:
-    """conv2d (implicit GEMM after the pipeline; half precision through f32 on the GPU) then a
+    """conv2d (im2col + GEMM, in its own dtype on the GPU: half precision on tensor cores) then a
     3x3 stride-2 max pool, NCHW."""
     b = GraphBuilder("conv_pool")
     x = b.input(((2, 3, 9, 9), dtype), "x")
@@ -114,6 +115,68 @@ def conv_pool(dtype: DType = F32) -> Graph:
     y = b.add1("relu", [conv])
     return b.build([b.add1("max_pool2d", [y], {"kernel": [3, 3], "stride": [2, 2],
                                                 "padding": [1, 1, 1, 1]})])
+
+
+def vector_products(dtype: DType = F32) -> Graph:
+    """matmuls with a 1-D operand (vector @ matrix, batched matrix @ vector, a dot): 2-D
+    products between reshapes on the GPU, not host steps."""
+    b = GraphBuilder("vector_products")
+    v = b.input(((7,), dtype), "v")
+    m = b.input(((7, 5), dtype), "m")
+    t = b.input(((3, 4, 7), dtype), "t")
+    return b.build([b.add1("matmul", [v, m]), b.add1("matmul", [t, v]),
+                    b.add1("matmul", [v, v])])
+
+
+def odd_pads(dtype: DType = F16) -> Graph:
+    """Reflect and edge pads whose copies start at odd offsets (the movement lowering once
+    stored host-width vectors there: misaligned on the GPU)."""
+    b = GraphBuilder("odd_pads")
+    x = b.input(((3, 21), dtype), "x")
+    reflect = b.add1("pad", [x], {"mode": "reflect", "pads": (0, 0, 3, 2), "value": 0.0})
+    edge = b.add1("pad", [x], {"mode": "edge", "pads": (1, 2, 1, 0), "value": 0.0})
+    return b.build([reflect, edge])
+
+
+def im2col_f16() -> Graph:
+    """A 1x1 conv, then a 3x3 padded conv of its NHWC activations (16 channels, f16): the
+    second's im2col prologue copies 16-byte channel runs (lane-aligned: the simulator checks)."""
+    b = GraphBuilder("im2col_f16")
+    rng = np.random.default_rng(2)
+    x = b.input(((2, 16, 5, 6), F16), "x")
+    w1 = _const(b, random_array(rng, (16, 16, 1, 1), F16))
+    w3 = _const(b, random_array(rng, (8, 16, 3, 3), F16))
+    y = b.add1("relu", [b.add1("conv2d", [x, w1], {"stride": [1, 1], "padding": [0, 0, 0, 0]})])
+    conv = b.add1("conv2d", [y, w3], {"stride": [1, 1], "padding": [1, 1, 1, 1]})
+    return b.build([b.add1("relu", [conv])])
+
+
+def head_split(dtype: DType = F16) -> Graph:
+    """[B, S, H·D] -> [B, H, S, D] (reshape, transpose keeping the last axis): a movement
+    kernel of 16-byte runs along D."""
+    b = GraphBuilder("head_split")
+    x = b.input(((2, 5, 4 * 16), dtype), "x")
+    heads = b.add1("reshape", [x], {"shape": (2, 5, 4, 16)})
+    return b.build([b.add1("transpose", [heads], {"perm": (0, 2, 1, 3)})])
+
+
+def scans(dtype: DType = F32) -> Graph:
+    """cumsum along the last and a middle axis, cumprod along the first (a thread per line on
+    the GPU, running value in the working type)."""
+    b = GraphBuilder("scans")
+    x = b.input(((3, 5, 7), dtype), "x")
+    small = b.add1("mul", [x, _const(b, np.array(0.5, dtype.np))])
+    return b.build([b.add1("cumsum", [x], {"axis": -1}), b.add1("cumsum", [x], {"axis": 1}),
+                    b.add1("cumprod", [small], {"axis": 0})])
+
+
+def int_scans() -> Graph:
+    """cumsum of an i64 mask (position ids: ``cumsum(mask) - 1``) and of a bool."""
+    b = GraphBuilder("int_scans")
+    m = b.input(((2, 9), I64), "m")
+    pos = b.add1("sub", [b.add1("cumsum", [m], {"axis": 1}), _const(b, np.array(1, np.int64))])
+    flags = b.add1("gt", [m, _const(b, np.array(0, np.int64))])
+    return b.build([pos, b.add1("cumsum", [flags], {"axis": 0})])
 
 
 def topk(largest: bool, dtype: DType = F32) -> Graph:
@@ -136,6 +199,15 @@ GRAPHS = {
     "reductions_f16": lambda: reductions(F16),
     "conv_pool": conv_pool,
     "conv_pool_f16": lambda: conv_pool(F16),
+    "vector_products": vector_products,
+    "vector_products_bf16": lambda: vector_products(BF16),
+    "odd_pads": odd_pads,
+    "im2col_f16": im2col_f16,
+    "head_split": head_split,
+    "head_split_f32": lambda: head_split(F32),
+    "scans": scans,
+    "scans_bf16": lambda: scans(BF16),
+    "int_scans": int_scans,
     "topk_largest": lambda: topk(True),
     "topk_smallest_bf16": lambda: topk(False, BF16),
 }
@@ -188,6 +260,19 @@ def test_topk_orders_ties_by_index_and_nan_first() -> None:
     got, want = simulate(built.program, [x]), interpret(graph, x)
     np.testing.assert_array_equal(got[1], want[1])
     assert got[1][0, 0, 0] == 3 and list(got[1][2, :, 2]) == [0, 1, 2, 3]
+
+
+def test_im2col_copies_channel_runs_as_vectors() -> None:
+    steps = cross_compile(im2col_f16()).program.steps
+    im2col = [s for s in steps if isinstance(s, GpuKernel) and "window_patches" in
+              [n.op.name for n in s.group.nodes] and "transpose" not in
+              [n.op.name for n in s.group.nodes]]
+    assert len(im2col) == 1 and "load<8>" in format_function(im2col[0].fn)
+
+
+def test_head_split_copies_runs_as_vectors() -> None:
+    (step,) = [s for s in cross_compile(head_split()).program.steps if isinstance(s, GpuKernel)]
+    assert "load<8>" in format_function(step.fn)
 
 
 def test_movement_kernels_use_every_thread() -> None:

@@ -24,6 +24,19 @@ HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 MODELS = {**zoo_models.HAND_WRITTEN, **(zoo_models.TRANSFORMERS if HAS_TRANSFORMERS else {})}
 
 
+def test_resnet50_convolutions_multiply_in_half_precision() -> None:
+    """Every product of the fp16 ResNet-50 is an f16 GEMM (tensor cores, f32 accumulation),
+    not an f32 one between casts, and no cast kernel surrounds the convolutions."""
+    from tilefuse.runtime.gpu import GemmStep
+
+    module, inputs = MODELS["resnet50_f16"]()
+    built = cross_compile_torch(module, inputs, name="resnet50_f16")
+    products = [s for s in built.program.steps if isinstance(s, GemmStep)]
+    assert len(products) == 54   # 53 convolutions and the classifier
+    assert {s.shape.dtype.name for s in products} == {"f16"}
+    assert not [n for n in built.program.graph.nodes if n.op.name == "cast"]
+
+
 def _check(name: str, tmp_path, caplog) -> None:
     module, inputs = MODELS[name]()
     with caplog.at_level(logging.WARNING, logger="tilefuse.fallback"):
@@ -50,7 +63,7 @@ def test_zoo_cross_compiles_with_no_host_step(name: str, tmp_path, caplog) -> No
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
-@pytest.mark.parametrize("name", ["decoder", "encoder", "convnet", "decoder_bf16"]
+@pytest.mark.parametrize("name", ["decoder", "encoder", "convnet", "decoder_bf16", "resnet50_f16"]
                          + (["gpt2", "llama_bf16", "vit"] if HAS_TRANSFORMERS else []))
 def test_zoo_ptx_assembles(name: str) -> None:
     module, inputs = MODELS[name]()

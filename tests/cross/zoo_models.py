@@ -1,7 +1,8 @@
 """Tiny models for the cross-compilation zoo: Hugging Face GPT-2 / BERT / Llama / ViT built from
 configs with random weights (when ``transformers`` is importable), and hand-written torch
 modules of the same structure (causal masked attention with cumsum position ids, embeddings,
-layer norm, RMSNorm, RoPE, SwiGLU; a convolution stem with pooling). No downloads.
+layer norm, RMSNorm, RoPE, SwiGLU; a convolution stem with pooling; ResNet-50's layers at a
+small width in fp16, channels-last). No downloads.
 
 Each entry of :data:`ZOO` is ``name -> () -> (module, [NumPy inputs])``; shapes are small so
 the host simulation of the GPU program stays fast.
@@ -204,6 +205,17 @@ def convnet() -> tuple[nn.Module, list[np.ndarray]]:
     return net, [x]
 
 
+def resnet50_f16() -> tuple[nn.Module, list[np.ndarray]]:
+    """torchvision's ResNet-50 structure (``tilefuse.zoo.resnet50``: every layer, bottleneck
+    and downsample; widths divided by 8 so the host simulation stays short), channels-last
+    weights, fp16, one 32x32 image."""
+    from tilefuse.zoo import resnet50
+
+    net = resnet50(width=8).half().to(memory_format=torch.channels_last)
+    x = np.random.default_rng(7).standard_normal((1, 3, 32, 32)).astype(np.float16)
+    return net, [x]
+
+
 def _bf16(make: Callable[[], tuple[nn.Module, list[np.ndarray]]]
           ) -> Callable[[], tuple[nn.Module, list[np.ndarray]]]:
     def build() -> tuple[nn.Module, list[np.ndarray]]:
@@ -214,7 +226,7 @@ def _bf16(make: Callable[[], tuple[nn.Module, list[np.ndarray]]]
 
 HAND_WRITTEN: dict[str, Callable[[], tuple[nn.Module, list[np.ndarray]]]] = {
     "decoder": decoder, "encoder": encoder, "convnet": convnet,
-    "decoder_bf16": _bf16(decoder),
+    "decoder_bf16": _bf16(decoder), "resnet50_f16": resnet50_f16,
 }
 TRANSFORMERS: dict[str, Callable[[], tuple[nn.Module, list[np.ndarray]]]] = {
     "gpt2": hf_gpt2, "bert": hf_bert, "llama": hf_llama, "vit": hf_vit,

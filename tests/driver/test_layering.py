@@ -56,3 +56,42 @@ def test_old_names_still_import() -> None:
     from tilefuse.tune.fingerprint import group_fingerprint
 
     assert Old is SQLiteDatabase and callable(group_fingerprint)
+
+
+def _module_level(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """(line, module) of the imports a module runs when it is imported: its top-level
+    statements, not function bodies nor ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(path.read_text() if source is None else source, str(path))
+    top = [n for n in tree.body if not (isinstance(n, ast.If) and "TYPE_CHECKING" in
+                                        ast.unparse(n.test))]
+    source = "\n".join(ast.unparse(n) for n in top if isinstance(n, (ast.Import, ast.ImportFrom)))
+    return _imports(path, source)
+
+
+def test_runtime_never_imports_the_back_ends() -> None:
+    """``runtime/`` executes what the back ends (``tilefuse.backend``) build; importing it
+    imports no back end (a builder that compiles on first use imports one in its body)."""
+    bad = [f"{p.relative_to(PACKAGE)} imports {module}"
+           for p in sorted((PACKAGE / "runtime").rglob("*.py"))
+           for _, module in _module_level(p)
+           if module == "tilefuse.backend" or module.startswith("tilefuse.backend.")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_module_level_walk_sees_imports() -> None:
+    probe = PACKAGE / "runtime" / "probe.py"
+    source = ("from typing import TYPE_CHECKING\nimport tilefuse.backend.cpu\n"
+              "if TYPE_CHECKING:\n    from tilefuse.backend import cuda\n"
+              "def f():\n    from tilefuse.backend import cuda\n")
+    assert "tilefuse.backend.cuda" in {m for _, m in _imports(probe, source)}
+    assert {m for _, m in _module_level(probe, source)} == {"typing", "typing.TYPE_CHECKING",
+                                                             "tilefuse.backend.cpu"}
+
+
+def test_no_module_over_800_lines() -> None:
+    """Files of one job: none over ~800 lines (the matmul lowerings' owners split theirs)."""
+    exempt = {"kernel/lower_matmul.py", "kernel/lower_qmatmul.py"}
+    long = [f"{p.relative_to(PACKAGE)}: {n} lines" for p in sorted(PACKAGE.rglob("*.py"))
+            if str(p.relative_to(PACKAGE)) not in exempt
+            and (n := len(p.read_text().splitlines())) > 800]
+    assert not long, "\n".join(long)

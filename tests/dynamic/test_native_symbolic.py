@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import scipy.special
 
+from tilefuse.backend.cpu_symbolic import SymbolicNativeExecutable
 from tilefuse.codegen.target import host_target
 from tilefuse.dtypes import DType
 from tilefuse.errors import GuardError
 from tilefuse.frontend import jit
 from tilefuse.graph.interpreter import interpret
 from tilefuse.runtime.kernel_cache import KernelCache
-from tilefuse.runtime.native_symbolic import SymbolicNativeExecutable
 from tilefuse.testing import assert_close, random_array
 
 SIZES = (1, 7, 513)

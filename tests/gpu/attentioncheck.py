@@ -64,6 +64,8 @@ CASES = {
     "mask_full": ((2, 2), 64, 96, 64, 64, BF16, (2, 1, 64, 96)),
     "mask_padding_odd_keys": ((2, 2), 70, 97, 64, 64, BF16, (2, 1, 1, 97)),
     "mask_causal": ((1, 2), 300, 300, 64, 64, BF16, "causal"),
+    "mask_causal_whole_tiles": ((2, 3), 384, 384, 64, 64, BF16, "causal"),
+    "mask_causal_d128": ((1, 4), 256, 256, 128, 128, BF16, "causal"),
 }
 """name → (batch, Sq, Sk, D, Dv, dtype, mask: None, its shape or "causal")."""
 

@@ -203,6 +203,59 @@ def test_kernel_knobs_match_float64(name: str, config: FlashConfig) -> None:
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
 
 
+@ptxas
+def test_a_constant_causal_mask_offers_the_tile_skipping_kernel(tmp_path) -> None:
+    """A causal constant mask (everything above the diagonal -inf) gives the attention step a
+    tile-skipping alternative (chosen by measurement, checked against the default kernel on
+    the real mask); a mask with one unmasked entry above the diagonal does not."""
+    from tilefuse.graph.builder import GraphBuilder
+    from tilefuse.graph.ir import Literal
+    from tilefuse.kernel.lower_gpu_attention import causal_mask
+
+    sq = 256
+    causal = np.where(np.tril(np.ones((sq, sq), bool)), 0.0, -np.inf).astype(np.float32)
+    leaky = causal.copy()
+    leaky[3, 200] = 0.0
+    assert causal_mask(causal, sq, sq) and causal_mask(causal[None, None], sq, sq)
+    assert not causal_mask(leaky, sq, sq) and not causal_mask(causal, sq, sq + 1)
+    for mask, skips in ((causal, True), (leaky, False)):
+        b = GraphBuilder("causal")
+        q, k, v = (b.input(((2, 4, sq, 64), BF16), n) for n in "qkv")
+        m = b.add1("constant", [], {"value": Literal(mask.astype(BF16.np))})
+        graph = b.build([b.add1("attention", [q, k, v, m], {"scale": 0.125})])
+        (step,) = [s for s in build_gpu_program(graph).steps if isinstance(s, FusedStep)]
+        names = [a.name for a in step.alternatives]
+        assert any(n.endswith("_causal") for n in names) is skips, names
+        for kernel in step.alternatives:
+            if kernel.name.endswith("_causal"):
+                assemble(kernel.ptx, tmp_path, "sm_90")
+
+
+@gpu
+@pytest.mark.parametrize("name", ["mask_causal_whole_tiles", "mask_causal_d128"])
+def test_causal_tile_skip_matches_float64(name: str) -> None:
+    from dataclasses import replace
+
+    from tilefuse.codegen.nvptx_attention import default_config
+    from tilefuse.kernel.lower_gpu_attention import attention_shape
+    from tilefuse.runtime.cuda_driver import CudaContext
+
+    batch, sq, _, _, dv, dtype, _ = CASES[name]
+    shape = attention_shape(case_graph(name).nodes[-1])
+    kernel = flash_attention(shape, replace(default_config(shape), causal=1))
+    ctx = CudaContext()
+    function = ctx.load_ptx(kernel.ptx).function(kernel.name)
+    for seed in (5, 6):
+        arrays = case_arrays(name, seed)
+        buffers = [ctx.upload(a) for a in arrays]
+        out = ctx.upload(np.full((*batch, sq, dv), np.nan, dtype.np))
+        ctx.launch(function, kernel.grid, kernel.block, [b.ptr for b in buffers] + [out.ptr])
+        got = out.copy_to(np.empty((*batch, sq, dv), dtype.np)).astype(np.float64)
+        ref = case_reference(arrays, case_scale(name))
+        assert np.isfinite(got).all()
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2, name
+
+
 @gpu
 def test_fused_attention_against_interpreter_through_build_executable() -> None:
     from tilefuse.runtime.executable import build_executable

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import tilefuse
+from tilefuse.backend import cuda as cuda_backend
 from tilefuse.dtypes import DType
 from tilefuse.errors import GuardError
 from tilefuse.graph.builder import GraphBuilder
@@ -34,14 +35,14 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
     monkeypatch.setattr(cuda_driver, "_driver", lambda: driver)
     monkeypatch.setattr(cuda_graph, "_driver", lambda: driver)
     monkeypatch.setattr(cuda_driver, "cuda_available", lambda: True)
-    real = gpu.compile_group
+    real = cuda_backend.compile_group
 
     def registering(group: Any, target: Any) -> Any:
         step = real(group, target)
         driver.kernels[step.fn.name] = step
         return step
 
-    monkeypatch.setattr(gpu, "compile_group", registering)
+    monkeypatch.setattr(cuda_backend, "compile_group", registering)
     monkeypatch.delenv("TILEFUSE_CUDA_GRAPHS", raising=False)
     return driver
 
@@ -197,7 +198,7 @@ def test_numpy_and_cpu_tensors_are_not_device_arrays() -> None:
 def test_host_steps_are_not_captured(fake: FakeDriver, caplog: pytest.LogCaptureFixture,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     graph = two_kernels(3, 5)
-    program = gpu.build_gpu_program(graph)
+    program = cuda_backend.build_gpu_program(graph)
     first = program.steps[0]
     program.steps[0] = gpu.HostGroup(first.group, "forced by the test")
     with caplog.at_level(logging.WARNING, logger="tilefuse.fallback"):

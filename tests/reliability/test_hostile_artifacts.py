@@ -56,14 +56,14 @@ def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
     w = np.random.default_rng(0).standard_normal((11, 7)).astype(np.float32)
     f = tilefuse.jit(lambda x: (np.tanh(x @ w), x.max(0) + 1) if x.shape[0] == 9
                      else np.tanh(x @ w))
-    import tilefuse.runtime.native as native
+    import tilefuse.backend.cpu as cpu_backend
     from tilefuse.errors import CompileError
 
     def failing(*args: Any, **kwargs: Any) -> None:
         raise CompileError("made to fail by the test")
 
     with pytest.MonkeyPatch.context() as m:  # reductions lower natively: make this one fail
-        m.setattr(native, "lower_reduce", failing)
+        m.setattr(cpu_backend, "lower_reduce", failing)
         f(np.ones((9, 11), np.float32))
     f(np.ones((3, 11), np.float32))
     return tilefuse.save(f, tmp_path_factory.mktemp("good") / "good.tilefuse")

@@ -166,12 +166,12 @@ def test_elementwise_chain():
 def host_graph(builder: GraphBuilder, monkeypatch: pytest.MonkeyPatch) -> Value:
     """exp -> a 3x3 max pool -> neg, with the pool lowering made to fail (every kernel kind
     lowers natively now): the host fallback's path, on a graph built with ``builder``."""
-    import tilefuse.runtime.native as native
+    import tilefuse.backend.cpu as cpu_backend
 
     def failing(*args: object, **kwargs: object) -> None:
         raise CompileError("made to fail by the test")
 
-    monkeypatch.setattr(native, "lower_pool", failing)
+    monkeypatch.setattr(cpu_backend, "lower_pool", failing)
     x = builder.input(((1, 1, 17, 17), F32), "x")
     pooled = builder.add1("max_pool2d", [builder.add1("exp", [x])],
                           {"kernel": (3, 3), "stride": (1, 1), "padding": (0, 0, 0, 0)})

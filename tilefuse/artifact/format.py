@@ -1,10 +1,10 @@
 """The artifact container: a versioned header, a table of named sections, checksums.
 
-A ``.tilefuse`` file is read whole and validated before anything in it is used: the magic, the
+A ``.tilefuse`` file is mapped and validated before anything in it is used: the magic, the
 format version, the header's counts and lengths against the file's real size, the section
 table's CRC-32, every section's bounds and every section's CRC-32. Only then are the sections
-handed out (as read-only views of one 64-byte aligned buffer, so that weights can be used in
-place). Every failure is an :class:`ArtifactError` that names the file and what is wrong; no
+handed out (as read-only views of the page-aligned mapping, so that weights are used in place,
+never copied). Every failure is an :class:`ArtifactError` that names the file and what is wrong; no
 input makes the reader raise anything else. Nothing is pickled: sections are bytes, and the
 manifest section is JSON.
 
@@ -28,6 +28,7 @@ every slot) are what keep a malformed file from crashing the process.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import struct
 import zlib
@@ -139,25 +140,22 @@ def write(path: str | Path, sections: Mapping[str, bytes | memoryview]) -> int:
 
 def read(path: str | Path) -> Container:
     """The validated container at ``path`` (see the module docstring); ArtifactError for a
-    file that is missing, truncated, corrupt or of another format version."""
+    file that is missing, truncated, corrupt or of another format version.
+
+    The file is mapped, not read: sections (weights included) are read-only views of the
+    mapping, paged in as they are used, never copied. :func:`write` replaces a file by a rename,
+    so a mapped artifact keeps its bytes while a new one is written in its place."""
     shown = str(path)
     try:
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
-            header = file.read(_HEADER.size)
-            if len(header) == _HEADER.size:  # refuse a foreign or huge file before reading it
-                parse_header(memoryview(header), size, shown)
-            try:
-                buffer = _aligned_bytes(size)
-            except MemoryError:
-                raise ArtifactError(f"{shown}: out of memory reading {size} bytes") from None
-            file.seek(0)
-            got = file.readinto(memoryview(buffer))
+            parse_header(memoryview(file.read(_HEADER.size)), size, shown)  # before mapping
+            mapped = mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ)
     except OSError as err:
         raise ArtifactError(f"cannot read artifact {shown}: {err.strerror or err}") from None
-    if got != size:
-        raise ArtifactError(f"{shown}: the file changed while it was read")
-    return parse(memoryview(buffer).toreadonly(), shown)
+    except (ValueError, OverflowError) as err:  # mmap refuses the size
+        raise ArtifactError(f"cannot map artifact {shown}: {err}") from None
+    return parse(memoryview(mapped).toreadonly(), shown)
 
 
 def parse_header(data: memoryview, size: int, shown: str) -> tuple[int, int]:
@@ -220,11 +218,3 @@ def _section_name(raw: bytes, index: int, shown: str) -> str:
     if not text or b"\0" in name or not text.isprintable():
         raise ArtifactError(f"{shown}: section {index} has a malformed name {raw!r}")
     return text
-
-
-def _aligned_bytes(size: int) -> np.ndarray:
-    """A writable uint8 buffer of ``size`` bytes starting on an :data:`ALIGN` boundary (so that
-    sections, aligned within the file, are aligned in memory)."""
-    raw = np.empty(size + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start:start + size]

@@ -20,12 +20,11 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 
-import llvmlite.binding as llvm
 from llvmlite import ir
 
 from tilefuse.artifact.format import ArtifactError
 from tilefuse.codegen.elf_check import check_object
-from tilefuse.codegen.target import CpuTarget, link_objects, target_machine
+from tilefuse.codegen.target import CpuTarget, target_machine
 from tilefuse.errors import TilefuseError
 from tilefuse.runtime.launch import NativeStep, Step
 
@@ -86,6 +85,8 @@ def _ir() -> str:
 
 def launcher_object(target: CpuTarget) -> bytes:
     """The generic launcher as relocatable object code for ``target`` (at save time)."""
+    import llvmlite.binding as llvm
+
     tm = target_machine(target)
     module = llvm.parse_assembly(_ir())
     module.triple = target.triple
@@ -100,10 +101,12 @@ def link_launcher(obj: bytes, target: CpuTarget, path: str) -> tuple[int, object
         check_object(obj)
     except TilefuseError as err:
         raise ArtifactError(f"{path}: the launcher: {err}") from None
+    from tilefuse.runtime.object_link import link
+
     try:
-        engine = link_objects([obj], target)
-    except RuntimeError as err:
-        raise ArtifactError(f"{path}: LLVM could not link the launcher: {err}") from None
+        engine = link([obj])
+    except TilefuseError as err:
+        raise ArtifactError(f"{path}: the launcher does not link: {err}") from None
     address = engine.get_function_address(SYMBOL)
     if not address:
         raise ArtifactError(f"{path}: the launcher section defines no {SYMBOL}")

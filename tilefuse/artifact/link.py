@@ -1,13 +1,13 @@
-"""Linking an artifact's kernels: relocatable object code into this process, in few engines.
+"""Linking an artifact's kernels: relocatable object code into this process, in few images.
 
-:func:`tilefuse.codegen.jit.load_kernel` makes one MCJIT engine (and target machine) per kernel,
-~4 ms each; an artifact links all its kernels at once instead: each object is checked
-(:func:`~tilefuse.codegen.elf_check.check_object`) before LLVM sees any, then the objects are
-added to as few engines as their names allow (two kernels of one name, from two
-specialisations, go to different engines) and each engine is finalised once. Nothing is
-compiled: MCJIT's own module is empty. The thread pool that parallel loops call is linked from
-the artifact's ``pool`` section too when this process has not started one yet (it is otherwise
-compiled from LLVM IR on first use: :mod:`tilefuse.codegen.pool`).
+An artifact links all its kernels at once, without LLVM (:mod:`tilefuse.runtime.object_link`;
+loading LLVM was most of a cold start): each object is checked
+(:func:`~tilefuse.codegen.elf_check.check_object`) before anything is mapped, then the objects
+are linked into as few images as their names allow (two kernels of one name, from two
+specialisations, go to different images). Nothing is compiled. The thread pool that parallel
+loops call is linked from the artifact's ``pool`` section too when this process has not
+started one yet (it is otherwise compiled from LLVM IR on first use:
+:mod:`tilefuse.codegen.pool`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tilefuse.artifact.format import ArtifactError
+from tilefuse.codegen.abi import CompiledKernel, KernelSignature
 from tilefuse.codegen.elf_check import check_object
-from tilefuse.codegen.jit import CompiledKernel, KernelSignature
 from tilefuse.codegen.pool import start_pool_from_object
-from tilefuse.codegen.target import CpuTarget, link_objects
+from tilefuse.codegen.target import CpuTarget, registered_symbols
 from tilefuse.errors import TilefuseError
+from tilefuse.runtime.object_link import link
 
 
 def link_kernels(objects: Sequence[tuple[bytes, KernelSignature]], target: CpuTarget,
@@ -53,9 +54,9 @@ def link_kernels(objects: Sequence[tuple[bytes, KernelSignature]], target: CpuTa
     made: list[CompiledKernel | None] = [None] * len(objects)
     for _, members in batches:
         try:
-            engine = link_objects([objects[i][0] for i in members], target)
-        except RuntimeError as err:
-            raise ArtifactError(f"{path}: LLVM could not link the kernels' object code: "
+            engine = link([objects[i][0] for i in members], registered_symbols())
+        except TilefuseError as err:
+            raise ArtifactError(f"{path}: the kernels' object code does not link: "
                                 f"{err}") from None
         for i in members:
             obj, signature = objects[i]

@@ -20,7 +20,7 @@ import numpy as np
 
 from tilefuse.artifact.format import FORMAT_VERSION, ArtifactError, Container, read
 from tilefuse.artifact.program import Decoder
-from tilefuse.codegen.jit import CompiledKernel, KernelSignature
+from tilefuse.codegen.abi import CompiledKernel, KernelSignature
 from tilefuse.codegen.target import CpuTarget
 from tilefuse.errors import GuardError
 from tilefuse.runtime.executable import select_outputs
@@ -47,7 +47,7 @@ def _manifest(container: Container) -> dict[str, Any]:
 
 def _target(container: Container, manifest: Mapping[str, Any]) -> CpuTarget:
     """The artifact's target, after checking this host can run its code."""
-    from tilefuse.artifact.targets import missing_features
+    from tilefuse.artifact.targets import missing_features, runs_here_by_cpuinfo
     from tilefuse.codegen.target import host_target
 
     spec = manifest.get("target")
@@ -55,6 +55,8 @@ def _target(container: Container, manifest: Mapping[str, Any]) -> CpuTarget:
                                              for k in ("triple", "cpu", "features")):
         raise ArtifactError(f"{container.path}: its manifest names no valid target")
     target = CpuTarget(spec["triple"], spec["cpu"], spec["features"])
+    if runs_here_by_cpuinfo(target):  # no need to load LLVM to ask it
+        return target
     host = host_target()
     if target.triple.split("-")[0] != host.triple.split("-")[0]:
         raise ArtifactError(f"{container.path}: built for {target.triple}; this host is "
@@ -122,6 +124,9 @@ class LoadedModel:
         key = tuple((a.dtype.str, a.shape) if isinstance(a, np.ndarray) else None
                     for a in arrays)
         found = self._entries.get(key)
+        if found is None:  # a symbolic program takes every size of its symbolic dims
+            found = next(((exe, extra) for exe, extra in self._entries.values()
+                          if getattr(exe, "accepts", None) and exe.accepts(arrays)), None)
         if found is None:
             saved = " | ".join(", ".join(f"{np.dtype(d)}{list(s)}" for d, s in sig)
                                for sig in self._entries)
@@ -199,6 +204,10 @@ def load(path: str | Path) -> LoadedModel:
 
     container = read(path)
     manifest = _manifest(container)
+    from tilefuse.artifact.cuda import target_of
+
+    if target_of(manifest) is not None:
+        return _load_cuda(container, manifest)
     target = _target(container, manifest)
 
     def link(objects: list[tuple[bytes, KernelSignature]]) -> list[CompiledKernel]:
@@ -229,3 +238,23 @@ def load(path: str | Path) -> LoadedModel:
                         manifest.get("user_inputs"), container.path)
         made.append((exe, extra))
     return LoadedModel(container, manifest, target, made)
+
+
+def _load_cuda(container: Container, manifest: Mapping[str, Any]) -> LoadedModel:
+    """A cuda artifact: every program validated, then loaded on this machine's GPU
+    (ArtifactError without one: :mod:`tilefuse.artifact.cuda`)."""
+    from tilefuse.artifact.cuda import cuda_program_executable, decode_cuda
+
+    def link(objects: list[tuple[bytes, KernelSignature]]) -> list[CompiledKernel]:
+        raise ArtifactError(f"{container.path}: a cuda artifact holds no CPU kernels")
+
+    decoder = Decoder(container, manifest, link)
+    entries = decoder.read.items(manifest, "entries", "manifest")
+    if not entries:
+        raise ArtifactError(f"{container.path}: the artifact holds no compiled entry")
+    programs = [decode_cuda(decoder, decoder.read.obj(e, "program", dict, f"entry {i}"))
+                for i, e in enumerate(entries)]
+    made = [(cuda_program_executable(p, container.path), {}) for p in programs]
+    arch = str(manifest["target"]["cuda"])
+    return LoadedModel(container, manifest, CpuTarget("nvptx64-nvidia-cuda", arch, ""),
+                       made)  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tilefuse.artifact.format import ArtifactError, Container
-from tilefuse.codegen.jit import CompiledKernel, KernelSignature, aligned_empty
+from tilefuse.codegen.abi import CompiledKernel, KernelSignature, aligned_empty
 from tilefuse.dtypes import DType
 from tilefuse.graph.ir import Graph, Value
 from tilefuse.graph.types import TensorType
@@ -240,6 +240,10 @@ class Decoder:
         and owner of the generic launcher's code), when given, runs an all-native sequence as
         one native call."""
         read = self.read
+        if isinstance(program, dict) and "symbolic" in program:
+            from tilefuse.artifact.symbolic import SymbolicProgram
+
+            return SymbolicProgram(self, program, launcher)  # type: ignore[return-value]
         name = read.obj(program, "name", str, "program")
         where = f"program {name!r}"
         self.container.section(read.obj(program, "plan", str, where))  # LoadedModel.plans

@@ -9,8 +9,10 @@ its outputs are returned, so that :func:`tilefuse.load` gives back a callable th
 the same: a jitted function's result structure, an ONNX model's single output or list and
 ``run(names, feed)``.
 
-Supported: :func:`tilefuse.jit` functions (every specialisation compiled so far; symbolic
-entries with the size bindings they have prepared), :func:`tilefuse.onnx.load` models, and
+Supported: :func:`tilefuse.jit` functions (every specialisation compiled so far; a symbolic
+entry as one program with its shape formulas, :mod:`tilefuse.artifact.symbolic`, or, when some
+of its kernels are built per size, as the size bindings it has prepared),
+:func:`tilefuse.onnx.load` models, and
 :class:`~tilefuse.runtime.native.NativeExecutable`. A specialisation that is not a native CPU
 build (the ``reference`` or ``cuda`` target) is a TilefuseError: nothing is saved silently in
 part.
@@ -55,8 +57,8 @@ def _structure(packed: Any) -> Any:
 def specializations(executable: object, what: str) -> list[NativeExecutable]:
     """The native executables behind one compiled entry (several for a symbolic one: each
     size binding it has prepared). TilefuseError for anything else."""
+    from tilefuse.backend.cpu_symbolic import SymbolicNativeExecutable
     from tilefuse.runtime.dynamic import DynamicExecutable
-    from tilefuse.runtime.native_symbolic import SymbolicNativeExecutable
 
     if isinstance(executable, NativeExecutable):
         return [executable]
@@ -66,16 +68,21 @@ def specializations(executable: object, what: str) -> list[NativeExecutable]:
         made = [e for exe in list(executable._specialized.values())
                 for e in specializations(exe, what)]
         if not made:
-            raise ArtifactError(f"{what} has symbolic dims and no size built yet: call it once "
-                                "with each input shape to save (symbolic formulas are not "
-                                "saved; each size binding built is)")
+            raise ArtifactError(f"{what} has symbolic dims, no build that serves every size, "
+                                "and no size built yet: call it once with each input shape "
+                                "to save")
         return made
     if isinstance(executable, SymbolicNativeExecutable):
+        from tilefuse.artifact.symbolic import savable
+
+        why = savable(executable)
+        if why is None:  # one program with shape formulas: runs at every size
+            return [executable]  # type: ignore[list-item]
         made = [executable.for_sizes(sizes) for sizes in executable.bindings]
         if not made:
-            raise ArtifactError(f"{what} has symbolic dims and no size built yet: call it once "
-                                "with each input shape to save (symbolic formulas are not "
-                                "saved; each size binding built is)")
+            raise ArtifactError(f"{what} has symbolic dims and no size built yet, and cannot be "
+                                f"saved with shape formulas ({why}): call it once with each "
+                                "input shape to save")
         return made
     raise ArtifactError(f"{what} is a {type(executable).__name__}, not a native CPU build; only "
                         "target 'cpu' can be saved")
@@ -148,6 +155,8 @@ def _exported_type() -> type | None:
 
 
 def _targets(exe: NativeExecutable) -> set[CpuTarget]:
+    if not isinstance(exe, NativeExecutable):  # a symbolic build
+        return {k.compiled.target for p in exe._builder.pending for k in p.kernels}
     return {launch.kernel.target for step in exe.steps if isinstance(step, NativeStep)
             for launch in step.launches}
 
@@ -174,20 +183,25 @@ def write_artifact(path: str | Path, kind: str, fields: dict[str, Any],
     saved = []
     seen: set[tuple] = set()
     for exe, extra in entries:
-        signature = tuple((v.dtype.value, tuple(v.shape)) for v in exe.graph.inputs)
+        signature = tuple((v.dtype.value, tuple(map(str, v.shape))) for v in exe.graph.inputs)
         if signature in seen:
             raise ArtifactError(f"two compiled entries take the same inputs {signature} (a "
                                 "function compiled for two values of a static argument); "
                                 "save one at a time")
         seen.add(signature)
-        text = program.launch_sequence_text(exe)
-        saved.append({"program": program.encode(exe, sections, text), **extra})
+        if isinstance(exe, NativeExecutable):
+            text = program.launch_sequence_text(exe)
+            saved.append({"program": program.encode(exe, sections, text), **extra})
+        else:  # a symbolic build, saved with its shape formulas
+            from tilefuse.artifact.symbolic import encode_symbolic, plan_text
+
+            saved.append({"program": encode_symbolic(exe, sections, plan_text(exe)), **extra})
     manifest = {"format": FORMAT_VERSION, "tilefuse_version": tilefuse.__version__,
                 "kind": kind, **fields,
                 "target": {"triple": target.triple, "cpu": target.cpu,
                            "features": target.features},
                 "entries": saved, "kernels": sections.kernels, "constants": sections.constants}
-    if any(exe.single_entry for exe, _ in entries):  # one native call per run after loading
+    if any(getattr(exe, "single_entry", True) for exe, _ in entries):  # one native call a run
         from tilefuse.artifact.launcher import launcher_object
 
         sections.data[LAUNCHER] = launcher_object(target)
@@ -195,6 +209,26 @@ def write_artifact(path: str | Path, kind: str, fields: dict[str, Any],
         from tilefuse.codegen.pool import pool_object
 
         sections.data[POOL] = pool_object(target)
+    text = json.dumps(manifest, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    write(path, {MANIFEST: text.encode("ascii"), **sections.data})
+    return Path(path)
+
+
+def write_cuda_artifact(path: str | Path, kind: str, fields: dict[str, Any],
+                        programs: list[Any]) -> Path:
+    """Writes cuda programs (:class:`~tilefuse.runtime.gpu.GpuProgram`, PTX inside, built
+    without a GPU) as an artifact of ``kind``: :mod:`tilefuse.artifact.cuda`."""
+    import tilefuse
+    from tilefuse.artifact.cuda import encode_cuda
+
+    archs = {p.target.arch for p in programs}
+    if len(archs) != 1:
+        raise ArtifactError("the programs to save were built for different GPUs")
+    sections = program.Sections()
+    saved = [{"program": encode_cuda(p, sections)} for p in programs]
+    manifest = {"format": FORMAT_VERSION, "tilefuse_version": tilefuse.__version__,
+                "kind": kind, **fields, "target": {"cuda": archs.pop()}, "entries": saved,
+                "kernels": [], "constants": sections.constants}
     text = json.dumps(manifest, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
     write(path, {MANIFEST: text.encode("ascii"), **sections.data})
     return Path(path)

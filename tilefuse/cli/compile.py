@@ -36,8 +36,9 @@ def add_parser(sub: Any) -> None:
     add_model_arguments(parser)
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="FILE",
                         help="the artifact to write (conventionally FILE.tilefuse)")
-    parser.add_argument("--target", default="cpu", choices=NAMES,
-                        help="the CPU to build for (default: this one)")
+    parser.add_argument("--target", default="cpu", choices=[*NAMES, *CUDA_NAMES],
+                        help="the CPU to build for (default: this one), or a GPU (PTX, built "
+                             "without one)")
     parser.set_defaults(func=run)
 
 
@@ -46,6 +47,25 @@ def _names(model: Model) -> dict[str, Any]:
         return {"name": model.info.name, "input_names": [s.name for s in model.info.inputs],
                 "output_names": [s.name for s in model.info.outputs]}
     return {"name": model.spec, "input_names": [s.name for s in model.inputs()]}
+
+
+CUDA_NAMES = ("cuda", "cuda:sm_90", "cuda:sm_80")
+
+
+def _run_cuda(args: argparse.Namespace, model: Model, arrays: list[Any]) -> int:
+    """A cuda artifact: the graph optimised and built to PTX here, with no GPU needed."""
+    from tilefuse.artifact.saver import write_cuda_artifact
+    from tilefuse.driver import build_gpu_program, optimize
+
+    optimized, _ = optimize(model.graph(arrays))
+    program = build_gpu_program(optimized, args.target)
+    kind = "onnx" if isinstance(model, OnnxFile) else "executable"
+    path = write_cuda_artifact(args.output, kind, _names(model), [program])
+    shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
+    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) for {args.target} "
+          f"({program.target.arch}, {len(program.steps)} steps; not run: built without a GPU): "
+          f"inputs {shapes}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{args.model} is compiled already")
     arrays = parse_inputs(model, args.input, args.seed)
     note(args, f"compiling {args.model} for {args.target} ...")
+    if args.target in CUDA_NAMES:
+        return _run_cuda(args, model, arrays)
     lowered = model.lower(arrays)
     executable: Any = lowered.executable
     if hasattr(executable, "specialization"):  # symbolic: the build for these sizes

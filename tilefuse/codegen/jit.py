@@ -10,136 +10,25 @@ a corrupt or foreign entry then raises CompileError (a miss) instead of crashing
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import struct
-from dataclasses import dataclass
-from typing import Any
 
 import llvmlite.binding as llvm
-import numpy as np
 
+from tilefuse.codegen.abi import (
+    _MAGIC,
+    CompiledKernel,
+    KernelSignature,
+    aligned_empty,
+)
 from tilefuse.codegen.elf_check import check_object
-from tilefuse.codegen.llvm_cpu import lower_to_llvm, uses_threads
+from tilefuse.codegen.llvm_cpu import lower_to_llvm
 from tilefuse.codegen.pool import thread_pool
 from tilefuse.codegen.target import CpuTarget, host_target, link_objects, target_machine
-from tilefuse.dtypes import parse_dtype
-from tilefuse.errors import CompileError, GuardError, TilefuseError
-from tilefuse.loop.interp import check_arguments
-from tilefuse.loop.ir import BufferParam, LoopFunction
+from tilefuse.errors import CompileError
+from tilefuse.loop.ir import LoopFunction
 from tilefuse.loop.simplify import simplify
-
-_ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
-_MAGIC = b"TFKERN01"
-
-
-@dataclass(frozen=True)
-class KernelSignature:
-    """What a caller needs to know to call compiled code: the name and the arguments."""
-
-    name: str
-    buffers: tuple[BufferParam, ...]
-    scalars: tuple[str, ...]
-    uses_threads: bool = False
-
-    @staticmethod
-    def of(fn: LoopFunction) -> KernelSignature:
-        return KernelSignature(fn.name, fn.buffers, fn.scalars, uses_threads(fn))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "scalars": list(self.scalars), "threads": self.uses_threads,
-                "buffers": [{"name": b.name, "dtype": b.dtype.value, "readonly": b.readonly,
-                             "align": b.align} for b in self.buffers]}
-
-    @staticmethod
-    def from_json(data: dict[str, Any]) -> KernelSignature:
-        """The signature written by :meth:`to_json`; CompileError if it is malformed."""
-        try:
-            buffers = tuple(BufferParam(str(b["name"]), parse_dtype(b["dtype"]),
-                                        bool(b["readonly"]), int(b["align"]))
-                            for b in data["buffers"])
-            return KernelSignature(str(data["name"]), buffers,
-                                   tuple(str(s) for s in data["scalars"]), bool(data["threads"]))
-        except (KeyError, TypeError, ValueError, TilefuseError) as exc:
-            raise CompileError(f"malformed kernel signature: {exc!r}") from exc
-
-
-class CompiledKernel:
-    """A kernel in machine code. Call it as ``kernel(*arrays, *scalars, num_threads=0)``."""
-
-    def __init__(self, signature: KernelSignature, engine: llvm.ExecutionEngine,
-                 target: CpuTarget, ir_text: str | None, object_code: bytes | None = None):
-        self.signature = signature
-        self.target = target
-        self._engine = engine  # owns the machine code: keep it alive as long as the kernel
-        self._ir_text = ir_text
-        self._object_code = object_code  # what MCJIT made, when it was captured
-        address = engine.get_function_address(signature.name)
-        if not address:
-            raise CompileError(f"compiled code has no function {signature.name!r}")
-        self.address = address  # void name(void **buffers, int64_t *scalars, int32_t threads)
-        self._entry = _ENTRY(address)
-        self._buffer_array = ctypes.c_void_p * max(1, len(signature.buffers))
-        self._scalar_array = ctypes.c_int64 * max(1, len(signature.scalars))
-
-    @property
-    def name(self) -> str:
-        return self.signature.name
-
-    def __repr__(self) -> str:
-        return f"<CompiledKernel {self.name} for {self.target}>"
-
-    def __call__(self, *args: object, num_threads: int = 0) -> None:
-        """Runs the kernel; arrays are checked like the interpreter checks them (GuardError)."""
-        sig = self.signature
-        arrays, values = check_arguments(sig.name, sig.buffers, sig.scalars, args)
-        if not 0 <= num_threads < 2 ** 31:
-            raise GuardError(f"{sig.name}: num_threads must be >= 0 (0: the whole thread pool), "
-                             f"got {num_threads}")
-        self.call_unchecked([a.ctypes.data for a in arrays], values, num_threads)
-
-    def raw_entry(self) -> tuple[ctypes._CFuncPtr, type, type]:
-        """The ctypes entry ``f(buffers_address, scalars_address, num_threads)`` and the ctypes
-        array types of its buffer-pointer and scalar tables: for a runtime that keeps those tables
-        alive across calls and rewrites only the addresses that change. No checks at all."""
-        return self._entry, self._buffer_array, self._scalar_array
-
-    def call_unchecked(self, pointers: list[int], scalars: list[int],
-                       num_threads: int = 0) -> None:
-        """Runs the kernel on raw buffer addresses, without any check: for a runtime that has
-        validated its arguments once. Wrong addresses or sizes corrupt memory."""
-        buffers = self._buffer_array(*pointers)
-        values = self._scalar_array(*scalars)
-        self._entry(ctypes.addressof(buffers), ctypes.addressof(values), num_threads)
-
-    def llvm_ir(self) -> str:
-        """The optimised LLVM IR (for dumps)."""
-        if self._ir_text is None:
-            raise CompileError(f"kernel {self.name} was loaded from object code without IR")
-        return self._ir_text
-
-    def _module(self) -> llvm.ModuleRef:
-        return _parse(self.llvm_ir(), self.name)
-
-    def assembly(self) -> str:
-        """The x86-64 assembly of the optimised module."""
-        return target_machine(self.target).emit_assembly(self._module())
-
-    def object_code(self) -> bytes:
-        """The object file (for a disk cache; see :func:`load_kernel`): the one MCJIT made when
-        :func:`compile_kernel` built the kernel, else emitted again from the optimised IR."""
-        if self._object_code is None:
-            self._object_code = target_machine(self.target).emit_object(self._module())
-        return self._object_code
-
-    def to_bytes(self) -> bytes:
-        """Object code, signature and target in one blob that :func:`kernel_from_bytes` checks."""
-        header = json.dumps({"signature": self.signature.to_json(),
-                             "target": [self.target.triple, self.target.cpu,
-                                        self.target.features]}).encode()
-        payload = struct.pack("<I", len(header)) + header + self.object_code()
-        return _MAGIC + hashlib.sha256(payload).digest() + payload
 
 
 def _parse(text: str, name: str) -> llvm.ModuleRef:
@@ -233,11 +122,5 @@ def kernel_from_bytes(blob: bytes, *, target: CpuTarget | None = None) -> Compil
     return load_kernel(payload[4 + size:], signature, target=target)
 
 
-def aligned_empty(shape: int | tuple[int, ...], dtype: Any, align: int = 64) -> np.ndarray:
-    """An uninitialised array whose data starts on an ``align``-byte boundary (for buffers
-    declared aligned)."""
-    dt = np.dtype(dtype)
-    count = int(np.prod(shape))
-    raw = np.empty(count * dt.itemsize + align, np.uint8)
-    offset = (-raw.ctypes.data) % align
-    return raw[offset:offset + count * dt.itemsize].view(dt).reshape(shape)
+__all__ = ["CompiledKernel", "KernelSignature", "aligned_empty", "compile_kernel",
+           "kernel_from_bytes", "llvm_ir_text", "load_kernel", "optimise"]

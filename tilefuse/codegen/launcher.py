@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from tilefuse.codegen.jit import CompiledKernel, _parse
+from tilefuse.codegen.abi import CompiledKernel, KernelCall
+from tilefuse.codegen.jit import _parse
 from tilefuse.codegen.llvm_types import I8, I32, I64, VOID
 from tilefuse.codegen.target import CpuTarget, host_target, target_machine
 from tilefuse.errors import CompileError
@@ -25,17 +25,6 @@ from tilefuse.errors import CompileError
 _I8P = I8.as_pointer()
 _KERNEL = ir.FunctionType(VOID, [_I8P.as_pointer(), I64.as_pointer(), I32])
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-@dataclass(frozen=True)
-class KernelCall:
-    """One kernel in the sequence: its buffers, each ``("io", index)`` (the call's ``io[index]``)
-    or ``("fixed", address)``, and its ``i64`` scalar arguments (a symbolic kernel's runtime
-    extents, baked in: a launcher serves one size binding)."""
-
-    kernel: CompiledKernel
-    buffers: tuple[tuple[str, int], ...]
-    scalars: tuple[int, ...] = ()
 
 
 def _symbol(kernel: CompiledKernel) -> str:

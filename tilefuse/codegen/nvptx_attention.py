@@ -128,6 +128,11 @@ class FlashConfig:
     wgmma: int = 0
     """1: both products on Hopper's warpgroup MMA (sm_90a,
     :mod:`tilefuse.codegen.nvptx_wgmma_attention`): ``block_m = 16·warps``, ``swizzle``."""
+    causal: int = 0
+    """1: a block walks only the key tiles that start before its last query row (the rest
+    are masked out by a causal mask, which the caller checks: a constant with every entry above
+    the diagonal at most -65504); the mask is still added in the tiles walked. Sq = Sk, whole
+    key tiles, not pipelined (about half the work of a causal prefill)."""
 
     @property
     def threads(self) -> int:
@@ -185,6 +190,9 @@ def unsupported(shape: FlashShape, config: FlashConfig | None = None) -> str | N
             f"{shape.dv}"
     if config.block_m % (16 * config.warps) or config.block_n % 16:
         return f"attention blocking {config} is not whole m16 tiles per warp and k16 key steps"
+    if config.causal and (shape.sq != shape.sk or shape.sk % config.block_n or not shape.mask
+                          or config.pipeline or config.wgmma):
+        return "a causal tile skip needs Sq = Sk, whole key tiles, a mask and the plain loop"
     if config.wgmma:
         from tilefuse.codegen.nvptx_wgmma_attention import wgmma_unsupported
 
@@ -228,7 +236,7 @@ def flash_attention(shape: FlashShape, config: FlashConfig | None = None,
     if reason is not None:
         raise CompileError(reason)
     knobs = "".join(f"_{k}" for k in ("sum_mma", "pipeline", "swizzle", "q_shared",
-                                      "exp_pairs", "wgmma") if getattr(config, k))
+                                      "exp_pairs", "wgmma", "causal") if getattr(config, k))
     builder: type[_Flash] = _Flash
     if config.wgmma:   # sm_90a: the architecture-specific instructions
         from tilefuse.codegen.nvptx_wgmma import SM90A
@@ -264,6 +272,7 @@ class _Flash:
         self.full_tiles, self.tail_keys = divmod(shape.sk, config.block_n)
         self.sum_mma = bool(config.sum_mma or config.exp_pairs)
         self.tiles = self.full_tiles + (1 if self.tail_keys else 0)
+        self.bound: ir.Value | None = None   # the tiles this block walks, when not all
 
     # ---- index helpers ------------------------------------------------------------------
     def i32(self, v: int) -> ir.Constant:
@@ -419,7 +428,7 @@ class _Flash:
                  for kt in range(self.s.d // 16)] for mt in range(c.row_tiles)]
 
     # ---- the key loop --------------------------------------------------------------------
-    def counted_loop(self, count: int, state: list[ir.Value],
+    def counted_loop(self, count: int | ir.Value, state: list[ir.Value],
                      body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]]
                      ) -> list[ir.Value]:
         """``for j < count: state = body(j, state)`` with the f32 ``state`` in phis."""
@@ -435,7 +444,8 @@ class _Flash:
         phis = [b.phi(F32) for _ in state]
         for ph, v in zip(phis, state):
             ph.add_incoming(v, before)
-        b.cbranch(b.icmp_unsigned("<", j, self.i32(count)), loop_body, done)
+        limit = self.i32(count) if isinstance(count, int) else count
+        b.cbranch(b.icmp_unsigned("<", j, limit), loop_body, done)
         b.position_at_end(loop_body)
         out = body(j, list(phis))
         j.add_incoming(b.add(j, self.i32(1)), b.block)
@@ -466,8 +476,15 @@ class _Flash:
             state = self.tile(q_frags, j, stage, None, *self.unflatten(flat))
             return self.flatten(*state)
 
+        count: int | ir.Value = self.full_tiles
+        if self.c.causal:   # tiles starting before this block's last query row + 1
+            b = self.b
+            reach = b.udiv(b.add(self.q0, self.i32(self.c.block_m + self.c.block_n - 1)),
+                           self.i32(self.c.block_n))
+            count = self.bound = b.select(b.icmp_unsigned("<", reach, self.i32(self.full_tiles)),
+                                          reach, self.i32(self.full_tiles))
         if self.full_tiles:
-            o, m, l_sum = self.unflatten(self.counted_loop(self.full_tiles,
+            o, m, l_sum = self.unflatten(self.counted_loop(count,
                                                            self.flatten(o, m, l_sum), body))
         if self.tail_keys:
             j = self.i32(self.full_tiles)
@@ -535,7 +552,8 @@ class _Flash:
         b = self.b
         issue = self.fn.append_basic_block("prefetch")
         after = self.fn.append_basic_block("prefetch.done")
-        b.cbranch(b.icmp_unsigned("<", tile, self.i32(self.tiles)), issue, after)
+        limit = self.i32(self.tiles) if self.bound is None else self.bound
+        b.cbranch(b.icmp_unsigned("<", tile, limit), issue, after)
         b.position_at_end(issue)
         emit()
         b.branch(after)

@@ -47,8 +47,8 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import llvmlite.binding as llvm
 from llvmlite import ir
 from llvmlite.ir import instructions
 
@@ -56,11 +56,14 @@ from tilefuse.codegen.llvm_types import I32, I64, PTR, VOID, declare
 from tilefuse.codegen.target import (
     CpuTarget,
     host_target,
-    link_objects,
+    register_symbol,
     target_machine,
     usable_cpus,
 )
 from tilefuse.errors import CompileError
+
+if TYPE_CHECKING:
+    import llvmlite.binding as llvm
 
 SPIN_CYCLES = 200_000
 """How long an idle worker polls for the next loop before it sleeps, in time-stamp-counter
@@ -272,7 +275,8 @@ def _worker(p: _Builder) -> ir.Function:
 
 def _controls(p: _Builder, worker: ir.Function) -> None:
     """``i32 tilefuse_pool_spawn(i64 tid)`` (pthread_create's result),
-    ``void tilefuse_pool_set_workers(i64 count)`` (also clears the state: a forked child) and
+    ``void tilefuse_pool_set_workers(i64 count)`` (with 0, before workers start, also clears
+    the state: a forked child) and
     ``i64 tilefuse_pool_stop()`` (tells the workers to exit; returns how many still run)."""
     spawn = ir.Function(p.module, ir.FunctionType(I32, [I64]), "tilefuse_pool_spawn")
     b = ir.IRBuilder(spawn.append_basic_block("entry"))
@@ -285,9 +289,13 @@ def _controls(p: _Builder, worker: ir.Function) -> None:
     b.ret(rc)
     setter = ir.Function(p.module, ir.FunctionType(VOID, [I64]), "tilefuse_pool_set_workers")
     b = ir.IRBuilder(setter.append_basic_block("entry"))
-    for name in ("inflight", "busy", "sleepers", "stop"):
-        typ = p.state[name].value_type
-        p.store(b, name, ir.Constant(typ, 0))
+    # The state is cleared by set_workers(0), before any worker starts, never after: a worker
+    # spawned since may already sleep, counted in sleepers (clearing that left it asleep for
+    # good, every caller believing no one slept: a forked child's pool lost its worker).
+    with b.if_then(b.icmp_signed("==", setter.args[0], ir.Constant(I64, 0))):
+        for name in ("inflight", "busy", "sleepers", "stop"):
+            typ = p.state[name].value_type
+            p.store(b, name, ir.Constant(typ, 0))
     p.store(b, "workers", setter.args[0])
     p.store(b, "alive", setter.args[0])
     b.ret_void()
@@ -428,6 +436,8 @@ def _thread_ids() -> set[int]:
 
 
 def _pool_module(target: CpuTarget, tm: llvm.TargetMachine) -> llvm.ModuleRef:
+    import llvmlite.binding as llvm
+
     module = llvm.parse_assembly(pool_ir())
     module.triple = target.triple
     module.data_layout = str(tm.target_data)
@@ -443,19 +453,18 @@ def pool_object(target: CpuTarget) -> bytes:
     return tm.emit_object(_pool_module(target, tm))
 
 
-_LINKED: list[llvm.ExecutionEngine] = []  # a pool engine linked from object code, not started
+_LINKED: list[Any] = []  # the pool's code linked from object code, not started yet
 
 
 def start_pool_from_object(obj: bytes, target: CpuTarget) -> ThreadPool:
     """The process's pool; when it has not started yet, it starts from ``obj`` (made by
     :func:`pool_object` for ``target``, which the caller has checked) instead of being
-    compiled. CompileError when LLVM cannot link ``obj`` (nothing is started then)."""
+    compiled. It is linked without LLVM (:mod:`tilefuse.runtime.object_link`); CompileError
+    when it does not link (nothing is started then)."""
     if thread_pool.cache_info().currsize == 0:
-        try:
-            engine = link_objects([obj], target)
-        except RuntimeError as err:
-            raise CompileError(f"could not link the thread pool's object code: {err}") from err
-        _LINKED[:] = [engine]
+        from tilefuse.runtime.object_link import link
+
+        _LINKED[:] = [link([obj])]
     return thread_pool()
 
 
@@ -468,6 +477,8 @@ def thread_pool() -> ThreadPool:
     if _LINKED:
         engine = _LINKED.pop()
     else:
+        import llvmlite.binding as llvm
+
         target = host_target()
         tm = target_machine(target)
         engine = llvm.create_mcjit_compiler(_pool_module(target, tm), tm)
@@ -475,7 +486,7 @@ def thread_pool() -> ThreadPool:
     address = engine.get_function_address(SYMBOL)
     if not address:
         raise CompileError("the thread pool's code has no tilefuse_parallel")
-    llvm.add_symbol(SYMBOL, address)
+    register_symbol(SYMBOL, address)  # for kernels linked after this, by LLVM or not
     pool = ThreadPool(engine, 1, address)
     pool.restart(threads)
     os.register_at_fork(after_in_child=lambda: pool.restart(pool_threads()))

@@ -7,18 +7,44 @@ import functools
 import os
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
-
-import llvmlite.binding as llvm
+from typing import TYPE_CHECKING
 
 from tilefuse.errors import CompileError
+
+if TYPE_CHECKING:
+    import llvmlite.binding as llvm
+
+_SYMBOLS: dict[str, int] = {}
+"""Symbols defined by code linked outside LLVM (the thread pool's entry, linked from an
+artifact by :mod:`tilefuse.runtime.object_link`), for code that LLVM links later."""
+
+
+def register_symbol(name: str, address: int) -> None:
+    """Makes ``name`` resolve to ``address`` for object code linked from now on, by LLVM
+    (now if LLVM is loaded, else when it is) or by :mod:`tilefuse.runtime.object_link`."""
+    _SYMBOLS[name] = address
+    if initialise_llvm.cache_info().currsize:
+        import llvmlite.binding as llvm
+
+        llvm.add_symbol(name, address)
+
+
+def registered_symbols() -> dict[str, int]:
+    """The symbols :func:`register_symbol` has defined."""
+    return dict(_SYMBOLS)
 
 
 @functools.cache
 def initialise_llvm() -> None:
-    """Initialises LLVM's native target and asm printer (once per process)."""
+    """Initialises LLVM's native target and asm printer (once per process; LLVM is imported
+    here, on first use) and gives it the symbols :func:`register_symbol` defined."""
+    import llvmlite.binding as llvm
+
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     llvm.initialize_native_asmparser()
+    for name, address in _SYMBOLS.items():
+        llvm.add_symbol(name, address)
 
 
 SPIN_COUNT = 3000
@@ -75,6 +101,8 @@ class CpuTarget:
 
 def host_target() -> CpuTarget:
     """The machine this process runs on."""
+    import llvmlite.binding as llvm
+
     initialise_llvm()
     return CpuTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(),
                      llvm.get_host_cpu_features().flatten())
@@ -82,6 +110,8 @@ def host_target() -> CpuTarget:
 
 def target_machine(target: CpuTarget) -> llvm.TargetMachine:
     """An LLVM target machine for ``target`` at opt level 3 (JIT code model)."""
+    import llvmlite.binding as llvm
+
     initialise_llvm()
     try:
         return llvm.Target.from_triple(target.triple).create_target_machine(
@@ -95,6 +125,8 @@ def link_objects(objects: Sequence[bytes], target: CpuTarget) -> llvm.ExecutionE
     together. Each engine gets a target machine of its own: an engine owns and frees it, and
     two engines sharing one crashed when freed. RuntimeError from LLVM when they do not link;
     callers name what was being linked."""
+    import llvmlite.binding as llvm
+
     empty = llvm.parse_assembly("")
     empty.triple = target.triple
     engine = llvm.create_mcjit_compiler(empty, target_machine(target))

@@ -15,11 +15,15 @@ shape (``TILEFUSE_NO_WGMMA=1`` leaves it out).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
+
+import numpy as np
 
 from tilefuse.codegen.nvptx_attention import (
     FlashKernel,
     FlashShape,
     MaskLayout,
+    default_config,
     flash_attention,
     unsupported,
 )
@@ -79,20 +83,38 @@ def group_attention(group: KernelGroup) -> tuple[FlashShape, tuple[Value, ...]]:
     return attention_shape(node), (*node.inputs, node.outputs[0])
 
 
-def attention_alternatives(shape: FlashShape) -> tuple[FlashKernel, ...]:
+def causal_mask(mask: np.ndarray | None, sq: int, sk: int) -> bool:
+    """Whether a constant additive ``mask`` (broadcast to ``[..., sq, sk]``) masks out every
+    key after its query in every batch and head: each entry above the diagonal at most -65504
+    (f16's lowest; exp of it underflows to 0 in f32), so the tiles there may be skipped."""
+    if mask is None or sq != sk or mask.ndim < 2 or mask.shape[-2:] != (sq, sk):
+        return False
+    above = np.triu(np.ones((sq, sk), dtype=bool), 1)
+    masked = np.asarray(mask, np.float32) <= -65504.0
+    return bool(np.all(masked[..., above]))
+
+
+def attention_alternatives(shape: FlashShape, causal: bool = False
+                           ) -> tuple[FlashKernel, ...]:
     """Kernels of ``shape`` besides the default one, to be chosen between by measurement:
-    the wgmma kernels (sm_90a) when they take the shape (why not: logged on ``fallback``)."""
+    with ``causal`` (the mask is a causal constant: :func:`causal_mask`) the default blocking
+    that skips the masked key tiles; the wgmma kernels (sm_90a) when they take the shape (why
+    not: logged on ``fallback``)."""
     from tilefuse.codegen.nvptx_wgmma_attention import WGMMA_CONFIG, WGMMA_CONFIGS
 
+    found: tuple[FlashKernel, ...] = ()
+    skip = replace(default_config(shape), causal=1, pipeline=0)
+    if causal and unsupported(shape, skip) is None:
+        found = (flash_attention(shape, skip),)
     if os.environ.get("TILEFUSE_NO_WGMMA"):
-        return ()
+        return found
     reason = unsupported(shape, WGMMA_CONFIG)
     if reason is not None:
         get_logger("fallback").debug("attention %dx%dx%d: mma.sync only: %s", shape.bh,
                                      shape.sq, shape.sk, reason)
-        return ()
-    return tuple(flash_attention(shape, c) for c in WGMMA_CONFIGS
-                 if unsupported(shape, c) is None)
+        return found
+    return found + tuple(flash_attention(shape, c) for c in WGMMA_CONFIGS
+                         if unsupported(shape, c) is None)
 
 
 def unfuse_attention(graph: Graph) -> Graph:
@@ -120,5 +142,11 @@ def unfuse_attention(graph: Graph) -> Graph:
     return rewrite_nodes(graph, rule)[0]
 
 
-__all__ = ["attention_alternatives", "attention_shape", "gpu_attention_reason", "group_attention",
-           "unfuse_attention"]
+__all__ = [
+    "attention_alternatives",
+    "attention_shape",
+    "causal_mask",
+    "gpu_attention_reason",
+    "group_attention",
+    "unfuse_attention",
+]

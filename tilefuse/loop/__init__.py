@@ -1,7 +1,6 @@
 """The loop IR: loops with kinds, vector loads and stores, locals; printer, parser, simplifier,
 verifier and a NumPy interpreter (the oracle for code generation)."""
 
-from tilefuse.loop.interp import interpret
 from tilefuse.loop.ir import (
     BOOL,
     I64,
@@ -38,10 +37,24 @@ from tilefuse.loop.ir import (
     unary,
     var,
 )
-from tilefuse.loop.parser import parse_function
 from tilefuse.loop.printer import format_expr, format_function
 from tilefuse.loop.simplify import fold_constants, fold_expr, hoist_invariants, simplify
 from tilefuse.loop.verify import verify
+
+
+def __getattr__(name: str) -> object:
+    """``interpret`` and ``parse_function``, imported on first use: the interpreter pulls the
+    scalar semantics and NumPy special functions, which running compiled kernels never needs."""
+    if name == "interpret":
+        from tilefuse.loop.interp import interpret
+
+        return interpret
+    if name == "parse_function":
+        from tilefuse.loop.parser import parse_function
+
+        return parse_function
+    raise AttributeError(f"module 'tilefuse.loop' has no attribute {name!r}")
+
 
 __all__ = [
     "BOOL", "I64", "Block", "BufferParam", "Expr", "For", "If", "LType", "Let", "Local",

@@ -13,16 +13,16 @@ on f64 it is not fused.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
+from tilefuse.codegen.abi import check_arguments
 from tilefuse.codegen.scalar_ops import apply_op, reduction_identity
 from tilefuse.dtypes import DType, from_numpy
-from tilefuse.errors import GuardError, VerifyError
+from tilefuse.errors import VerifyError
 from tilefuse.loop.ir import (
     Block,
-    BufferParam,
     Expr,
     For,
     If,
@@ -216,50 +216,6 @@ def _saturating_float_to_int(x: Array, dst: DType) -> Array:
     out[big] = hi
     out[small] = lo
     return out
-
-
-def check_arguments(name: str, buffers: Sequence[BufferParam], scalars: Sequence[str],
-                    args: Sequence[object]) -> tuple[list[Array], list[int]]:
-    """Splits a kernel call's ``args`` into arrays and scalars, checking each (GuardError).
-
-    Arrays must have the buffer's dtype, be C-contiguous, writable unless the buffer is readonly,
-    aligned as declared, and no written buffer may overlap another argument.
-    """
-    nb = len(buffers)
-    if len(args) != nb + len(scalars):
-        raise GuardError(f"{name} takes {nb} arrays and {len(scalars)} scalars, "
-                         f"got {len(args)} arguments")
-    arrays: list[Array] = []
-    for b, a in zip(buffers, args[:nb]):
-        if not isinstance(a, np.ndarray) or a.dtype != b.dtype.np:
-            got = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
-            raise GuardError(f"{name}: argument {b.name} must be a {b.dtype} array, got {got}")
-        if not a.flags.c_contiguous:
-            raise GuardError(f"{name}: argument {b.name} must be C-contiguous")
-        if not b.readonly and not a.flags.writeable:
-            raise GuardError(f"{name}: argument {b.name} is written but the array is readonly")
-        if b.align and a.ctypes.data % b.align:
-            raise GuardError(f"{name}: argument {b.name} must be {b.align}-byte aligned")
-        arrays.append(a)
-    _check_overlap(name, buffers, arrays)
-    values: list[int] = []
-    for s, v in zip(scalars, args[nb:]):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise GuardError(f"{name}: scalar {s} must be an int, got {type(v).__name__}")
-        if not -(2 ** 63) <= int(v) < 2 ** 63:
-            raise GuardError(f"{name}: scalar {s}={v} does not fit i64")
-        values.append(int(v))
-    return arrays, values
-
-
-def _check_overlap(name: str, buffers: Sequence[BufferParam], arrays: Sequence[Array]) -> None:
-    for i in range(len(arrays)):
-        for j in range(i + 1, len(arrays)):
-            if buffers[i].readonly and buffers[j].readonly:
-                continue
-            if arrays[i].size and arrays[j].size and np.may_share_memory(arrays[i], arrays[j]):
-                raise GuardError(f"{name}: arguments {buffers[i].name} and {buffers[j].name} "
-                                 "overlap, and one of them is written")
 
 
 def interpret(fn: LoopFunction, *args: object, check: bool = True) -> None:

@@ -2,11 +2,11 @@
 (tilefuse's scatter_elements, scatter_nd and topk ops); and Einsum, DepthToSpace and
 SpaceToDepth, which are rearrangements of existing ops.
 
-CumSum is a log-step prefix scan (Hillis-Steele: add the running result shifted by 1, 2, 4, …
-positions), so every output adds only the inputs before it: integers stay exact and an inf or
-NaN reaches only the positions after it, as in a sequential sum. A product with a triangular
-matrix would add ``0 · inf = NaN`` to the positions before. CumProd is the same scan with
-products (``scan_along``).
+CumSum and CumProd are tilefuse's ``cumsum`` / ``cumprod`` scan ops (:mod:`tilefuse.ops.scan`,
+the one definition the torch frontend uses too: a sequential running value, so integers stay
+exact and an inf or NaN reaches only the positions after it), between flips for ``reverse``
+and a shift by one for ``exclusive`` (``scan_along``); integer results are cast back to the
+input's dtype (the scan runs integers in i64).
 """
 
 from __future__ import annotations
@@ -94,10 +94,8 @@ def scan_along(ctx: NodeContext, op: str, identity: float) -> Tensor:
     y = _flip(ctx, x, axis) if reverse else x
     if ctx.attr("exclusive", 0):
         y = _shifted(ctx, y, axis, 1, identity)
-    step = 1
-    while step < x.shape[axis]:
-        y = ctx.op(op, y, _shifted(ctx, y, axis, step, identity))
-        step *= 2
+    scan = {"add": "cumsum", "mul": "cumprod"}[op]
+    y = ctx.cast(ctx.op(scan, y, axis=axis), x.dtype)
     return _flip(ctx, y, axis) if reverse else y
 
 

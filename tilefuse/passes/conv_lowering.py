@@ -56,14 +56,19 @@ from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Literal, Node, Value
 from tilefuse.ops.registry import OpKind
 
+F32_ONLY = frozenset({DType.f32})
+"""The dtypes the CPU's pipeline lowers (its contraction kernel's); the cuda target's
+preparation passes the half-precision ones too (cuBLAS multiplies them on tensor cores)."""
 
-def conv_to_matmul(graph: Graph) -> tuple[Graph, bool]:
-    """``graph`` with each eligible conv2d lowered to im2col + matmul and activations kept as
-    NHWC matrices between them; changed when any conv was lowered."""
+
+def conv_to_matmul(graph: Graph, dtypes: frozenset[DType] = F32_ONLY) -> tuple[Graph, bool]:
+    """``graph`` with each eligible conv2d (operands of one of ``dtypes``) lowered to im2col +
+    matmul and activations kept as NHWC matrices between them; changed when any conv was
+    lowered."""
     producers = graph.producers()
-    if not any(_eligible(n, producers) for n in graph.nodes):
+    if not any(_eligible(n, producers, dtypes) for n in graph.nodes):
         return graph, False
-    layout = _Layout(GraphBuilder(graph.name))
+    layout = _Layout(GraphBuilder(graph.name), dtypes)
     for v in graph.inputs:
         layout.nchw[v] = layout.b.input(v.type, v.name)
     for node in graph.nodes:
@@ -81,7 +86,8 @@ def _static(shape: tuple) -> bool:
     return all(isinstance(d, int) for d in shape)
 
 
-def _eligible(node: Node, producers: dict[Value, Node]) -> bool:
+def _eligible(node: Node, producers: dict[Value, Node],
+              dtypes: frozenset[DType] = F32_ONLY) -> bool:
     if node.op.name != "conv2d":
         return False
     groups, o = node.attrs["groups"], node.inputs[1].shape[0]
@@ -91,7 +97,8 @@ def _eligible(node: Node, producers: dict[Value, Node]) -> bool:
     if (weight is None or weight.op.name != "constant") and groups != 1:
         return False  # a runtime weight (training): rearranged per call, one group only
     values = (*node.inputs, *node.outputs)
-    return all(v.dtype is DType.f32 and _static(v.shape) for v in values)
+    dtype = node.outputs[0].dtype
+    return dtype in dtypes and all(v.dtype is dtype and _static(v.shape) for v in values)
 
 
 def _activation(v: Value) -> bool:
@@ -104,8 +111,9 @@ class _Layout:
     ([N, H, W, C]), each made once, where first needed, with the location of the node that
     computed the value (of its first reader when it has none: a graph input)."""
 
-    def __init__(self, builder: GraphBuilder):
+    def __init__(self, builder: GraphBuilder, dtypes: frozenset[DType] = F32_ONLY):
         self.b = builder
+        self.dtypes = dtypes
         self.nchw: dict[Value, Value] = {}
         self.mat: dict[Value, Value] = {}
         self.nhwc: dict[Value, Value] = {}
@@ -136,7 +144,7 @@ class _Layout:
 
 def _rewrite(layout: _Layout, node: Node, producers: dict[Value, Node]) -> bool:
     """Emits ``node`` in matrix form and records its output's matrix; False to keep it."""
-    if _eligible(node, producers):
+    if _eligible(node, producers, layout.dtypes):
         layout.mat[node.outputs[0]] = _conv(layout, node)
         return True
     if _spatial_reduction(layout, node):
@@ -316,8 +324,9 @@ def _pool(layout: _Layout, node: Node) -> Value:
                  node.attrs.get("dilation", (1, 1)), -math.inf if is_max else 0.0)
     if is_max or node.attrs["count_include_pad"] or not any(node.attrs["padding"]):
         return b.add1("max" if is_max else "mean", [taps], {"axes": (1,)}, node.loc)
-    counts = b.add1("constant", [], {"value": Literal(_window_counts(node), DType.f32)},
-                    node.loc)
+    dtype = node.outputs[0].dtype
+    counts = b.add1("constant", [], {"value": Literal(_window_counts(node).astype(dtype.np),
+                                                      dtype)}, node.loc)
     return b.add1("div", [b.add1("sum", [taps], {"axes": (1,)}, node.loc), counts], {},
                   node.loc)
 

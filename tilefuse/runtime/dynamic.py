@@ -10,7 +10,7 @@ process has compiled them before), memoised per binding, and the oldest is dropp
 
 **One build first.** Before any of that, ``build`` is tried once on the symbolic graph itself:
 when the target builds it (the "cpu" target makes a
-:class:`~tilefuse.runtime.native_symbolic.SymbolicNativeExecutable`, whose kernels take the
+:class:`~tilefuse.backend.cpu_symbolic.SymbolicNativeExecutable`, whose kernels take the
 symbols as runtime extents), every call runs that one build with the bound sizes and nothing is
 re-run per size (the graph pipeline, the native build); only kernel kinds without runtime
 extents yet are specialised per size inside it. When that build raises CompileError (another

@@ -16,7 +16,6 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from tilefuse.errors import GuardError
-from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph
 from tilefuse.target import Target
 
@@ -63,6 +62,8 @@ class InterpreterExecutable:
         return self(*arrays)
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        from tilefuse.graph.interpreter import interpret
+
         outs = interpret(self.graph, *arrays)
         for i, out in enumerate(outs):
             if i in self._always_copy or out.base is not None or not out.flags.writeable:

@@ -1,23 +1,16 @@
-"""The ``cuda`` target: a graph's kernels as PTX, run on an NVIDIA GPU through the driver API.
+"""The ``cuda`` target's executable: a :class:`GpuProgram` run on an NVIDIA GPU through the
+driver API.
 
-Building has two halves so that everything but the launch runs (and is tested) on machines
-without a GPU:
+The CUDA back end (:mod:`tilefuse.backend.cuda`, no GPU needed) builds the program: each
+kernel group lowered to PTX, a cuBLAS product with its epilogue kernel, a fused attention, or a
+*host step* run with the NumPy references (logged on the ``fallback`` topic; the dump's
+``partition.txt`` shows every step's device and each copy between device and host). This
+module holds the program's data types and runs it:
 
-1. :func:`build_gpu_program` (no GPU needed): take the driver's kernel plan
-   (:func:`tilefuse.driver.plan_kernels`: composites decomposed, kernel groups), fold
-   constant groups, lower each group with the GPU lowerings (:mod:`tilefuse.kernel.lower_gpu`)
-   and compile it to PTX (:mod:`tilefuse.codegen.llvm_nvptx`). A matmul group becomes a cuBLAS
-   product (:mod:`tilefuse.runtime.cublas`) followed by its epilogue as a generated elementwise
-   kernel. An attention group is one fused kernel (:mod:`tilefuse.codegen.nvptx_attention`);
-   an attention that kernel does not take is decomposed first and runs unfused (logged on the
-   ``fallback`` topic, :mod:`tilefuse.kernel.lower_gpu_attention`). A group with no GPU
-   lowering becomes a *host step* run with the NumPy references;
-   the step's reason is logged on the ``fallback`` topic and the dump's ``partition.txt``
-   shows every step's device and each copy between device and host.
-2. :class:`CudaExecutable` loads the PTX into the device's primary context, uploads the
-   constants once, and per call uploads the inputs, launches the kernels in order (one
-   stream, so they run in sequence), runs host steps between downloads and uploads, and
-   downloads the outputs into fresh NumPy arrays.
+:class:`CudaExecutable` loads the PTX into the device's primary context, uploads the
+constants once, and per call uploads the inputs, launches the kernels in order (one
+stream, so they run in sequence), runs host steps between downloads and uploads, and
+downloads the outputs into fresh NumPy arrays.
 
 Values the steps write share one device arena, placed by liveness (:mod:`tilefuse.runtime.memory`,
 the CPU's planner); graph inputs and constants have buffers of their own.
@@ -35,33 +28,24 @@ from typing import Any
 
 import numpy as np
 
-from tilefuse.codegen.llvm_nvptx import SM90, GpuTarget, compile_ptx, launch_extent
-from tilefuse.codegen.nvptx_attention import FlashKernel, flash_attention
-from tilefuse.codegen.nvptx_mma import MmaGemm, mma_gemm, supports
+from tilefuse.codegen.llvm_nvptx import GpuTarget
+from tilefuse.codegen.nvptx_attention import FlashKernel
+from tilefuse.codegen.nvptx_mma import MmaGemm
 from tilefuse.codegen.nvptx_qgemm import QGemmKernel
 from tilefuse.dump import DumpWriter
-from tilefuse.errors import CompileError, GuardError, TilefuseError
+from tilefuse.errors import GuardError, TilefuseError
 from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Graph, Node, Value
-from tilefuse.graph.types import is_static
-from tilefuse.kernel.access import kernel_buffers
-from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan
-from tilefuse.kernel.lower_gpu import GPU_KINDS, lower_group_gpu
-from tilefuse.kernel.lower_gpu_attention import attention_alternatives, group_attention
-from tilefuse.kernel.lower_gpu_contraction import split_contraction
-from tilefuse.kernel.lower_gpu_qmatmul import quantized_node, quantized_step
-from tilefuse.kernel.lower_matmul import matmul_shape
+from tilefuse.kernel.fusion import KernelGroup
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import LoopFunction
 from tilefuse.loop.printer import format_function
-from tilefuse.runtime.cublas import CUBLAS_DTYPES, Cublas, GemmShape
+from tilefuse.runtime.cublas import Cublas, GemmShape
 from tilefuse.runtime.cuda_driver import CudaContext, CudaError, DeviceBuffer
 from tilefuse.runtime.cuda_graph import CudaGraph, GraphReplay, graphs_enabled
 from tilefuse.runtime.device_arrays import device_kind
 from tilefuse.runtime.dynamic import SymbolBinder
 from tilefuse.runtime.memory import MemoryPlan, plan_from_liveness, value_names
-from tilefuse.schedules.database import TuningDatabase
-from tilefuse.schedules.gpu import tuned_target
 
 
 @dataclass(frozen=True)
@@ -225,80 +209,6 @@ def _nbytes(value: Value) -> int:
     return math.prod(value.shape) * value.dtype.itemsize
 
 
-def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
-                      dump_dir: Path | str | None = None,
-                      database: TuningDatabase | None = None,
-                      plan: KernelPlan | None = None) -> GpuProgram:
-    """Plans, lowers and compiles ``graph`` to PTX (see the module docstring); a kernel with
-    a schedule measured in ``database`` (looked up by :mod:`tilefuse.schedules.gpu`) is built
-    with it."""
-    for v in [*graph.inputs, *(o for n in graph.nodes for o in n.outputs)]:
-        if not is_static(v.shape):
-            raise CompileError(f"the cuda target needs static shapes, got {v.type}")
-    if plan is None:  # the driver's kernel formation (it passes the plan it made)
-        from tilefuse.driver import plan_kernels
-
-        plan = plan_kernels(graph, "cuda")
-    graph = plan.graph
-    constants = {n.output: n.attrs["value"].array for n in graph.nodes
-                 if n.op.name == "constant"}
-    program = GpuProgram(graph, target, constants)
-    log = get_logger("fallback")
-    for group in plan.groups:
-        if all(v in constants for v in group.inputs):
-            evaluate_group(group.nodes, constants)
-            continue
-        try:
-            if group.kind is KernelKind.CONTRACTION:
-                program.steps.extend(_contraction_steps(group, target))
-                log.debug("kernel %s: product through cuBLAS, epilogue generated", group.name)
-            elif group.kind is KernelKind.ATTENTION:
-                shape, bindings = group_attention(group)
-                program.steps.append(FusedStep(group, flash_attention(shape, target=target),
-                                               bindings, attention_alternatives(shape)))
-            elif quantized_node(group) is not None:   # matmul_wq: lower_gpu_qmatmul
-                program.steps.append(FusedStep(group, *quantized_step(group, target)))
-            else:
-                program.steps.append(compile_group(
-                    group, tuned_target(group, constants, target, database)))
-        except CompileError as err:
-            reason = str(err) if group.kind in GPU_KINDS | {KernelKind.CONTRACTION,
-                                                            KernelKind.ATTENTION} \
-                or quantized_node(group) is not None else \
-                f"no GPU lowering for {group.kind.value} kernels yet"
-            ops = ", ".join(dict.fromkeys(n.op.name for n in group.nodes))
-            log.warning("kernel %s (%s) runs on the host under the cuda target: %s",
-                        group.name, ops, reason)
-            program.steps.append(HostGroup(group, reason))
-    if dump_dir is not None:
-        program.dump(dump_dir)
-    return program
-
-
-STRIDE_BLOCKS = 132 * 16
-"""Blocks a launch whose iteration count is not a constant gets (its loops stride over the
-rest)."""
-
-
-def compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
-    """One generated kernel of ``group`` with ``target``'s knobs (CompileError if none)."""
-    lowered = lower_group_gpu(group, target.row_unroll, target.elementwise_unroll,
-                              target.register_row, target.long_row_block)
-    fn = lowered.fn
-    buffers = kernel_buffers(group.inputs, group.outputs)
-    by_name = {p.name: v for v, p in [*buffers.inputs.items(), *buffers.outputs.items()]}
-    missing = [b.name for b in fn.buffers if b.name not in by_name]
-    if missing:
-        raise CompileError(f"kernel {fn.name}: unbound buffers {missing}")
-    extent = launch_extent(fn)
-    block = lowered.block or target.block_threads
-    grid = STRIDE_BLOCKS if extent is None else \
-        max(1, min(target.max_blocks, -(-extent * lowered.simt_width // block)))
-    return GpuKernel(group, fn, compile_ptx(fn, target, lowered.simt_width),
-                     tuple(by_name[b.name] for b in fn.buffers), grid, block,
-                     lowered.simt_width)
-
-
 def launch_grid(context: CudaContext, step: GpuKernel, function: Any,
                 target: GpuTarget) -> int:
     """The blocks ``step`` launches with: with ``resident_grid`` at most one wave of what the
@@ -311,32 +221,6 @@ def launch_grid(context: CudaContext, step: GpuKernel, function: Any,
 def plan_values(program: GpuProgram) -> dict[Value, None]:
     """The values :meth:`GpuProgram.memory_plan` places, in its order."""
     return dict.fromkeys(v for step in program.steps for v in step.outputs)
-
-
-def _contraction_steps(group: KernelGroup, target: GpuTarget) -> list[GpuStep]:
-    """A matmul group as its prologue kernels (operands computed in the group; views of an
-    input are read in place), a cuBLAS product and (when it has one) its epilogue as a
-    generated elementwise kernel reading the product
-    (:mod:`tilefuse.kernel.lower_gpu_contraction`). CompileError for dtypes cuBLAS lacks."""
-    split = split_contraction(group)
-    node, a, b = split.node, split.a, split.b
-    if a.dtype not in CUBLAS_DTYPES:
-        raise CompileError(f"kernel {group.name}: cuBLAS has no {a.dtype} products")
-    steps: list[GpuStep] = [compile_group(p, target) for p in split.prologues]
-    ms = matmul_shape(node)
-    if ms.b_batched:
-        shape = GemmShape(ms.batch_size, ms.m, ms.n, ms.k,
-                          ms.m * ms.k if ms.a_batched else 0, ms.k * ms.n, a.dtype)
-    else:  # a shared B: A's batch folds into M
-        rows = ms.m * (ms.batch_size if ms.a_batched else 1)
-        shape = GemmShape(1, rows, ms.n, ms.k, 0, 0, a.dtype)
-    mma = mma_gemm(shape.m, shape.n, shape.k, node.output.dtype, target) \
-        if shape.batch == 1 and supports(shape.m, shape.n, shape.k, a.dtype,
-                                         node.output.dtype) else None
-    steps.append(GemmStep(group, a, b, node.output, shape, mma))
-    if split.epilogue is not None:
-        steps.append(compile_group(split.epilogue, target))
-    return steps
 
 
 def evaluate_group(nodes: Sequence[Node], env: dict[Value, np.ndarray]) -> None:
@@ -464,7 +348,10 @@ class CudaExecutable:
                      step.group.name, first.name, self.context.info.arch)
             return chosen
         rng = np.random.default_rng(0)
-        ins = [self.context.upload(rng.standard_normal(v.shape, np.float32).astype(v.dtype.np))
+        # random operands; a constant (a causal mask a tile-skipping kernel relies on) as it is
+        ins = [self.context.upload(np.ascontiguousarray(self.program.constants[v]))
+               if v in self.program.constants else
+               self.context.upload(rng.standard_normal(v.shape, np.float32).astype(v.dtype.np))
                for v in step.bindings[:-1]]
         out_value = step.bindings[-1]
         outs = [self.context.alloc(_nbytes(out_value)) for _ in range(2)]
@@ -622,18 +509,18 @@ def _agrees(got: np.ndarray, want: np.ndarray) -> bool:
     return bool(np.isfinite(got).all()) and float(np.linalg.norm(got - want)) <= 1e-2 * scale
 
 
-def build_cuda(graph: Graph, dump_dir: Path | str | None = None, *,
-               target: Any = "cuda") -> CudaExecutable:
-    """The ``cuda`` target's executable of ``graph`` (CudaError without a usable GPU);
-    ``target`` ("cuda", "cuda:sm_80", a :class:`~tilefuse.target.Target`) names the compute
-    capability, else the device's is used."""
-    from tilefuse.target import Target
-
-    context = CudaContext()
-    gpu = Target.parse(target).gpu("sm_90" if context.info.compute_capability >= (9, 0)
-                                   else context.info.arch)
-    return CudaExecutable(build_gpu_program(graph, gpu, dump_dir), context)
+_MOVED = frozenset({"build_cuda", "build_gpu_program", "compile_group", "STRIDE_BLOCKS"})
 
 
-__all__ = ["CudaExecutable", "FusedStep", "GpuKernel", "GpuProgram", "HostGroup", "build_cuda",
-           "build_gpu_program", "compile_group", "evaluate_group", "launch_grid"]
+def __getattr__(name: str) -> Any:
+    """The build functions' old import path (they are in :mod:`tilefuse.backend.cuda` now),
+    resolved on use so that this module imports no compiler stage."""
+    if name in _MOVED:
+        from tilefuse.backend import cuda
+
+        return getattr(cuda, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["CudaExecutable", "FusedStep", "GemmStep", "GpuKernel", "GpuProgram", "HostGroup",
+           "evaluate_group", "launch_grid", "plan_values"]

@@ -1,10 +1,11 @@
 """Cross-compilation for the ``cuda`` target on a machine without a GPU.
 
-:func:`cross_compile` runs the graph pipeline and :func:`~tilefuse.runtime.gpu.build_gpu_program`
+:func:`cross_compile` runs the graph pipeline and :func:`~tilefuse.driver.build_gpu_program`
 (which needs no GPU) and, given a directory, writes every stage there: the pipeline's graphs,
 ``partition.txt`` (each step's device, the copies host steps cost, the device arena) and
 ``kernels/*.loop`` / ``*.ptx``. :func:`cross_compile_torch` does the same for a ``torch.nn.Module``
-on example inputs (every ATen op must convert). :func:`assemble` runs ``ptxas`` on PTX text, the
+on example inputs (every ATen op must convert; SDPA traced as one fused op, as the torch
+backend traces for cuda). :func:`assemble` runs ``ptxas`` on PTX text, the
 check CI makes of every kernel (PTX targets ``sm_90`` or, for the wgmma kernels, ``sm_90a``).
 
 ``tilefuse dump MODEL --target cuda -o DIR`` is the command-line form.
@@ -32,7 +33,6 @@ from tilefuse.runtime.gpu import (
     GpuKernel,
     GpuProgram,
     HostGroup,
-    build_gpu_program,
 )
 
 
@@ -74,7 +74,9 @@ def cross_compile(graph: Graph, out: Path | str | None = None, target: GpuTarget
 
         graph = run_pipeline(graph, for_target(pipeline, "cuda") or GRAPH_PIPELINE,
                              dump_dir=out)[0]
-    return CrossCompiled(graph, build_gpu_program(graph, target, dump_dir=out))
+    from tilefuse.driver import CompileOptions, build_gpu_program
+
+    return CrossCompiled(graph, build_gpu_program(graph, target, CompileOptions(dump_dir=out)))
 
 
 def cross_compile_torch(module: Any, inputs: Sequence[np.ndarray],
@@ -83,7 +85,8 @@ def cross_compile_torch(module: Any, inputs: Sequence[np.ndarray],
     """``module`` on ``inputs`` (NumPy arrays) as one tilefuse graph, cross-compiled."""
     from tilefuse.zoo import torch_graph
 
-    return cross_compile(torch_graph(module, list(inputs), name), out, target)
+    return cross_compile(torch_graph(module, list(inputs), name, fused_attention=True), out,
+                         target)
 
 
 def ptx_arch(ptx: str) -> str:

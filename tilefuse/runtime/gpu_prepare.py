@@ -1,59 +1,67 @@
-"""Graph preparation for the cuda target: convolutions of every float dtype as implicit GEMMs.
+"""Graph preparation for the cuda target: convolutions of every float dtype as GEMMs in their
+own dtype.
 
-The graph pipeline lowers a ``conv2d`` with a constant f32 weight to im2col + one matmul
-(:mod:`tilefuse.passes.conv_lowering`, the CPU's fast path). The GPU has no convolution kernel
-of its own, so before kernel formation :func:`prepare_for_gpu` turns every remaining conv2d with a
-constant f16/bf16 weight into the f32 one between casts (the input cast fuses into the im2col
-prologue kernel, the output cast into the product's epilogue) and runs that lowering again:
-the convolution is a cuBLAS product on the device instead of a host step. The product then runs
-in f32 (TF32 tensor cores where cuBLAS picks them), not in half precision: correct, not yet
-the fastest form.
+The graph pipeline lowers a ``conv2d`` with a constant f32 weight to im2col + one matmul with
+activations kept as NHWC matrices (:mod:`tilefuse.passes.conv_lowering`, the CPU's fast path;
+the CPU's contraction kernel is f32, so the pipeline leaves other dtypes alone). The GPU has no
+convolution kernel of its own, so before kernel formation :func:`prepare_for_gpu` runs the same
+lowering for f16 and bf16 convolutions too: the product is a cuBLAS (or generated tensor-core)
+GEMM in the input's dtype with f32 accumulation, its A operand the im2col prologue kernel
+writing half-precision patches (a 1x1 stride-1 convolution reads the activation matrix in
+place), and batch norm, bias, ReLU and the residual add of a ResNet block the product's
+epilogue kernel. Earlier sessions ran half convolutions as f32 products between casts (twice
+the bytes, no half tensor cores).
+
+A ``matmul`` with a 1-D operand (a vector times a matrix, NumPy's rule) becomes the 2-D product
+of the vector as a row (``[1, K]``) or a column (``[K, 1]``) reshaped back to the result's
+shape, so it is a cuBLAS product too instead of a host step (found by the GPU fuzzer).
 """
 
 from __future__ import annotations
 
 from tilefuse.dtypes import DType
 from tilefuse.graph.builder import GraphBuilder
-from tilefuse.graph.ir import Graph, Literal, Node, Value
+from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.passes.conv_lowering import conv_to_matmul
 from tilefuse.passes.dce import dce
 
 HALF = frozenset({DType.f16, DType.bf16})
-
-
-def _half_conv(node: Node, producers: dict[Value, Node]) -> bool:
-    if node.op.name != "conv2d" or node.outputs[0].dtype not in HALF:
-        return False
-    weight = producers.get(node.inputs[1])
-    return weight is not None and weight.op.name == "constant"
+GPU_CONV_DTYPES = HALF | {DType.f32}
 
 
 def prepare_for_gpu(graph: Graph) -> Graph:
-    """``graph`` with half-precision convolutions as f32 implicit GEMMs (module docstring);
-    the same graph when it has none."""
-    producers = graph.producers()
-    if not any(_half_conv(n, producers) for n in graph.nodes):
+    """``graph`` with its remaining convolutions (half precision: the pipeline lowered the f32
+    ones) as GEMMs in their dtype (module docstring); the same graph when none is left."""
+    lowered, changed = conv_to_matmul(graph, GPU_CONV_DTYPES)
+    graph = dce(lowered)[0] if changed else graph
+    return _matrix_products(graph)
+
+
+def _vector_product(node: Node) -> bool:
+    return node.op.name == "matmul" and any(len(v.shape) == 1 for v in node.inputs[:2])
+
+
+def _matrix_products(graph: Graph) -> Graph:
+    """``graph`` with every matmul of a 1-D operand as a 2-D product between reshapes."""
+    if not any(_vector_product(n) for n in graph.nodes):
         return graph
     b = GraphBuilder(graph.name)
-    renamed: dict[Value, Value] = {}
-    for v in graph.inputs:
-        renamed[v] = b.input(v.type, v.name)
+    renamed: dict[Value, Value] = {v: b.input(v.type, v.name) for v in graph.inputs}
     for node in graph.nodes:
         inputs = tuple(renamed.get(v, v) for v in node.inputs)
-        if not _half_conv(node, producers):
+        if not _vector_product(node):
             b.append(node if inputs == node.inputs else
                      Node(node.op, inputs, node.attrs, node.outputs, node.loc))
             continue
-        x, _, *rest = inputs
-        weight = producers[node.inputs[1]].attrs["value"].array
-        wide = [b.add1("cast", [x], {"dtype": DType.f32}, node.loc),
-                b.add1("constant", [], {"value": Literal(weight.astype("float32"))}, node.loc),
-                *(b.add1("cast", [r], {"dtype": DType.f32}, node.loc) for r in rest)]
-        y = b.add1("conv2d", wide, dict(node.attrs), node.loc)
-        renamed[node.outputs[0]] = b.add1("cast", [y], {"dtype": node.outputs[0].dtype},
-                                          node.loc)
-    prepared = b.build([renamed.get(v, v) for v in graph.outputs])
-    return dce(conv_to_matmul(prepared)[0])[0]
+        x, y = inputs
+        if len(x.shape) == 1:
+            x = b.add1("reshape", [x], {"shape": (1, x.shape[0])}, node.loc)
+        if len(y.shape) == 1:
+            y = b.add1("reshape", [y], {"shape": (y.shape[0], 1)}, node.loc)
+        product = b.add1("matmul", [x, y], dict(node.attrs), node.loc)
+        renamed[node.outputs[0]] = b.add1("reshape", [product],
+                                          {"shape": tuple(node.outputs[0].shape)}, node.loc)
+    return b.build([renamed.get(v, v) for v in graph.outputs])
 
 
-__all__ = ["prepare_for_gpu"]
+__all__ = ["GPU_CONV_DTYPES", "HALF", "prepare_for_gpu"]

@@ -7,7 +7,12 @@ view is read as cuBLAS reads it), quantized products through a model of their ke
 arithmetic (:func:`tilefuse.kernel.lower_gpu_qmatmul.emulate`), and fused attention and host
 steps through the references.
 This checks every GPU lowering and the program's bindings on machines without a GPU (CI); the
-PTX itself is checked by ``ptxas`` and on the device.
+PTX itself is checked by ``ptxas`` and on the device. Kernels run with the GPU's alignment rule
+checked too: a thread's vector access (``lanes / simt_width`` elements in a warp-spread kernel)
+must start at a multiple of its width (of 16 bytes, for wider ones), as ``ld.global.v4``
+needs (the device faults with CUDA_ERROR_MISALIGNED_ADDRESS and the context is lost); a
+misaligned one raises
+:class:`MisalignedAccess` naming the kernel, buffer and index.
 """
 
 from __future__ import annotations
@@ -18,10 +23,41 @@ from collections.abc import Sequence
 import numpy as np
 
 from tilefuse.codegen.nvptx_qgemm import QGemmKernel
+from tilefuse.errors import VerifyError
 from tilefuse.graph.interpreter import run_node
 from tilefuse.kernel.lower_gpu_qmatmul import emulate
 from tilefuse.loop import interp as loop_interp
+from tilefuse.loop.ir import LoopFunction
 from tilefuse.runtime.gpu import FusedStep, GemmStep, GpuKernel, GpuProgram
+
+
+class MisalignedAccess(VerifyError):
+    """A vector access a GPU thread would make at an address not a multiple of its width."""
+
+
+class _AlignedMachine(loop_interp._Machine):
+    """The loop-IR interpreter with the GPU's vector alignment rule (module docstring)."""
+
+    simt_width = 1
+
+    def buffer_slice(self, name: str, start: int, lanes: int) -> np.ndarray:
+        per_thread = lanes // self.simt_width if lanes >= self.simt_width > 1 else lanes
+        itemsize = self.buffers[name].itemsize
+        need = min(per_thread * itemsize, 16)   # the widest PTX access is 16 bytes
+        if per_thread > 1 and (start * itemsize) % need:
+            raise MisalignedAccess(f"{self.fn_name}: a vector of {per_thread} elements at "
+                                   f"{name}[{start}] is not aligned to its {need} bytes")
+        return super().buffer_slice(name, start, lanes)
+
+
+def run_kernel(fn: LoopFunction, buffers: Sequence[np.ndarray], simt_width: int = 1) -> None:
+    """One kernel through the loop-IR interpreter with the alignment rule checked."""
+    loop_interp.verify(fn)
+    arrays, values = loop_interp.check_arguments(fn.name, fn.buffers, fn.scalars, buffers)
+    machine = _AlignedMachine(fn, arrays, values)
+    machine.simt_width, machine.fn_name = simt_width, fn.name
+    with np.errstate(all="ignore"):
+        machine.run(fn.body)
 
 
 def _product(step: GemmStep, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -40,12 +76,12 @@ def _product(step: GemmStep, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def simulate(program: GpuProgram, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
     """``program``'s outputs for ``arrays``, computed on the host (module docstring)."""
     env: ChainMap = ChainMap({}, program.constants)
-    env.update(zip(program.graph.inputs, (np.ascontiguousarray(a) for a in arrays)))
+    env.update(zip(program.graph.inputs, (np.require(a, requirements="C") for a in arrays)))
     for step in program.steps:
         if isinstance(step, GpuKernel):
             for v in step.group.outputs:
                 env[v] = np.empty(v.shape, v.dtype.np)
-            loop_interp.interpret(step.fn, *[env[v].reshape(-1) for v in step.bindings])
+            run_kernel(step.fn, [env[v].reshape(-1) for v in step.bindings], step.simt_width)
         elif isinstance(step, GemmStep):
             env[step.out] = _product(step, env[step.a], env[step.b])
         elif isinstance(step, FusedStep) and isinstance(step.kernel, QGemmKernel):
@@ -57,4 +93,4 @@ def simulate(program: GpuProgram, arrays: Sequence[np.ndarray]) -> list[np.ndarr
     return [np.asarray(env[v]) for v in program.graph.outputs]
 
 
-__all__ = ["simulate"]
+__all__ = ["MisalignedAccess", "run_kernel", "simulate"]

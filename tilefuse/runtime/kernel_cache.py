@@ -54,6 +54,7 @@ from tilefuse.errors import CompileError, TilefuseError
 from tilefuse.kernel.schedule import Schedule
 from tilefuse.log import get_logger
 from tilefuse.loop.ir import LoopFunction
+from tilefuse.runtime.cache_stats import KernelCacheStats
 from tilefuse.runtime.disk_cache import CacheDir, CacheError, CacheKey, Entry
 
 ENABLE_VAR = "TILEFUSE_CACHE"
@@ -67,20 +68,6 @@ _UNUSABLE = (TilefuseError, ValueError, TypeError, LookupError, struct.error)
 """What decoding a stored kernel may raise (CompileError, mostly): a miss, never a crash."""
 
 log = get_logger("cache")
-
-
-@dataclass(frozen=True)
-class KernelCacheStats:
-    """What one executable's kernels did: ``hits`` loaded from disk, ``misses`` compiled
-    (absent, unusable, or no disk cache), ``stored`` written. ``directory`` is None when the
-    disk cache was off or refused."""
-
-    hits: int
-    misses: int
-    stored: int
-    directory: Path | None
-    shared: int = 0
-    """Kernels of the build whose loop IR is another's but for the name: they run its code."""
 
 
 @dataclass(frozen=True)

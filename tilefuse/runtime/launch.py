@@ -18,12 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilefuse.codegen.jit import CompiledKernel, aligned_empty
-from tilefuse.codegen.launcher import KernelCall
+from tilefuse.codegen.abi import CompiledKernel, KernelCall, aligned_empty, check_arguments
 from tilefuse.errors import CompileError, GuardError
-from tilefuse.graph.interpreter import run_node
 from tilefuse.graph.ir import Node, Value
-from tilefuse.loop.interp import check_arguments
 
 Slot = int | np.ndarray
 
@@ -113,6 +110,8 @@ class HostStep:
     reason: str
 
     def run(self, table: Sequence[np.ndarray]) -> None:
+        from tilefuse.graph.interpreter import run_node  # the ops' references: host steps only
+
         env = {v: resolve(s, table) for v, s in self.inputs.items()}
         for node in self.nodes:
             env.update(zip(node.outputs, run_node(node, [env[v] for v in node.inputs])))

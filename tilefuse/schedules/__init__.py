@@ -6,6 +6,6 @@
 - :mod:`~tilefuse.schedules.gpu` the cuda target's keys and lookup.
 
 The back ends read it (:class:`tilefuse.runtime.schedules.ScheduleSource`,
-:func:`tilefuse.runtime.gpu.build_gpu_program`); the tuner (:mod:`tilefuse.tune`) writes it.
+:func:`tilefuse.backend.cuda.build_gpu_program`); the tuner (:mod:`tilefuse.tune`) writes it.
 Nothing here imports the tuner, so a build never loads it.
 """

@@ -6,8 +6,8 @@ lowering reads (loads in flight, rows held in registers, threads a block), writt
 :class:`~tilefuse.kernel.schedule.Schedule` of the group's kind whose ``unroll`` pairs are
 ``(knob, value)``, so the database stores and returns it like a CPU schedule. Keys are the
 group's fingerprint (:mod:`tilefuse.tune.fingerprint`) and :func:`gpu_target_string` (triple,
-architecture, PTX ISA): a build looks them up without a GPU (``build_gpu_program(...,
-database=)``).
+architecture, PTX ISA): a build looks them up without a GPU
+(``tilefuse.driver.build_gpu_program(..., database=)``).
 
 :func:`tune_gpu` builds the graph's program, then for each generated kernel: compiles every
 candidate, runs it once on random inputs and checks its outputs against the NumPy references
@@ -65,8 +65,10 @@ def tune_gpu(graph: Graph, database: TuningDatabase, target: GpuTarget = SM90,
              repeats: int = 10, rounds: int = 5, context: object | None = None
              ) -> list[GpuTuned]:
     """Measures every candidate of every generated kernel of ``graph`` (module docstring)."""
+    from tilefuse.backend.cuda import compile_group
+    from tilefuse.driver import build_gpu_program
     from tilefuse.runtime.cuda_driver import CudaContext
-    from tilefuse.runtime.gpu import GpuKernel, build_gpu_program, compile_group
+    from tilefuse.runtime.gpu import GpuKernel
 
     ctx = context if isinstance(context, CudaContext) else CudaContext()
     program = build_gpu_program(graph, target)

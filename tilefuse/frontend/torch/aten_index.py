@@ -9,11 +9,13 @@ code uses (Hugging Face GPT-2, BERT and Llama build their causal and padding mas
   shapes) and non-adjacent advanced indices raise :class:`Unsupported`.
 * ``gather(x, dim, index)`` is ``take_along_axis`` of x cut to the index's extent on the other
   axes (torch allows an index smaller than x there).
-* ``cumsum(x, dim)`` is a row sum of a masked broadcast: ``out[..., i] = sum_j [j <= i] x[..., j]``
-  (a ``where`` against a constant lower-triangular mask, then ``sum``), so it fuses into one
-  row-reduction kernel on every target without an op of its own. The work is quadratic in the
-  axis length, so axes over :data:`CUMSUM_MAX` elements raise :class:`Unsupported`.
+* ``cumsum(x, dim)`` is the ``cumsum`` scan op (:mod:`tilefuse.ops.scan`: a native kernel on the
+  CPU, a thread per line on the GPU).
 * ``topk`` (sorted) is the ``topk`` op; ``repeat`` a broadcast between two reshapes.
+* ``as_strided`` / ``as_strided_`` that only re-lays the tensor out (same sizes, offset 0,
+  strides of a dense permutation: the channels-last restride the decomposition of
+  ``adaptive_avg_pool2d`` emits) is the tensor itself (tilefuse values have no strides); any
+  other ``as_strided`` raises :class:`Unsupported`.
 """
 
 from __future__ import annotations
@@ -30,11 +32,6 @@ from tilefuse.frontend.torch.convert import Converter, Lowering, Result, Unsuppo
 from tilefuse.graph.ir import Value
 
 aten = torch.ops.aten
-
-CUMSUM_MAX = 8192
-"""Longest axis a cumsum converts (the masked sum does length² work; position ids from an
-attention mask are well under it)."""
-
 
 def _bitwise(op: str) -> Converter:
     def convert(lw: Lowering, node: fx.Node) -> Result:
@@ -101,27 +98,13 @@ def _gather(lw: Lowering, node: fx.Node) -> Result:
 
 
 def _cumsum(lw: Lowering, node: fx.Node) -> Result:
+    """cumsum(x, dim[, dtype]): the ``cumsum`` scan op (integers run in i64, as torch's do;
+    an other requested integer dtype is a cast of the result)."""
     out = lw.out_type.dtype
     x = lw.cast(lw.tensor(node.args[0]), out)
-    rank = len(x.shape)
-    if rank == 0:
+    if len(x.shape) == 0:
         return x
-    dim = int(node.args[1]) % rank
-    n = int(x.shape[dim])
-    if n > CUMSUM_MAX:
-        raise Unsupported(f"cumsum over {n} elements (at most {CUMSUM_MAX}: the masked sum "
-                          f"is quadratic)", op=lw.op)
-    last = dim == rank - 1
-    perm = [*(a for a in range(rank) if a != dim), dim]
-    moved = x if last else lw.add("transpose", [x], perm=perm)
-    rows = lw.add("expand_dims", [moved], axes=[rank - 1])         # [..., 1, n]
-    mask = lw.constant(np.tril(np.ones((n, n), dtype=bool)))      # [i, j]: j <= i
-    zero = lw.constant(np.zeros((), out.np))
-    summed = lw.add("sum", [lw.add("where", [mask, rows, zero])], axes=[rank], keepdims=False)
-    if last:
-        return summed
-    inverse = [perm.index(a) for a in range(rank)]
-    return lw.add("transpose", [summed], perm=inverse)
+    return lw.cast(lw.add("cumsum", [x], axis=int(node.args[1]) % len(x.shape)), out)
 
 
 def _topk(lw: Lowering, node: fx.Node) -> Result:
@@ -146,6 +129,29 @@ def _repeat(lw: Lowering, node: fx.Node) -> Result:
     return lw.reshape(wide, [r * s for r, s in zip(reps, shape)])
 
 
+def _dense_permutation(sizes: list[int], strides: list[int]) -> bool:
+    """Whether ``strides`` lay ``sizes`` out densely in some dimension order (size-1 dims
+    may have any stride)."""
+    expected = 1
+    for size, stride in sorted((p for p in zip(sizes, strides) if p[0] != 1),
+                               key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _as_strided(lw: Lowering, node: fx.Node) -> Result:
+    source = node.args[0]
+    sizes, strides = list(node.args[1]), list(node.args[2])
+    offset = arg(node, 3, "storage_offset", 0) or 0
+    shape = list(lw.tensor(source).shape)
+    if shape != sizes or offset != 0 or not _dense_permutation(sizes, strides):
+        raise Unsupported(f"as_strided of {shape} to sizes {sizes}, strides {strides}, "
+                          f"offset {offset}: only a restride of the same elements converts")
+    return lw.tensor(source)
+
+
 def index_converters() -> Mapping[Any, Converter]:
     """The converters of this module, for :data:`~tilefuse.frontend.torch.aten.ATEN_CONVERTERS`."""
     return {
@@ -160,7 +166,9 @@ def index_converters() -> Mapping[Any, Converter]:
         aten.cumsum.default: _cumsum,
         aten.topk.default: _topk,
         aten.repeat.default: _repeat,
+        aten.as_strided.default: _as_strided,
+        aten.as_strided_.default: _as_strided,
     }
 
 
-__all__ = ["CUMSUM_MAX", "index_converters"]
+__all__ = ["index_converters"]

@@ -45,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,8 @@ class SpecializedGraph:
                 get_logger("recompiles").debug(
                     "%s: compiling for new input signature %d (this graph is specialised per "
                     "shape): %s", self._name, len(self._cache) + 1, _describe_key(key))
-            traced = trace_to_core_aten(self._gm, args)
+            traced = trace_to_core_aten(self._gm, args,
+                                        Target.parse(self._options.target).is_cuda)
             dump = None if self._options.dump is None else \
                 self._options.dump / self._name / f"s{len(self._cache)}"
             self.reports.append(compile_traced(traced, self._constants, self._options, dump))
@@ -248,13 +250,17 @@ def _describe_key(key: Key) -> str:
                      for part in key)
 
 
-def trace_to_core_aten(gm: fx.GraphModule, args: Sequence[Any]) -> fx.GraphModule:
+def trace_to_core_aten(gm: fx.GraphModule, args: Sequence[Any],
+                       fused_attention: bool = False) -> fx.GraphModule:
     """``gm`` traced on ``args`` (specialised to their shapes) into a functional core-ATen FX
-    graph whose placeholders are ``args`` in order; dead nodes removed."""
+    graph whose placeholders are ``args`` in order; dead nodes removed. ``fused_attention``
+    (the cuda target) keeps each SDPA call one fused op (``aten_attention.FusedAttention``)."""
+    from tilefuse.frontend.torch.aten_attention import FusedAttention
+
     mode = FakeTensorMode()
     fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
     functional = torch.func.functionalize(gm, remove="mutations")
-    with torch.no_grad(), mode:
+    with torch.no_grad(), mode, (FusedAttention() if fused_attention else nullcontext()):
         traced = make_fx(functional, decomposition_table=_DECOMPOSITIONS,
                          tracing_mode="real")(*fakes)
     traced.graph.eliminate_dead_code()

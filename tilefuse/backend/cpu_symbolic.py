@@ -2,7 +2,7 @@
 
 The build (:class:`SymbolicNativeExecutable`) runs once on the symbolic graph: it takes the
 driver's kernel plan, folds constant groups, and lowers every group whose kind takes runtime
-extents (:data:`~tilefuse.runtime.native.SYMBOLIC_KINDS`) with each symbol as an ``i64`` scalar
+extents (:data:`~tilefuse.backend.cpu.SYMBOLIC_KINDS`) with each symbol as an ``i64`` scalar
 parameter ``dim_<symbol>`` of the kernel; those kernels are compiled once.
 
 A call binds each symbol from the input shapes (:class:`SymbolConflict` when one symbol meets
@@ -18,7 +18,8 @@ two sizes) and looks the binding up. The first call with a binding (memoised, th
    whole-sequence launcher, which passes the sizes to the kernels as their scalars.
 
 All of this happens before any native code runs with the new sizes, so generated code never
-sees a shape it was not built for.
+sees a shape it was not built for. (It lives with the back end, not in ``runtime/``, because a
+new size binding lowers and compiles.)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tilefuse.backend.cpu import BuiltKernel, CpuBuild, PendingGroup, assemble, bound_shape
 from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.errors import CompileError, TilefuseError
 from tilefuse.graph.ir import Graph, Node, Value
@@ -39,13 +41,7 @@ from tilefuse.log import get_logger
 from tilefuse.passes.shape_infer import specialize
 from tilefuse.runtime.dynamic import SymbolBinder, SymbolGuardError, symbols_of
 from tilefuse.runtime.kernel_cache import KernelCache, KernelCacheStats
-from tilefuse.runtime.native import (
-    NativeExecutable,
-    _Builder,
-    _Kernel,
-    _Pending,
-    bound_shape,
-)
+from tilefuse.runtime.native import NativeExecutable
 from tilefuse.runtime.schedules import ScheduleSource
 
 DEFAULT_MAX_SIZES = 64
@@ -67,7 +63,7 @@ class SymbolicNativeExecutable:
         target = target or host_target()
         self.graph = graph
         self.symbols: tuple[Sym, ...] = symbols_of(graph)
-        self._builder = _Builder(graph, target, cache or KernelCache.from_env(target),
+        self._builder = CpuBuild(graph, target, cache or KernelCache.from_env(target),
                                  schedules, symbolic=True, plan=plan)
         self._signature = SymbolBinder.of(graph)
         self._sized: OrderedDict[tuple[int, ...], NativeExecutable] = OrderedDict()
@@ -146,7 +142,7 @@ class SymbolicNativeExecutable:
             shown = ", ".join(f"{s}={n}" for s, n in binding.items())
             static = self._specialize(self.graph, binding, shown)
             pendings = self._pendings(binding, shown)
-            exe = NativeExecutable.for_sizes(static, self._builder, pendings, binding)
+            exe = assemble(static, self._builder, pendings, binding)
             self.sizes_built += 1
             self._sized[sizes] = exe
             while len(self._sized) > self._max_sizes:
@@ -161,7 +157,7 @@ class SymbolicNativeExecutable:
             raise SymbolGuardError(f"@{self.graph.name}: the sizes {shown} break a constraint "
                                    f"of the graph: {err}") from None
 
-    def _pendings(self, binding: Mapping[Sym, int], shown: str) -> list[_Pending]:
+    def _pendings(self, binding: Mapping[Sym, int], shown: str) -> list[PendingGroup]:
         """The build's groups for one binding: per-size groups lowered for it now."""
         build = self._builder
         if not self.per_size_groups:
@@ -179,14 +175,14 @@ class SymbolicNativeExecutable:
             group = _specialize_group(pending.group, values, nodes, binding)
             lowered = build.lower(group)
             back = {new: old for old, new in values.items()}
-            kernels = [_Kernel(k.fn, k.artifact, {name: back.get(b, b) if isinstance(b, Value)
+            kernels = [BuiltKernel(k.fn, k.artifact, {name: back.get(b, b) if isinstance(b, Value)
                                                   else b for name, b in k.bindings.items()})
                        for k in lowered.kernels]
             self.kernel_specializations += len(kernels)
             self._log.info("@%s: kernel %s (%s) specialised for %s: %s", self.graph.name,
                            pending.group.name, pending.group.kind.value, shown,
                            pending.per_size)
-            made.append(_Pending(pending.group, lowered.schedule, kernels, lowered.reason,
+            made.append(PendingGroup(pending.group, lowered.schedule, kernels, lowered.reason,
                                  pending.per_size, group))
         return made
 
