@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
+    # once, on a new venv: a run again skips the index round trip (~5-8 s)
+    .venv/bin/python -m pip install --quiet --upgrade pip
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
 EXTRAS=${TILEFUSE_EXTRAS-dev,onnx,torch,tune,models,plot,peers}
 .venv/bin/python -m pip install --quiet -e ".${EXTRAS:+[$EXTRAS]}"

@@ -6,6 +6,6 @@ bash scripts/setup.sh
 .venv/bin/python -m ruff check .
 # One pytest-xdist worker per core (-n auto), at most 4 (each worker holds its own compiled
 # models; 2 workers peaked at ~4 GB here); an idle worker takes half of another's queue
-# (worksteal: a few tests take a minute each).
+# (worksteal: a few tests take a minute each; tests/conftest.py puts them first).
 # Extra arguments go to pytest; -n 0 runs in one process.
 exec .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses=4 --dist worksteal "$@"

@@ -10,6 +10,7 @@ loudly, naming both texts.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,58 @@ def _session_kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         patch.setenv("TILEFUSE_CACHE_DIR", str(directory))
         patch.delenv("TILEFUSE_CACHE", raising=False)
         yield
+
+
+# --- pytest-xdist: the longest tests start first -------------------------------------------------
+# Under --dist worksteal each worker first gets a contiguous share of the collection, and an
+# idle worker steals the second half of the longest queue: the run ends on the tests at the end
+# of the queues. In path order those were tests/tune's (15-30 s each, Ray's and the tuner's),
+# so one worker ran them while the other idled. Workers therefore sort the collection so that
+# folders (and a few files) with long tests come first and the many short tests (ops, graph,
+# loop, passes) come last, where they even out the end. A folder keeps its files in order, so
+# module-scoped fixtures still set up once per worker. One process (-n 0) keeps path order.
+
+LONG_FIRST = (
+    "tests/tune/", "tests/distributed/", "tests/torch/", "tests/reliability/", "tests/cli/",
+    "tests/onnx_conformance/test_onnx_backend.py::test_backend[light/",  # whole models
+    "tests/dynamic/", "tests/driver/", "tests/artifact/", "tests/cross/", "tests/onnx/",
+    "tests/kernel/", "tests/gpu/", "tests/runtime/", "tests/codegen/", "tests/frontend/",
+    "tests/onnx_conformance/", "tests/passes/", "tests/loop/", "tests/graph/", "tests/ops/",
+)
+"""Node id prefixes, by the mean time of their tests, longest first (the first match counts).
+Measured on the 2-core machine, 2026-12. Anything else (a folder added since) runs before them
+all: unknown is treated as long, so that it cannot end the run."""
+
+
+def _long_first_rank(nodeid: str) -> int:
+    return next((i for i, prefix in enumerate(LONG_FIRST) if nodeid.startswith(prefix)), -1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _is_xdist_worker(config):
+        items.sort(key=lambda item: _long_first_rank(item.nodeid))  # stable: paths in order
+
+
+_TORCH_THREADS_SHARED: list[bool] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under pytest-xdist each worker's eager torch (the reference of the torch tests, dynamo
+    and AOT autograd) gets its share of the cores, not all of them: two workers each running
+    two OpenMP threads on two cores spun and preempted each other (a torch training test
+    took ~30% more CPU and ~40% more time, measured interleaved on the busy 2-core machine).
+    tilefuse's own thread pool is left alone (it reads TILEFUSE_NUM_THREADS/OMP_NUM_THREADS,
+    which are not touched, so tests of parallel kernels still run them on every core), and so
+    are subprocesses. Done once, before the first test after torch is imported: this never
+    imports torch."""
+    if _TORCH_THREADS_SHARED or "torch" not in sys.modules:
+        return
+    _TORCH_THREADS_SHARED.append(True)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch = sys.modules["torch"]
+    share = max(1, len(os.sched_getaffinity(0)) // workers)
+    if workers > 1 and share < torch.get_num_threads():
+        torch.set_num_threads(share)
 
 
 # --- ONNX conformance bookkeeping -------------------------------------------------------------

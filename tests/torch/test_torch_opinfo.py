@@ -13,12 +13,15 @@ that a fix shows. ATen ops that no OpInfo exercises are listed in :data:`NO_OPIN
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -169,6 +172,34 @@ REDUNDANT = frozenset({"bmm.triton_optimized", "addmm.decomposed", "softmax.with
 """OpInfo variants that call the same ATen op on the same samples as an entry already here."""
 
 
+@contextlib.contextmanager
+def _no_test_fn_lookup() -> Iterator[None]:
+    """Two costs of torch's sample iterators that buy nothing here, each paid again by every
+    pytest-xdist worker at collection. They look for the running unittest ``TestCase`` by
+    walking ``inspect.stack()`` (which reads the source of every frame and scans
+    ``sys.modules`` for each): at collection there is none, so answer None at once. And they
+    reseed before every sample with ``torch.manual_seed``, which also queues a lazy seed for
+    each accelerator, recording a formatted stack each time: seed the CPU generator, ``random``
+    and NumPy only, which is all that CPU samples draw from. The samples are the same, bit for
+    bit (their seed falls back to torch's SEED without a test function)."""
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    def set_rng_seed(seed: int | None = None) -> None:
+        seed = common_utils.SEED if seed is None else seed
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+
+    saved = common_utils.extract_test_fn, core.extract_test_fn, common_utils.set_rng_seed
+    common_utils.extract_test_fn = core.extract_test_fn = lambda: None
+    common_utils.set_rng_seed = set_rng_seed
+    try:
+        yield
+    finally:
+        common_utils.extract_test_fn, core.extract_test_fn, common_utils.set_rng_seed = saved
+
+
 def _cases() -> Iterator[Case]:
     """Up to PER_OP samples per entry, taken round-robin (every entry's first sample, then
     every entry's second, ...) until TOTAL_CAP."""
@@ -178,12 +209,13 @@ def _cases() -> Iterator[Case]:
             continue
         torch.manual_seed(0)
         usable = []
-        for s in op.sample_inputs("cpu", torch.float32, requires_grad=False):
-            reason = _unsupported(s)
-            if reason is None:
-                usable.append(s)
-            else:
-                SKIPPED[reason] = SKIPPED.get(reason, 0) + 1
+        with _no_test_fn_lookup():
+            for s in op.sample_inputs("cpu", torch.float32, requires_grad=False):
+                reason = _unsupported(s)
+                if reason is None:
+                    usable.append(s)
+                else:
+                    SKIPPED[reason] = SKIPPED.get(reason, 0) + 1
         picks[entry] = _pick(usable, PER_OP)
     chosen: list[Case] = []
     for i in range(PER_OP):
