@@ -20,8 +20,6 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 
-from llvmlite import ir
-
 from tilefuse.artifact.format import ArtifactError
 from tilefuse.codegen.elf_check import check_object
 from tilefuse.codegen.target import CpuTarget, target_machine
@@ -33,6 +31,8 @@ _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 def _ir() -> str:
+    from llvmlite import ir  # only when saving: a load links the carried object code
+
     i8p = ir.IntType(8).as_pointer()
     i64, i32 = ir.IntType(64), ir.IntType(32)
     kernel = ir.FunctionType(ir.VoidType(), [i8p.as_pointer(), i64.as_pointer(), i32])

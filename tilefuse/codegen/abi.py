@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tilefuse.codegen.target import CpuTarget
-from tilefuse.dtypes import parse_dtype
+from tilefuse.dtypes import DType, parse_dtype
 from tilefuse.errors import CompileError, GuardError, TilefuseError
-from tilefuse.loop.ir import BufferParam
 
 if TYPE_CHECKING:
     import llvmlite.binding as llvm
@@ -35,13 +34,30 @@ _MAGIC = b"TFKERN01"
 
 
 @dataclass(frozen=True)
-class KernelSignature:
-    """What a caller needs to know to call compiled code: the name and the arguments."""
+class ArgSpec:
+    """One array argument of compiled code as a caller sees it: the loop IR's ``BufferParam``
+    without the IR, so that calling compiled code (a loaded artifact) needs no loop IR."""
 
     name: str
-    buffers: tuple[BufferParam, ...]
+    dtype: DType
+    readonly: bool = False
+    align: int = 0
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """What a caller needs to know to call compiled code: the name and the arguments (given as
+    ``BufferParam``s or ``ArgSpec``s, kept as ``ArgSpec``s)."""
+
+    name: str
+    buffers: tuple[ArgSpec, ...]
     scalars: tuple[str, ...]
     uses_threads: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "buffers", tuple(
+            b if type(b) is ArgSpec else ArgSpec(b.name, b.dtype, b.readonly, b.align)
+            for b in self.buffers))
 
     @staticmethod
     def of(fn: LoopFunction) -> KernelSignature:
@@ -58,8 +74,8 @@ class KernelSignature:
     def from_json(data: dict[str, Any]) -> KernelSignature:
         """The signature written by :meth:`to_json`; CompileError if it is malformed."""
         try:
-            buffers = tuple(BufferParam(str(b["name"]), parse_dtype(b["dtype"]),
-                                        bool(b["readonly"]), int(b["align"]))
+            buffers = tuple(ArgSpec(str(b["name"]), parse_dtype(b["dtype"]),
+                                    bool(b["readonly"]), int(b["align"]))
                             for b in data["buffers"])
             return KernelSignature(str(data["name"]), buffers,
                                    tuple(str(s) for s in data["scalars"]), bool(data["threads"]))
@@ -161,7 +177,7 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any, align: int = 64) -> 
     return raw[offset:offset + count * dt.itemsize].view(dt).reshape(shape)
 
 
-def check_arguments(name: str, buffers: Sequence[BufferParam], scalars: Sequence[str],
+def check_arguments(name: str, buffers: Sequence[ArgSpec], scalars: Sequence[str],
                     args: Sequence[object]) -> tuple[list[Array], list[int]]:
     """Splits a kernel call's ``args`` into arrays and scalars, checking each (GuardError).
 
@@ -195,7 +211,7 @@ def check_arguments(name: str, buffers: Sequence[BufferParam], scalars: Sequence
     return arrays, values
 
 
-def _check_overlap(name: str, buffers: Sequence[BufferParam], arrays: Sequence[Array]) -> None:
+def _check_overlap(name: str, buffers: Sequence[ArgSpec], arrays: Sequence[Array]) -> None:
     for i in range(len(arrays)):
         for j in range(i + 1, len(arrays)):
             if buffers[i].readonly and buffers[j].readonly:
