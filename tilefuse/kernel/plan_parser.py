@@ -20,7 +20,7 @@ from tilefuse.errors import ParseError
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.graph.printer import format_type
 from tilefuse.graph.types import Sym
-from tilefuse.kernel.fusion import KernelGroup, KernelKind, KernelPlan, Role
+from tilefuse.kernel.plan import KernelGroup, KernelKind, KernelPlan, Role
 from tilefuse.kernel.plan_printer import format_node, value_names
 
 _HEAD = re.compile(r"(?P<name>\S+) (?P<kind>\w+) over \[(?P<domain>[^\]]*)\]"

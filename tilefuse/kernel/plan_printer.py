@@ -28,7 +28,7 @@ from tilefuse.graph.printer import format_attrs, format_type, input_names
 from tilefuse.graph.types import SymProduct
 
 if TYPE_CHECKING:
-    from tilefuse.kernel.fusion import KernelGroup, KernelPlan
+    from tilefuse.kernel.plan import KernelGroup, KernelPlan
 
 ELIDE_OVER = 16
 """Array attributes with more elements print as their digest."""
