@@ -19,14 +19,8 @@ not for one very long line, which would want a block-wide parallel scan.
 
 from __future__ import annotations
 
-import math
-
-from tilefuse.errors import CompileError
-from tilefuse.graph.types import normalize_axis
-from tilefuse.kernel.access import dims
-from tilefuse.kernel.lower_elementwise import KernelContext
-from tilefuse.kernel.lower_scan import SCAN_OPS, is_scan_group
-from tilefuse.kernel.scalar_expr import KernelGroupLike, work_dtype
+from tilefuse.kernel.lower_scan import scan_parts
+from tilefuse.kernel.scalar_expr import KernelGroupLike
 from tilefuse.loop.ir import (
     Local,
     LocalStore,
@@ -44,18 +38,9 @@ from tilefuse.loop.ir import (
 
 def lower_scan_gpu(group: KernelGroupLike) -> LoopFunction:
     """The GPU loop IR of a one-node scan group (module docstring)."""
-    if not is_scan_group(group):
-        raise CompileError(f"kernel {group.name}: not a static one-node cumsum/cumprod")
-    (node,) = group.nodes
-    x, y = node.inputs[0], node.outputs[0]
-    shape = dims(x.shape)
-    axis = normalize_axis(node.attrs["axis"], len(shape)) if shape else 0
-    n = shape[axis] if shape else 1
-    pre, post = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
-    combine = SCAN_OPS[node.op.name]
-    acc_type = work_dtype(y.dtype)
-    ctx = KernelContext.of(group)
-    src, out = ctx.buffers.inputs[x], ctx.buffers.outputs[y]
+    s = scan_parts(group)
+    y, pre, n, post, combine, acc_type = s.y, s.pre, s.n, s.post, s.combine, s.acc_type
+    ctx, src, out = s.ctx, s.src, s.out
     if not pre * n * post:
         return ctx.function([])
     line, t = ctx.names.fresh("l"), ctx.names.fresh("t")

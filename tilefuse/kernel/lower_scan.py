@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
 from tilefuse.graph.types import normalize_axis
 from tilefuse.kernel.access import dims
@@ -35,6 +37,7 @@ from tilefuse.kernel.lower_elementwise import (
 from tilefuse.kernel.scalar_expr import KernelGroupLike, work_dtype
 from tilefuse.kernel.schedule import PARALLEL_MIN_ELEMENTS
 from tilefuse.loop.ir import (
+    BufferParam,
     Expr,
     Local,
     LocalStore,
@@ -51,6 +54,7 @@ from tilefuse.loop.ir import (
 )
 
 if TYPE_CHECKING:
+    from tilefuse.graph.ir import Value
     from tilefuse.kernel.schedule import Schedule
 
 SCAN_OPS = {"cumsum": XOp.ADD, "cumprod": XOp.MUL}
@@ -66,8 +70,24 @@ def is_scan_group(group: KernelGroupLike) -> bool:
         node.inputs[0] in group.inputs and node.outputs[0] in group.outputs
 
 
-def lower_scan(group: KernelGroupLike, schedule: Schedule | None = None) -> LoopFunction:
-    """The loop IR of a scan group (module docstring)."""
+@dataclass(frozen=True)
+class ScanParts:
+    """What the CPU and GPU scan lowerings both start from: the scan seen as ``[pre, n, post]``
+    lines along its axis, its combining op and accumulator type, and the kernel's buffers."""
+
+    y: Value
+    pre: int
+    n: int
+    post: int
+    combine: XOp
+    acc_type: DType
+    ctx: KernelContext
+    src: BufferParam
+    out: BufferParam
+
+
+def scan_parts(group: KernelGroupLike) -> ScanParts:
+    """:class:`ScanParts` of a scan group; CompileError unless it is one."""
     if not is_scan_group(group):
         raise CompileError(f"kernel {group.name}: not a static one-node cumsum/cumprod")
     (node,) = group.nodes
@@ -80,6 +100,14 @@ def lower_scan(group: KernelGroupLike, schedule: Schedule | None = None) -> Loop
     acc_type = work_dtype(y.dtype)
     ctx = KernelContext.of(group)
     src, out = ctx.buffers.inputs[x], ctx.buffers.outputs[y]
+    return ScanParts(y, pre, n, post, combine, acc_type, ctx, src, out)
+
+
+def lower_scan(group: KernelGroupLike, schedule: Schedule | None = None) -> LoopFunction:
+    """The loop IR of a scan group (module docstring)."""
+    s = scan_parts(group)
+    y, pre, n, post, combine, acc_type = s.y, s.pre, s.n, s.post, s.combine, s.acc_type
+    ctx, src, out = s.ctx, s.src, s.out
     total = pre * n * post
     threads = max(1, min(os.cpu_count() or 1, total // PARALLEL_MIN_ELEMENTS))
     lanes = fit_lanes(vector_width(schedule) if schedule is not None and
