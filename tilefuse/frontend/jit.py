@@ -110,8 +110,8 @@ class _Entry:
     input, in order, none by keyword), which checks contiguity itself
     (:meth:`~tilefuse.runtime.native.NativeExecutable.run_args`); None when it has none."""
 
-    __slots__ = ("captured", "direct", "executable", "key", "keywords", "optimized", "pack",
-                 "positions", "report")
+    __slots__ = ("captured", "direct", "executable", "fast", "key", "keywords", "optimized",
+                 "pack", "positions", "report")
 
     def __init__(self, key: Key, captured: Captured, optimized: Graph, report: Any,
                  executable: Executable):
@@ -125,6 +125,24 @@ class _Entry:
         self.executable = executable
         in_order = self.positions == tuple(range(len(key[1]))) and not self.keywords
         self.direct = getattr(executable, "run_args", None) if in_order else None
+        self.fast: Any = None   # the native builtin for ``pack(direct(args))``: see fast_call
+
+    def fast_call(self) -> Any:
+        """``pack(direct(args))`` as one native builtin taking the arrays positionally
+        (:meth:`~tilefuse.runtime.native.NativeExecutable.fast_call`), when the executable
+        has one and ``pack`` returns its one output as it is; else False. Built on the
+        entry's first fast-path hit (not at compile time: it costs an LLVM module)."""
+        make = getattr(self.executable, "fast_call", None)
+        outputs = getattr(getattr(self.executable, "graph", None), "outputs", ())
+        if self.direct is None or make is None or len(outputs) != 1:
+            return False
+        sentinel = object()
+        try:
+            if self.pack([sentinel]) is not sentinel:
+                return False
+        except (IndexError, TypeError):
+            return False
+        return make() or False
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         arrays = [_contiguous(args[i]) for i in self.positions]
@@ -201,8 +219,12 @@ class JitFunction:
                         entry = None   # a miss, graph breaks (a Program) or a general entry
                     else:
                         self._last_hit = (key_parts, entry)
+                        if entry.fast is None:
+                            entry.fast = entry.fast_call()
                 if entry is not None:
                     self._hits += 1
+                    if entry.fast:
+                        return entry.fast(*args)
                     try:
                         return entry.pack(entry.direct(args))
                     except (SymbolConflict, SymbolGuardError) as err:
