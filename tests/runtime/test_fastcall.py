@@ -174,3 +174,20 @@ def test_a_zero_dimensional_result_and_an_error_inside_the_fallback():
     held = jitted(x)               # noqa: F841  (holds the output: the next call falls back)
     with pytest.raises(GuardError, match="from the Python step"):
         jitted(x)
+
+
+def test_a_gather_goes_native_and_a_bad_index_raises_the_reference_error(monkeypatch):
+    from tilefuse.errors import ShapeError
+
+    x = np.random.default_rng(3).standard_normal((16, 40)).astype(np.float32)
+    good = np.array([3, 0, -1, 15, 7], np.int64)
+    jitted = _jitted(lambda x, i: np.take(x, i, axis=0), x, good)
+    assert _entry(jitted).fast
+    fallbacks = _counting(monkeypatch, jitted)
+    np.testing.assert_array_equal(jitted(x, good), np.take(x, good, axis=0))
+    assert not fallbacks
+    with pytest.raises(ShapeError, match="index 16 is out of range"):
+        jitted(x, np.array([3, 16, 0, 1, 2], np.int64))
+    assert fallbacks == [2]                      # the Python step ran it again and raised
+    np.testing.assert_array_equal(jitted(x, good[::-1].copy()), np.take(x, good[::-1], axis=0))
+    assert fallbacks == [2]                      # the flag was cleared: native again

@@ -96,13 +96,16 @@ def supported() -> bool:
 def build_fast_call(inputs: Sequence[tuple[tuple[int, ...], Any]],
                     output: tuple[tuple[int, ...], Any], align: dict[int, int],
                     returned: list[Any], lock: Any, entry: int,
-                    fallback: Callable[..., Any], keep: Sequence[object] = ()
-                    ) -> Callable[..., Any]:
+                    fallback: Callable[..., Any], keep: Sequence[object] = (),
+                    checks: Sequence[np.ndarray] = ()) -> Callable[..., Any]:
     """The builtin for an executable whose inputs are ``inputs`` ((shape, dtype) each) and
     whose one output is ``output``, aligned as ``align`` (input position -> bytes) says;
     ``returned`` is the executable's list of returned outputs (slot 0 read on every call),
     ``lock`` its ``threading.Lock``, ``entry`` the address of its launch sequence
-    ``void entry(void **io)``; ``keep``: objects the builtin must keep alive (the launcher)."""
+    ``void entry(void **io)``; ``keep``: objects the builtin must keep alive (the launcher).
+    ``checks``: the gathers' bad-index flags (i64 arrays, element 0 set by a kernel that met
+    an index out of range): when one is set after the run, the call goes to ``fallback``,
+    which runs it again, raises the reference's error and clears the flag."""
     import llvmlite.binding as llvm
     from llvmlite import ir
 
@@ -181,6 +184,9 @@ def build_fast_call(inputs: Sequence[tuple[tuple[int, ...], Any]],
                         ir.Constant(i32, 0)))
     b.call(ir.Function(module, launch, entry_name), [table])
     b.call(release, [lock_ptr])
+    for flags in checks:
+        word = b.load(const(flags.ctypes.data).inttoptr(i64.as_pointer()))
+        check(b.icmp_signed("==", word, const(0)))
     count = b.bitcast(out, i64.as_pointer())
     b.store(b.add(b.load(count), const(1)), count)
     b.ret(out)
@@ -199,7 +205,7 @@ def build_fast_call(inputs: Sequence[tuple[tuple[int, ...], Any]],
     new = api.PyCFunction_NewEx
     new.restype = ctypes.py_object
     new.argtypes = [ctypes.POINTER(_MethodDef), ctypes.py_object, ctypes.py_object]
-    owner = (method, engine, io, descrs, returned, lock, fallback, tuple(keep))
+    owner = (method, engine, io, descrs, returned, lock, fallback, tuple(keep), tuple(checks))
     return new(ctypes.byref(method), owner, None)  # type: ignore[no-any-return]
 
 
