@@ -584,7 +584,8 @@ def lower_quant_group(group: object, constants: dict, target: CpuTarget | None =
         w, scale, bias = arrays[:3]
         operands = tuple(_kind(v) for v in node.inputs[4:])
         return build_qconv(name, conv_shape(node), w, scale, bias, act, static_of(node.attrs),
-                           target=target, compiler=compiler, steps=node.attrs["epilogue"],
+                           raw=bool(node.attrs["raw"]), target=target, compiler=compiler,
+                           steps=node.attrs["epilogue"],
                            operands=operands)
     if node.op is QMATMUL_I8:
         w, scale, bias = arrays

@@ -269,7 +269,8 @@ def fuse_epilogues(graph: Graph) -> tuple[Graph, bool]:
     plans: dict[Node, tuple[Node, tuple, list[Value]]] = {}   # tail -> (qconv, steps, ops)
     skipped: set[Node] = set()
     for node in graph.nodes:
-        if node.op.name not in ("qconv_i8", "matmul_u8s8") or node.attrs["epilogue"]:
+        if node.op.name not in ("qconv_i8", "matmul_u8s8") or node.attrs["epilogue"] \
+                or (node.op.name == "qconv_i8" and node.attrs["raw"]):   # ConvInteger's i32
             continue
         nodes, steps, operands = _chain(node, readers, producers, outputs, skipped | set(plans))
         if not steps:
