@@ -25,13 +25,14 @@ SIZES = [(1, 1, 1), (1, 3, 17), (5, 37, 70), (7, 64, 64), (13, 100, 130), (6, 76
 def _run_int8(qk: L.QuantKernel, x: np.ndarray, out_dtype: type) -> tuple[np.ndarray, ...]:
     m, k = x.shape
     s = L.Int8Shape(m, k, qk.constants["w_scale"].shape[0])
-    aq = aligned_empty(s.mp * s.kp, np.uint8)
+    aq = aligned_empty(s.aq_bytes, np.uint8)
+    aq[:] = 0xAB   # stale codes and set ready flags: the entry must clear the flags
     sa = aligned_empty(s.mp, np.float32)
     width = int(qk.fn.name.split("_q8_")[1].split("_")[0].split("x")[2])
     out = np.full((m, width), -7, out_dtype)
     c = qk.constants
     qk.kernel(x, c["w"], c["comp"], c["w_scale"], c["bias"], out, aq, sa)
-    return out, aq.reshape(s.mp, s.kp)[:m, :k], sa[:m]
+    return out, aq[:s.mp * s.kp].reshape(s.mp, s.kp)[:m, :k], sa[:m]
 
 
 def _activations(m: int, k: int) -> np.ndarray:

@@ -125,6 +125,11 @@ class Int8Shape:
     def np_(self) -> int:
         return _ceil(max(self.n, 1), PANEL)
 
+    @property
+    def aq_bytes(self) -> int:
+        """The scratch ``aq``: the u8 codes [Mp, Kp], then one ready flag a block of MR8 rows."""
+        return self.mp * self.kp + self.mp // MR8
+
 
 def _quant_rows(name: str, s: Int8Shape) -> str:
     """``void name(bufs, lo, hi)``: rows lo..hi of x (buffer 0) -> aq (6), sa (7)."""
@@ -198,11 +203,13 @@ n0..n0+15 (after the activation), returning the value to store."""
 
 
 def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool = False,
-                post: Post | None = None) -> str:
+                post: Post | None = None, rows: str | None = None) -> str:
     """``void name(bufs, lo, hi)``: tiles lo..hi (panel-major) of MR8 rows x 64 columns.
     ``raw``: store acc - comp as i32 (the integer core, for tests) instead of the epilogue.
     ``zero_point`` (``matmul_u8s8``, raw): buffers a, w, colsum, a_zero, out, aq, and comp is
-    ``a_zero * colsum``. ``post``: a fused elementwise epilogue after the activation."""
+    ``a_zero * colsum``. ``post``: a fused elementwise epilogue after the activation.
+    ``rows``: the row phase ``void rows(bufs, lo, hi)``, called by a tile whose block of rows
+    has no ready flag yet (:func:`int8_module`)."""
     f = _Fn(f"define internal void @{name}(ptr %bufs, i64 %lo, i64 %hi) nounwind")
     if zero_point:
         w, comp, out, aq = (f.buffer("%bufs", i) for i in (1, 2, 4, 5))
@@ -218,11 +225,13 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
 
     def tile(r: str) -> None:
         nb, m0 = _tile_origin(f, r, mblocks, MR8)
+        if rows is not None:
+            _ready_rows(f, r, rows, s, aq, m0)
         panel = f(f"getelementptr i8, ptr {w}, i64 {f(f'mul i64 {nb}, {k4 * PANEL * 4}')}")
-        rows = []
+        arows = []
         for i in range(MR8):
             mi = f(f"add i64 {m0}, {i}")
-            rows.append(f(f"getelementptr i8, ptr {aq}, i64 {f(f'mul i64 {mi}, {s.kp}')}"))
+            arows.append(f(f"getelementptr i8, ptr {aq}, i64 {f(f'mul i64 {mi}, {s.kp}')}"))
         for row in accs:
             for a in row:
                 f.do(f"store {_V16I} zeroinitializer, ptr {a}, align 64")
@@ -234,7 +243,7 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
                 bs.append(f(f"load {_V16I}, ptr {f(f'getelementptr i8, ptr {panel}, i64 {off}')}, "
                             "align 64"))
             for i in range(MR8):
-                a = f(f"load i32, ptr {f(f'getelementptr i32, ptr {rows[i]}, i64 {kk}')}, align 1")
+                a = f(f"load i32, ptr {f(f'getelementptr i32, ptr {arows[i]}, i64 {kk}')}, align 1")
                 av = f.splat(a, "i32")
                 for j in range(NV):
                     old = f(f"load {_V16I}, ptr {accs[i][j]}, align 64")
@@ -286,6 +295,24 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
     return f.text()
 
 
+def _ready_rows(f: _Fn, r: str, rows: str, s: Int8Shape, aq: str, m0: str) -> None:
+    """Makes sure the tile's block of rows (from ``m0``) is quantized: its flag in ``aq``
+    after the codes is read (acquire); if unset, this thread runs the row phase on the block
+    and sets it (release). Two threads may quantize one block at once: they write the same
+    bytes, and nobody waits on a thread the OS has preempted (one parallel region a call)."""
+    flag = f.at("i8", aq, f(f"add i64 {f(f'udiv i64 {m0}, {MR8}')}, {s.mp * s.kp}"))
+    label = f"q{r[1:]}"
+    ready = f(f"load atomic i8, ptr {flag} acquire, align 1")
+    f.do(f"br i1 {f(f'icmp ne i8 {ready}, 0')}, label %{label}.done, label %{label}.run")
+    f.label(f"{label}.run")
+    end = f(f"add i64 {m0}, {MR8}")
+    end = f(f"select i1 {f(f'icmp slt i64 {end}, {s.m}')}, i64 {end}, i64 {s.m}")
+    f.do(f"call void @{rows}(ptr %bufs, i64 {m0}, i64 {end})")
+    f.do(f"store atomic i8 1, ptr {flag} release, align 1")
+    f.do(f"br label %{label}.done")
+    f.label(f"{label}.done")
+
+
 def _copy_rows(name: str, s: Int8Shape) -> str:
     """``void name(bufs, lo, hi)``: rows lo..hi of a u8 input (buffer 0) copied into aq
     (buffer 5) with the row padded to Kp (the padding meets zero weights)."""
@@ -319,14 +346,28 @@ def u8s8_module(name: str, s: Int8Shape, steps: tuple = (),
                     _entry(name, [f"{name}.w0", f"{name}.w1"])])
 
 
-def int8_module(name: str, s: Int8Shape, act: str = "none", raw: bool = False) -> str:
-    """The LLVM IR of an int8 kernel; buffers: x, w (packed), comp, w_scale, bias, out, aq, sa."""
+def int8_module(name: str, s: Int8Shape, act: str = "none", raw: bool = False,
+                merged: bool = True) -> str:
+    """The LLVM IR of an int8 kernel; buffers: x, w (packed), comp, w_scale, bias, out, aq, sa.
+    ``merged``: one parallel region, each block of rows quantized by the first tile that needs
+    it (the ready flags after the codes in ``aq`` are cleared by the entry); else two regions,
+    the row phase then the tiles."""
     tiles = (s.mp // MR8) * (s.np_ // PANEL)
-    return "".join([_DECLS, _math(act), _quant_rows(f"{name}.qrows", s),
-                    _int8_tiles(f"{name}.tiles", s, act, raw),
-                    _grab_worker(f"{name}.w0", f"{name}.qrows", s.m, 4),
-                    _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1),
-                    _entry(name, [f"{name}.w0", f"{name}.w1"])])
+    if not merged:
+        return "".join([_DECLS, _math(act), _quant_rows(f"{name}.qrows", s),
+                        _int8_tiles(f"{name}.tiles", s, act, raw),
+                        _grab_worker(f"{name}.w0", f"{name}.qrows", s.m, 4),
+                        _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1),
+                        _entry(name, [f"{name}.w0", f"{name}.w1"])])
+    entry = _entry(name, [f"{name}.w1"]).replace(
+        "entry:\n", "entry:\n  %aq.slot = getelementptr ptr, ptr %bufs, i64 6\n"
+        "  %aq = load ptr, ptr %aq.slot\n"
+        f"  %flags = getelementptr i8, ptr %aq, i64 {s.mp * s.kp}\n"
+        f"  call void @llvm.memset.p0.i64(ptr %flags, i8 0, i64 {s.mp // MR8}, i1 false)\n", 1)
+    return "".join([_DECLS, "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)\n", _math(act),
+                    _quant_rows(f"{name}.qrows", s),
+                    _int8_tiles(f"{name}.tiles", s, act, raw, rows=f"{name}.qrows"),
+                    _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1), entry])
 
 
 # ---- int4 ------------------------------------------------------------------------------------
@@ -468,7 +509,7 @@ def build_int8(name: str, m: int, w: np.ndarray, w_scale: np.ndarray, bias: np.n
     consts = {"w": packed, "comp": _padded(comp, n, np.int32),
               "w_scale": _padded(np.asarray(w_scale, np.float32), n, np.float32),
               "bias": _padded(np.asarray(bias, np.float32), n, np.float32)}
-    scratch = {"aq": (s.mp * s.kp, np.dtype(np.uint8)), "sa": (s.mp * 4, np.dtype(np.float32))}
+    scratch = {"aq": (s.aq_bytes, np.dtype(np.uint8)), "sa": (s.mp * 4, np.dtype(np.float32))}
     return QuantKernel(fn, kernel, text, consts, scratch)
 
 
