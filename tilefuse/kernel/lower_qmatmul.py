@@ -9,16 +9,21 @@ into 16 i32 lanes), and their data layouts are fixed at build time. They keep th
 calling convention (``void name(ptr buffers, ptr scalars, i32 threads)``, parallel loops
 through ``tilefuse_parallel``), so the native executable launches them like any other kernel.
 
-**int8** (``qmatmul_i8``, AVX-512 VNNI), one entry, two parallel phases:
+**int8** (``qmatmul_i8``, AVX-512 VNNI), one entry, one parallel region over the tiles, each
+tile running the row phase on its block of rows first unless the block's ready flag is set:
 
-1. rows of x in grains: ``amax = max|x|``, ``q = clip(rint(x * 127/amax), -127, 127) + 128``
-   stored as u8 (vpdpbusd's first operand is unsigned) in a scratch ``aq [Mp, Kp]`` (K padded
-   to 4), and the row scale ``amax/127``;
+1. rows of x, a block of 6 at a time: ``amax = max|x|``,
+   ``q = clip(rint(x * 127/amax), -127, 127) + 128`` stored as u8 (vpdpbusd's first operand is
+   unsigned) in a scratch ``aq [Mp, Kp]`` (K padded to 4; the blocks' ready flags follow, and
+   the entry clears them), and the row scale ``amax/127``. Two threads that reach one block
+   at once both quantize it (the same bytes): nobody ever waits on another thread, which a
+   second parallel region did at its start on a busy host;
 2. tiles of MR=6 rows x 64 columns, taken one at a time from an atomic counter (panel-major,
-   so threads share a panel while it is hot): 24 i32 zmm accumulators, per 4 k one 64-byte
-   load of each of the 4 B vectors and one 4-byte broadcast of each row of A. B is packed at
-   build time as [N/64][K/4][64][4] bytes. The +128 offset is removed exactly by the build-time
-   column sums ``comp[n] = 128 * sum_k w[k, n]``. Epilogue on the accumulators:
+   so threads share a panel while it is hot, and the first panel's tiles quantize the rows):
+   24 i32 zmm accumulators, per 4 k one 64-byte load of each of the 4 B vectors and one 4-byte
+   broadcast of each row of A. B is packed at build time as [N/64][K/4][64][4] bytes. The
+   +128 offset is removed exactly by the build-time column sums
+   ``comp[n] = 128 * sum_k w[k, n]``. Epilogue on the accumulators:
    ``f32(acc - comp) * (sa[m] * sw[n]) + bias[n]``, relu or GELU (the generated erf of
    :mod:`tilefuse.codegen.math_lib`), masked store of the N tail.
 
@@ -346,28 +351,27 @@ def u8s8_module(name: str, s: Int8Shape, steps: tuple = (),
                     _entry(name, [f"{name}.w0", f"{name}.w1"])])
 
 
-def int8_module(name: str, s: Int8Shape, act: str = "none", raw: bool = False,
-                merged: bool = True) -> str:
-    """The LLVM IR of an int8 kernel; buffers: x, w (packed), comp, w_scale, bias, out, aq, sa.
-    ``merged``: one parallel region, each block of rows quantized by the first tile that needs
-    it (the ready flags after the codes in ``aq`` are cleared by the entry); else two regions,
-    the row phase then the tiles."""
-    tiles = (s.mp // MR8) * (s.np_ // PANEL)
-    if not merged:
-        return "".join([_DECLS, _math(act), _quant_rows(f"{name}.qrows", s),
-                        _int8_tiles(f"{name}.tiles", s, act, raw),
-                        _grab_worker(f"{name}.w0", f"{name}.qrows", s.m, 4),
-                        _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1),
-                        _entry(name, [f"{name}.w0", f"{name}.w1"])])
+def one_region(name: str, s: Int8Shape, rows: str, tiles: str) -> str:
+    """The worker and entry of an int8 kernel with one parallel region: the tiles (function
+    ``tiles``, made with ``rows=rows``) quantize their blocks of rows on demand; the entry
+    clears the blocks' ready flags (after the codes in ``aq``, buffer 6) first."""
+    count = (s.mp // MR8) * (s.np_ // PANEL)
     entry = _entry(name, [f"{name}.w1"]).replace(
         "entry:\n", "entry:\n  %aq.slot = getelementptr ptr, ptr %bufs, i64 6\n"
         "  %aq = load ptr, ptr %aq.slot\n"
         f"  %flags = getelementptr i8, ptr %aq, i64 {s.mp * s.kp}\n"
         f"  call void @llvm.memset.p0.i64(ptr %flags, i8 0, i64 {s.mp // MR8}, i1 false)\n", 1)
-    return "".join([_DECLS, "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)\n", _math(act),
-                    _quant_rows(f"{name}.qrows", s),
+    return "".join(["declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)\n",
+                    _grab_worker(f"{name}.w1", tiles, count, 1), entry])
+
+
+def int8_module(name: str, s: Int8Shape, act: str = "none", raw: bool = False) -> str:
+    """The LLVM IR of an int8 kernel; buffers: x, w (packed), comp, w_scale, bias, out, aq, sa.
+    One parallel region (:func:`one_region`): two (the row phase, then the tiles) made every
+    thread wait at the end of the first for one the OS had preempted."""
+    return "".join([_DECLS, _math(act), _quant_rows(f"{name}.qrows", s),
                     _int8_tiles(f"{name}.tiles", s, act, raw, rows=f"{name}.qrows"),
-                    _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1), entry])
+                    one_region(name, s, f"{name}.qrows", f"{name}.tiles")])
 
 
 # ---- int4 ------------------------------------------------------------------------------------
@@ -573,7 +577,7 @@ def build_int4(name: str, m: int, wq: np.ndarray, scales: np.ndarray, zeros: np.
 
 __all__ = ["INT4_BUFFERS", "INT8_BUFFERS", "Int4Shape", "Int8Shape", "QuantKernel",
            "build_int4", "build_int8", "check_target", "compile_ir", "int4_module",
-           "int8_module", "pack_int4", "pack_int8"]
+           "int8_module", "one_region", "pack_int4", "pack_int8"]
 
 
 # ---- kernel groups ---------------------------------------------------------------------------
