@@ -132,9 +132,10 @@ def test_u8s8_integer_product_is_exact(m: int, k: int, n: int) -> None:
     """ONNX MatMulInteger's kernel: (a - a_zero) @ w in i32, any u8 zero point."""
     w = rng.integers(-128, 128, size=(k, n)).astype(np.int8)
     qk = L.build_u8s8("t", m, w)
-    a = rng.integers(0, 256, size=(m, k)).astype(np.uint8)
+    aq = aligned_empty(L.Int8Shape(m, k, n).aq_bytes, np.uint8)
+    aq[:] = 0xAB   # set ready flags, and then last call's rows: the entry must clear them
     for zero in (0, 1, 128, 255):
-        aq = aligned_empty(L.Int8Shape(m, k, n).mp * L.Int8Shape(m, k, n).kp, np.uint8)
+        a = rng.integers(0, 256, size=(m, k)).astype(np.uint8)
         out = np.full((m, n), -7, np.int32)
         qk.kernel(a, qk.constants["w"], qk.constants["colsum"], np.array(zero, np.uint8), out,
                   aq)
@@ -191,7 +192,8 @@ def test_u8s8_fused_rescale_matches_reference_bitwise() -> None:
     scale = np.array(0.0123, np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     s = L.Int8Shape(m, k, n)
-    aq = aligned_empty(s.mp * s.kp, np.uint8)
+    aq = aligned_empty(s.aq_bytes, np.uint8)
+    aq[:] = 0xAB   # set ready flags: the entry must clear them
     out = np.full((m, n), np.nan, np.float32)
     c = qk.constants
     qk.kernel(a, c["w"], c["colsum"], zero, out, aq, scale, bias)

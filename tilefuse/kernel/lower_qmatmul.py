@@ -27,8 +27,9 @@ tile running the row phase on its block of rows first unless the block's ready f
    ``f32(acc - comp) * (sa[m] * sw[n]) + bias[n]``, relu or GELU (the generated erf of
    :mod:`tilefuse.codegen.math_lib`), masked store of the N tail.
 
-**u8 x s8** (``matmul_u8s8``, ONNX MatMulInteger): the same tiles on a u8 input copied into
-``aq`` (rows padded to 4), ``comp = a_zero * sum_k w`` at run time, the i32 sums stored.
+**u8 x s8** (``matmul_u8s8``, ONNX MatMulInteger): the same tiles (one region) on a u8 input
+copied into ``aq`` (rows padded to 4) a block at a time, ``comp = a_zero * sum_k w`` at run
+time, the i32 sums stored.
 
 **int4** (``matmul_w4``, AVX-512F, weight-only): tiles of MR (min(M, 4)) rows x 64 columns;
 per group of G rows of K the 64 scales and offsets (``-z*s``) are loaded once; per pair of k,
@@ -341,23 +342,20 @@ def u8s8_module(name: str, s: Int8Shape, steps: tuple = (),
                 operands: tuple[int, ...] = ()) -> str:
     """The LLVM IR of ``matmul_u8s8``; buffers: a (u8), w (packed), colsum, a_zero, out (i32;
     f32 with a fused epilogue over the operands that follow), aq (scratch)."""
-    tiles = (s.mp // MR8) * (s.np_ // PANEL)
     post = epilogue_ir(steps, operands, s.n, len(U8S8_BUFFERS)) if steps else None
     return "".join([_DECLS, _copy_rows(f"{name}.copy", s),
                     _int8_tiles(f"{name}.tiles", s, "none", True, zero_point=True,
-                                post=post),
-                    _grab_worker(f"{name}.w0", f"{name}.copy", s.m, 8),
-                    _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1),
-                    _entry(name, [f"{name}.w0", f"{name}.w1"])])
+                                post=post, rows=f"{name}.copy"),
+                    one_region(name, s, f"{name}.copy", f"{name}.tiles", aq=5)])
 
 
-def one_region(name: str, s: Int8Shape, rows: str, tiles: str) -> str:
+def one_region(name: str, s: Int8Shape, rows: str, tiles: str, aq: int = 6) -> str:
     """The worker and entry of an int8 kernel with one parallel region: the tiles (function
     ``tiles``, made with ``rows=rows``) quantize their blocks of rows on demand; the entry
-    clears the blocks' ready flags (after the codes in ``aq``, buffer 6) first."""
+    clears the blocks' ready flags (after the codes in ``aq``, buffer ``aq``) first."""
     count = (s.mp // MR8) * (s.np_ // PANEL)
     entry = _entry(name, [f"{name}.w1"]).replace(
-        "entry:\n", "entry:\n  %aq.slot = getelementptr ptr, ptr %bufs, i64 6\n"
+        "entry:\n", f"entry:\n  %aq.slot = getelementptr ptr, ptr %bufs, i64 {aq}\n"
         "  %aq = load ptr, ptr %aq.slot\n"
         f"  %flags = getelementptr i8, ptr %aq, i64 {s.mp * s.kp}\n"
         f"  call void @llvm.memset.p0.i64(ptr %flags, i8 0, i64 {s.mp // MR8}, i1 false)\n", 1)
@@ -545,7 +543,7 @@ def build_u8s8(name: str, m: int, w: np.ndarray, target: CpuTarget | None = None
     kernel = compile_with(compiler, text, KernelSignature(name, fn.buffers, (), True), target)
     packed, comp = pack_int8(np.asarray(w, np.int8))
     consts = {"w": packed, "colsum": _padded(comp // 128, n, np.int32)}
-    return QuantKernel(fn, kernel, text, consts, {"aq": (s.mp * s.kp, np.dtype(np.uint8))},
+    return QuantKernel(fn, kernel, text, consts, {"aq": (s.aq_bytes, np.dtype(np.uint8))},
                        {"a": 0, "a_zero": 1, **{f"e{i}": 3 + i for i in range(len(operands))}})
 
 
