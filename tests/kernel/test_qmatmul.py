@@ -72,6 +72,31 @@ def test_int8_epilogue_matches_reference_bitwise(m: int, k: int, n: int, act: st
         np.testing.assert_array_equal(out, ref)
 
 
+@pytest.mark.parametrize("shift", [0, 4])
+def test_int8_streamed_output_matches_reference_bitwise(shift: int) -> None:
+    """An output of STREAM_BYTES or more: full panels written with non-temporal stores when
+    out is 64-byte aligned (shift 0), the partial last panel (N = 64 * 64 + 16) and an
+    unaligned out (shift 4 bytes) through the masked stores."""
+    from tilefuse.kernel.quant_ir import STREAM_BYTES
+
+    m, k, n = 257, 37, 64 * 64 + 16
+    assert m * n * 4 >= STREAM_BYTES
+    wf = rng.standard_normal((k, n)).astype(np.float32)
+    q, scale = quantize_int8(wf)
+    bias = rng.standard_normal(n).astype(np.float32)
+    qk = L.build_int8("t", m, q, scale, bias, "relu")
+    assert "!nontemporal" in qk.ir
+    x = _activations(m, k)
+    s = L.Int8Shape(m, k, n)
+    aq, sa = aligned_empty(s.aq_bytes, np.uint8), aligned_empty(s.mp, np.float32)
+    raw = aligned_empty(m * n * 4 + 64, np.uint8)
+    out = raw[shift:shift + m * n * 4].view(np.float32).reshape(m, n)
+    out[:] = np.nan
+    c = qk.constants
+    qk.kernel(x, c["w"], c["comp"], c["w_scale"], c["bias"], out, aq, sa)
+    np.testing.assert_array_equal(out, _i8_reference(x, q, scale, bias, act="relu"))
+
+
 def _run_int4(qk: L.QuantKernel, x: np.ndarray, n: int) -> np.ndarray:
     out = np.full((x.shape[0], n), np.nan, np.float32)
     c = qk.constants

@@ -65,6 +65,7 @@ from tilefuse.kernel.quant_ir import (
     MR8,
     NV,
     PANEL,
+    STREAM_BYTES,
     Compiler,
     QuantKernel,
     _activate,
@@ -209,13 +210,16 @@ n0..n0+15 (after the activation), returning the value to store."""
 
 
 def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool = False,
-                post: Post | None = None, rows: str | None = None) -> str:
+                post: Post | None = None, rows: str | None = None, stream: bool = False
+                ) -> str:
     """``void name(bufs, lo, hi)``: tiles lo..hi (panel-major) of MR8 rows x 64 columns.
     ``raw``: store acc - comp as i32 (the integer core, for tests) instead of the epilogue.
     ``zero_point`` (``matmul_u8s8``, raw): buffers a, w, colsum, a_zero, out, aq, and comp is
     ``a_zero * colsum``. ``post``: a fused elementwise epilogue after the activation.
     ``rows``: the row phase ``void rows(bufs, lo, hi)``, called by a tile whose block of rows
-    has no ready flag yet (:func:`int8_module`)."""
+    has no ready flag yet (:func:`int8_module`). ``stream`` (N a multiple of 16): a panel of
+    full columns is stored with non-temporal stores when ``out`` is 64-byte aligned
+    (:data:`STREAM_BYTES`)."""
     f = _Fn(f"define internal void @{name}(ptr %bufs, i64 %lo, i64 %hi) nounwind")
     if zero_point:
         w, comp, out, aq = (f.buffer("%bufs", i) for i in (1, 2, 4, 5))
@@ -229,8 +233,15 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
     mblocks = s.mp // MR8
     k4 = s.kp // 4
 
+    if stream:
+        addr = f(f"ptrtoint ptr {out} to i64")
+        aligned = f(f"icmp eq i64 {f(f'and i64 {addr}, 63')}, 0")
+
     def tile(r: str) -> None:
         nb, m0 = _tile_origin(f, r, mblocks, MR8)
+        if stream:
+            full = f(f"icmp sle i64 {f(f'mul i64 {nb}, {PANEL}')}, {s.n - PANEL}")
+            streamed = f(f"and i1 {full}, {aligned}")
         if rows is not None:
             _ready_rows(f, r, rows, s, aq, m0)
         panel = f(f"getelementptr i8, ptr {w}, i64 {f(f'mul i64 {nb}, {k4 * PANEL * 4}')}")
@@ -292,6 +303,10 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
                 v = f(f"fadd {_V16F} {v}, {biases[j]}")
                 if post is not None:
                     v = post(f, _activate(f, v, act), m, cols[j], masks[j])
+                if stream:
+                    v = _activate(f, v, "none" if post is not None else act)
+                    _stream_store(f, v, dst, masks[j], streamed, f"{label}_{j}")
+                    continue
                 _epilogue_store(f, v, "none" if post is not None else act, dst, masks[j])
             f.do(f"br label %{label}.skip")
             f.label(f"{label}.skip")
@@ -299,6 +314,20 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
     f.counted_loop("tile", f("sub i64 %hi, %lo"), tile)
     f.do("ret void")
     return f.text()
+
+
+def _stream_store(f: _Fn, v: str, dst: str, mask: str, streamed: str, label: str) -> None:
+    """16 floats to ``dst``: a non-temporal store (the line is written without being read
+    first) when ``streamed``, else the masked store."""
+    f.do(f"br i1 {streamed}, label %{label}.nt, label %{label}.m")
+    f.label(f"{label}.nt")
+    f.do(f"store {_V16F} {v}, ptr {dst}, align 64, !nontemporal !{{i32 1}}")
+    f.do(f"br label %{label}.done")
+    f.label(f"{label}.m")
+    f.do(f"call void @llvm.masked.store.v16f32.p0({_V16F} {v}, ptr {dst}, i32 4, "
+         f"<16 x i1> {mask})")
+    f.do(f"br label %{label}.done")
+    f.label(f"{label}.done")
 
 
 def _ready_rows(f: _Fn, r: str, rows: str, s: Int8Shape, aq: str, m0: str) -> None:
@@ -349,27 +378,36 @@ def u8s8_module(name: str, s: Int8Shape, steps: tuple = (),
                     one_region(name, s, f"{name}.copy", f"{name}.tiles", aq=5)])
 
 
-def one_region(name: str, s: Int8Shape, rows: str, tiles: str, aq: int = 6) -> str:
+def one_region(name: str, s: Int8Shape, rows: str, tiles: str, aq: int = 6,
+               fence: bool = False) -> str:
     """The worker and entry of an int8 kernel with one parallel region: the tiles (function
     ``tiles``, made with ``rows=rows``) quantize their blocks of rows on demand; the entry
-    clears the blocks' ready flags (after the codes in ``aq``, buffer ``aq``) first."""
+    clears the blocks' ready flags (after the codes in ``aq``, buffer ``aq``) first.
+    ``fence``: each thread ends with an sfence (its non-temporal stores made visible)."""
     count = (s.mp // MR8) * (s.np_ // PANEL)
+    worker = _grab_worker(f"{name}.w1", tiles, count, 1)
+    if fence:
+        worker = worker.replace("done:\n  ret void", "done:\n  call void @llvm.x86.sse.sfence()"
+                                "\n  ret void")
     entry = _entry(name, [f"{name}.w1"]).replace(
         "entry:\n", f"entry:\n  %aq.slot = getelementptr ptr, ptr %bufs, i64 {aq}\n"
         "  %aq = load ptr, ptr %aq.slot\n"
         f"  %flags = getelementptr i8, ptr %aq, i64 {s.mp * s.kp}\n"
         f"  call void @llvm.memset.p0.i64(ptr %flags, i8 0, i64 {s.mp // MR8}, i1 false)\n", 1)
     return "".join(["declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)\n",
-                    _grab_worker(f"{name}.w1", tiles, count, 1), entry])
+                    "declare void @llvm.x86.sse.sfence()\n" if fence else "", worker, entry])
 
 
 def int8_module(name: str, s: Int8Shape, act: str = "none", raw: bool = False) -> str:
     """The LLVM IR of an int8 kernel; buffers: x, w (packed), comp, w_scale, bias, out, aq, sa.
     One parallel region (:func:`one_region`): two (the row phase, then the tiles) made every
-    thread wait at the end of the first for one the OS had preempted."""
+    thread wait at the end of the first for one the OS had preempted. An f32 output of
+    :data:`STREAM_BYTES` or more is written with non-temporal stores."""
+    stream = not raw and s.n % LANES == 0 and s.m * s.n * 4 >= STREAM_BYTES
     return "".join([_DECLS, _math(act), _quant_rows(f"{name}.qrows", s),
-                    _int8_tiles(f"{name}.tiles", s, act, raw, rows=f"{name}.qrows"),
-                    one_region(name, s, f"{name}.qrows", f"{name}.tiles")])
+                    _int8_tiles(f"{name}.tiles", s, act, raw, rows=f"{name}.qrows",
+                                stream=stream),
+                    one_region(name, s, f"{name}.qrows", f"{name}.tiles", fence=stream)])
 
 
 # ---- int4 ------------------------------------------------------------------------------------
