@@ -85,7 +85,7 @@ def test_int8_streamed_output_matches_reference_bitwise(shift: int) -> None:
     q, scale = quantize_int8(wf)
     bias = rng.standard_normal(n).astype(np.float32)
     qk = L.build_int8("t", m, q, scale, bias, "relu")
-    assert "!nontemporal" in qk.ir
+    assert "!nontemporal" in qk.ir and "sfence" in qk.ir
     x = _activations(m, k)
     s = L.Int8Shape(m, k, n)
     aq, sa = aligned_empty(s.aq_bytes, np.uint8), aligned_empty(s.mp, np.float32)
