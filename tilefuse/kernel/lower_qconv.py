@@ -241,7 +241,9 @@ def qconv_module(name: str, cs: ConvShape, act: str, static: Static | None,
     then the epilogue's operands."""
     s = cs.int8
     post = epilogue_ir(steps, operands, s.n, len(INT8_BUFFERS)) if steps else None
-    return "".join([_DECLS, _MASKED, _math(act), _window_rows(f"{name}.rows", cs, static),
+    erf = act == "gelu" or ("gelu",) in steps
+    return "".join([_DECLS, _MASKED, _math("gelu" if erf else act),
+                    _window_rows(f"{name}.rows", cs, static),
                     _int8_tiles(f"{name}.tiles", s, act, raw, post=post, rows=f"{name}.rows"),
                     one_region(name, s, f"{name}.rows", f"{name}.tiles")])
 

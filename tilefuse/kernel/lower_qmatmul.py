@@ -372,7 +372,8 @@ def u8s8_module(name: str, s: Int8Shape, steps: tuple = (),
     """The LLVM IR of ``matmul_u8s8``; buffers: a (u8), w (packed), colsum, a_zero, out (i32;
     f32 with a fused epilogue over the operands that follow), aq (scratch)."""
     post = epilogue_ir(steps, operands, s.n, len(U8S8_BUFFERS)) if steps else None
-    return "".join([_DECLS, _copy_rows(f"{name}.copy", s),
+    return "".join([_DECLS, _math("gelu" if ("gelu",) in steps else "none"),
+                    _copy_rows(f"{name}.copy", s),
                     _int8_tiles(f"{name}.tiles", s, "none", True, zero_point=True,
                                 post=post, rows=f"{name}.copy"),
                     one_region(name, s, f"{name}.copy", f"{name}.tiles", aq=5)])

@@ -262,6 +262,8 @@ def epilogue_ir(steps: tuple, operands: tuple[int, ...], n: int, first: int) -> 
         for step in steps:
             if step[0] == "round":
                 v = f(f"call {_V16F} @llvm.rint.v16f32({_V16F} {v})")
+            elif step[0] == "gelu":   # the module holds tf.erf (_math("gelu"))
+                v = _activate(f, v, "gelu")
             elif step[0] in ("relu", "clip"):
                 lo, hi = (0.0, None) if step[0] == "relu" else (step[1], step[2])
                 low = f"splat (float {_float(lo)})"

@@ -211,10 +211,11 @@ EPILOGUE_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
 
 def check_epilogue(steps: tuple, operands: int) -> None:
     """ShapeError unless ``steps`` is a well-formed fused epilogue over ``operands`` inputs:
-    ``("round",)``, ``("relu",)``, ``("clip", lo, hi)`` or ``(op, kind, x, swapped)`` with op
-    one of :data:`EPILOGUE_BINARY`, kind "s" (x a float) or "t" (x an operand index)."""
+    ``("round",)``, ``("relu",)``, ``("gelu",)`` (exact, erf), ``("clip", lo, hi)`` or
+    ``(op, kind, x, swapped)`` with op one of :data:`EPILOGUE_BINARY`, kind "s" (x a float) or
+    "t" (x an operand index)."""
     for step in steps:
-        ok = (step in (("round",), ("relu",))
+        ok = (step in (("round",), ("relu",), ("gelu",))
               or (len(step) == 3 and step[0] == "clip")
               or (len(step) == 4 and step[0] in EPILOGUE_BINARY
                   and (step[1] == "s" or (step[1] == "t" and 0 <= step[2] < operands))))
@@ -230,6 +231,8 @@ def run_epilogue(v: np.ndarray, steps: tuple, operands: tuple[np.ndarray, ...]) 
         for step in steps:
             if step[0] == "round":
                 v = np.rint(v)
+            elif step[0] == "gelu":
+                v = epilogue(v, "gelu")
             elif step[0] == "relu":
                 v = np.maximum(v, _F32(0))
             elif step[0] == "clip":
