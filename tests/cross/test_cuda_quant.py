@@ -217,6 +217,40 @@ def test_ptxas_accepts_every_quantized_kernel(mode: str, dtype: DType) -> None:
         assemble(kernel.ptx)
 
 
+@ptxas
+@pytest.mark.parametrize("fmt,dtype,m", [("int4", BF16, 1), ("int4", F16, 16), ("int8", F32, 3),
+                                         ("fp8", BF16, 9)])
+def test_ptxas_accepts_the_pipelined_kernels(fmt: str, dtype: DType, m: int) -> None:
+    """Register prefetching 1..3 steps ahead and cp.async rings of 2..8 stages assemble; the
+    ring is one copy a 16-byte code unit (and two 4-byte scale copies a group, int4) per K
+    step, waited for ``stages - 1`` groups deep."""
+    from tilefuse.codegen.nvptx_qgemm import QGemmConfig, qgemm, supports
+
+    base = QGemmConfig(m, 256, 1024, dtype, fmt, group=64)
+    for knobs in ({"prefetch": 1}, {"prefetch": 3, "min_blocks": 3}, {"stages": 2},
+                  {"stages": 4, "warps": 4}, {"stages": 8, "warps": 2}):
+        cfg = QGemmConfig(**{**base.__dict__, **knobs})
+        assert supports(cfg) is None, cfg.name
+        kernel = qgemm(cfg)
+        if cfg.stages:
+            body = kernel.ptx
+            assert f"cp.async.wait_group {cfg.stages - 1};" in body
+            assert body.count("cp.async.cg.shared.global") == cfg.stages * cfg.ring_codes
+            scale_copies = 2 * cfg.ring_scales * cfg.stages
+            assert body.count("cp.async.ca.shared.global") == scale_copies
+        assemble(kernel.ptx)
+
+
+def test_pipelines_are_refused_with_reasons() -> None:
+    from tilefuse.codegen.nvptx_qgemm import QGemmConfig, supports
+
+    base = QGemmConfig(1, 256, 1024, BF16, "int4")
+    assert "2, 4 or 8" in supports(QGemmConfig(**{**base.__dict__, "stages": 3}))
+    assert "both" in supports(QGemmConfig(**{**base.__dict__, "stages": 2, "prefetch": 1}))
+    assert "shared memory" in supports(QGemmConfig(**{**base.__dict__, "stages": 8,
+                                                      "warps": 16, "tiles": 4}))
+
+
 def test_products_the_kernel_does_not_take_stay_on_cublas(caplog) -> None:
     b = GraphBuilder("odd")
     x = b.input(((3, 96), BF16), "x")
@@ -341,7 +375,8 @@ def test_the_kernel_model_matches_the_dequantized_reference(mode: str, dtype: DT
     want = node.op.reference(x, *operands, **node.attrs)
     base = config_of(node)
     for knobs in ({}, *ALTERNATIVE_KNOBS, {"tiles": 1, "warps": 1, "loads": 1},
-                  {"tiles": 2, "warps": 4, "loads": 1, "prefetch": True}):
+                  {"tiles": 2, "warps": 4, "loads": 1, "prefetch": True},
+                  {"tiles": 1, "warps": 4, "loads": 2, "stages": 8}):
         cfg = replace(base, **knobs)
         if supports(cfg) is None:
             got = emulate(cfg, x, *operands)

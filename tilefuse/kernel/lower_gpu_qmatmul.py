@@ -42,10 +42,17 @@ def config_of(node: Node, **knobs: int | bool) -> QGemmConfig:
 
 
 def default_knobs(cfg: QGemmConfig) -> dict[str, int | bool]:
-    """Two tiles a warp, two loads a K step and 8 warps a block where the shape allows (the
-    fastest of the configurations timed on an H200 for int4 at M = 1, 4 and 16, K = N =
-    8192: benchmarks/gpu_quant-2026-12-03.json), fewer where K or N is too small; fp8 (timed
-    alone) keeps one tile and 4 loads up to 8 tokens, 4 tiles above."""
+    """One tile a warp, two loads a K step, 8 warps a block and a 4-stage cp.async ring
+    where the shape allows (the ring keeps 3 K steps of every thread's weight bytes in flight
+    without holding registers), fewer warps where K is short, the register-only kernel (two
+    tiles) where the ring does not fit; fp8 (timed alone) keeps one tile and 4 loads up to 8
+    tokens, 4 tiles above."""
+    if cfg.fmt != "fp8":
+        for warps in (8, 4, 2):
+            knobs = {"tiles": 1, "warps": warps, "loads": 2, "stages": 4}
+            other = replace(cfg, **knobs)
+            if supports(other) is None and cfg.k // other.k_step >= warps:
+                return knobs
     tile_counts, load_counts = (2, 1), (2, 1, 4)
     if cfg.fmt == "fp8":   # no alternatives are timed for fp8: what was measured best
         tile_counts, load_counts = ((1,), (4, 2, 1)) if cfg.m <= 8 else ((4, 2, 1), (2, 1, 4))
@@ -59,12 +66,14 @@ def default_knobs(cfg: QGemmConfig) -> dict[str, int | bool]:
     return {"tiles": 1, "warps": 1, "loads": 2}
 
 
-ALTERNATIVE_KNOBS = ({"tiles": 1, "warps": 8, "loads": 4}, {"tiles": 1, "warps": 8, "loads": 2},
-                     {"tiles": 4, "warps": 8, "loads": 2},
-                     {"tiles": 2, "warps": 8, "loads": 2, "prefetch": True})
-"""Configurations timed against the default one when the executable loads (each won for some
-format and M on the H200; the prefetching one is not measured yet). None for fp8: the
-executable's random timing operands hold e4m3 NaN codes, so no output would agree."""
+ALTERNATIVE_KNOBS = ({"tiles": 2, "warps": 8, "loads": 2},
+                     {"tiles": 1, "warps": 8, "loads": 2, "prefetch": 2},
+                     {"tiles": 1, "warps": 16, "loads": 2, "stages": 2},
+                     {"tiles": 2, "warps": 4, "loads": 2, "stages": 4})
+"""Configurations timed against the default one when the executable loads (the register-only
+kernel measured best before the ring, registers two steps ahead, 16 warps, two tiles). None
+for fp8: the executable's random timing operands hold e4m3 NaN codes, so no output would
+agree."""
 
 
 def quantized_step(group: KernelGroup, target: GpuTarget = SM90
