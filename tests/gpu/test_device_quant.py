@@ -1,9 +1,9 @@
 """The cuda target's weight-only quantized products on a GPU (``matmul_wq``,
 :mod:`tilefuse.codegen.nvptx_qgemm`): every weight format, activation dtype, launch
-configuration (register prefetching and cp.async rings too) and epilogue (bias; relu, GELU) against the exact dequantized
-reference (the op's f32 reference on the host),
-on fresh random inputs, the output poisoned first; and a quantized MLP built by the pass for
-the cuda target run end to end with no host step."""
+configuration (register prefetching and cp.async rings too) and epilogue (bias; relu, GELU)
+against the exact dequantized reference (the op's f32 reference on the host), on fresh random
+inputs, the output poisoned first; and a quantized MLP built by the pass for the cuda target
+run end to end with no host step."""
 
 from __future__ import annotations
 
