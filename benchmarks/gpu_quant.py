@@ -205,7 +205,9 @@ SWEEP = [dict(tiles=2, warps=8, loads=2), dict(tiles=2, warps=8, loads=2, prefet
          dict(tiles=1, warps=16, loads=2, prefetch=2), dict(tiles=2, warps=16, loads=2),
          dict(tiles=1, warps=8, loads=2, prefetch=2, min_blocks=3),
          dict(tiles=1, warps=8, loads=2, stages=4, min_blocks=4),
-         dict(tiles=4, warps=4, loads=2, stages=2), dict(tiles=4, warps=8, loads=2, prefetch=1)]
+         dict(tiles=4, warps=4, loads=2, stages=2), dict(tiles=4, warps=8, loads=2, prefetch=1),
+         dict(tiles=2, warps=8, loads=2, stages=2), dict(tiles=1, warps=8, loads=4, stages=2),
+         dict(tiles=2, warps=4, loads=2, stages=4, min_blocks=4)]
 """Launch configurations of the int4 kernel the sweep times (prefetch: K steps loaded ahead
 into registers; stages: the depth of the cp.async ring)."""
 

@@ -129,7 +129,8 @@ class QGemmConfig:
 
     @property
     def shared_bytes(self) -> int:
-        return self.partial_bytes + self.ring_bytes
+        """The partial sums reuse the ring's memory once every warp has left its loop."""
+        return max(self.partial_bytes, self.ring_bytes)
 
     @property
     def name(self) -> str:
@@ -222,18 +223,12 @@ class _Kernel:
         self.module = module
         self.fn = kernel_function(module, cfg.name, 6, cfg.block, cfg.min_blocks)
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
-        elems = max(1, cfg.partial_bytes // 2)
-        ty = ir.ArrayType(I16, elems)
-        smem = ir.GlobalVariable(module, ty, "partials", addrspace=SHARED)
-        smem.align = 16
-        smem.linkage = "internal"
-        smem.initializer = ir.Constant(ty, ir.Undefined)
-        smem.type = ir.PointerType(addrspace=SHARED)
+        smem = shared_array(module, "partials", max(1, cfg.shared_bytes // 2))
         self.smem = smem
         self.p = PtxBuilder(self.b, smem)
         self.half = "f16" if cfg.dtype is DType.f16 else "bf16"
         self.lanes = chunk_lanes(cfg.fmt, cfg.group)
-        self.ring = shared_array(module, "ring", cfg.ring_bytes // 2) if cfg.stages else None
+        self.ring = smem   # the cp.async ring, then the partial sums
 
     # ---- helpers ---------------------------------------------------------------------------
     def i32(self, v: int) -> ir.Constant:
@@ -604,6 +599,8 @@ class _Kernel:
         cfg, b = self.cfg, self.b
         regs = len(accs)
         if cfg.warps > 1:
+            if cfg.stages:   # the partial sums overwrite the ring: every warp out of its loop
+                self.p.barrier()
             for r, acc in enumerate(accs):
                 at = b.add(b.mul(b.add(b.mul(warp, self.i32(regs)), self.i32(r)),
                                  self.i32(32)), self.lane)
