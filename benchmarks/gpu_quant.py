@@ -194,22 +194,21 @@ def bench_products(args: argparse.Namespace, log: list[dict]) -> None:
             del exe
 
 
-SWEEP = [dict(tiles=2, warps=8, loads=2), dict(tiles=2, warps=8, loads=2, prefetch=1),
-         dict(tiles=1, warps=8, loads=4), dict(tiles=1, warps=8, loads=2),
-         dict(tiles=1, warps=8, loads=2, prefetch=1), dict(tiles=1, warps=8, loads=2, prefetch=2),
-         dict(tiles=1, warps=8, loads=2, prefetch=3), dict(tiles=2, warps=8, loads=2, prefetch=2),
-         dict(tiles=1, warps=8, loads=2, stages=2), dict(tiles=1, warps=8, loads=2, stages=4),
-         dict(tiles=1, warps=4, loads=2, stages=8), dict(tiles=1, warps=4, loads=4, stages=4),
-         dict(tiles=2, warps=4, loads=2, stages=4), dict(tiles=2, warps=4, loads=2, stages=2),
-         dict(tiles=1, warps=16, loads=2, stages=2), dict(tiles=1, warps=16, loads=2),
-         dict(tiles=1, warps=16, loads=2, prefetch=2), dict(tiles=2, warps=16, loads=2),
-         dict(tiles=1, warps=8, loads=2, prefetch=2, min_blocks=3),
-         dict(tiles=1, warps=8, loads=2, stages=4, min_blocks=4),
-         dict(tiles=4, warps=4, loads=2, stages=2), dict(tiles=4, warps=8, loads=2, prefetch=1),
-         dict(tiles=2, warps=8, loads=2, stages=2), dict(tiles=1, warps=8, loads=4, stages=2),
-         dict(tiles=2, warps=4, loads=2, stages=4, min_blocks=4)]
+SWEEP = [dict(tiles=t, warps=w, loads=2, **extra)
+         for t, w in ((2, 8), (1, 16), (1, 8))
+         for extra in ({}, {"stream": True}, {"stages": 2}, {"prefetch": 1})]
+SWEEP += [dict(tiles=1, warps=16, loads=2, nsplit=2), dict(tiles=1, warps=16, loads=2, nsplit=2,
+                                                          stream=True),
+          dict(tiles=2, warps=16, loads=2, nsplit=2), dict(tiles=2, warps=16, loads=2, nsplit=2,
+                                                          stream=True),
+          dict(tiles=1, warps=8, loads=2, nsplit=2, stream=True),
+          dict(tiles=1, warps=16, loads=2, nsplit=2, stages=2), dict(tiles=1, warps=8, loads=4,
+                                                                     stream=True),
+          dict(tiles=2, warps=8, loads=2, prefetch=1, stream=True),
+          dict(tiles=1, warps=16, loads=2, prefetch=1, stream=True)]
 """Launch configurations of the int4 kernel the sweep times (prefetch: K steps loaded ahead
-into registers; stages: the depth of the cp.async ring)."""
+into registers; stages: the depth of the cp.async ring; stream: codes past L1; nsplit: column
+groups a block)."""
 
 
 def sweep_kernels(m: int, k: int, n: int) -> list[Any]:

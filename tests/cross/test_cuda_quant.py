@@ -228,7 +228,8 @@ def test_ptxas_accepts_the_pipelined_kernels(fmt: str, dtype: DType, m: int) -> 
 
     base = QGemmConfig(m, 256, 1024, dtype, fmt, group=64)
     for knobs in ({"prefetch": 1}, {"prefetch": 3, "min_blocks": 3}, {"stages": 2},
-                  {"stages": 4, "warps": 4}, {"stages": 8, "warps": 2}):
+                  {"stages": 4, "warps": 4}, {"stages": 8, "warps": 2},
+                  {"stream": True, "nsplit": 2}, {"nsplit": 8, "tiles": 2}):
         cfg = QGemmConfig(**{**base.__dict__, **knobs})
         assert supports(cfg) is None, cfg.name
         kernel = qgemm(cfg)
@@ -376,7 +377,8 @@ def test_the_kernel_model_matches_the_dequantized_reference(mode: str, dtype: DT
     base = config_of(node)
     for knobs in ({}, *ALTERNATIVE_KNOBS, {"tiles": 1, "warps": 1, "loads": 1},
                   {"tiles": 2, "warps": 4, "loads": 1, "prefetch": True},
-                  {"tiles": 1, "warps": 4, "loads": 2, "stages": 8}):
+                  {"tiles": 1, "warps": 4, "loads": 2, "stages": 8},
+                  {"tiles": 1, "warps": 8, "loads": 1, "nsplit": 2, "stream": True}):
         cfg = replace(base, **knobs)
         if supports(cfg) is None:
             got = emulate(cfg, x, *operands)

@@ -52,9 +52,13 @@ def _rel(got: np.ndarray, want: np.ndarray) -> float:
 PIPELINES = ({"tiles": 1, "warps": 4, "loads": 2, "stages": 8},
              {"tiles": 2, "warps": 2, "loads": 1, "stages": 2},
              {"tiles": 1, "warps": 8, "loads": 2, "prefetch": 3, "min_blocks": 3},
-             {"tiles": 2, "warps": 4, "loads": 2, "prefetch": 1})
-"""Register prefetching and cp.async rings of every depth (K = 512: several warps' rings start
-past the last K step and copy clamped steps they never read)."""
+             {"tiles": 2, "warps": 4, "loads": 2, "prefetch": 1},
+             {"tiles": 1, "warps": 8, "loads": 2, "nsplit": 2, "stream": True},
+             {"tiles": 2, "warps": 4, "loads": 1, "nsplit": 4},
+             {"tiles": 1, "warps": 16, "loads": 2, "nsplit": 4, "stages": 2})
+"""Register prefetching, cp.async rings of every depth (K = 512: several warps' rings start
+past the last K step and copy clamped steps they never read), streaming code loads and column
+groups (one warp a group: no shared memory)."""
 
 CASES = [("int4", BF16, 1), ("int4", BF16, 16), ("int4:32+zp", BF16, 5), ("int4:64", F16, 9),
          ("int4+zp", F32, 3), ("int4", F16, 37), ("int8", BF16, 1), ("int8", F16, 16),

@@ -84,6 +84,12 @@ class QGemmConfig:
     Each lane reads back only the bytes it copied itself, so the ring needs no barrier."""
     min_blocks: int = 1
     """Blocks an SM should hold (``.minnctapersm``): ptxas caps the registers to fit them."""
+    nsplit: int = 1
+    """Warp groups a block splits its columns into (each ``tiles`` tiles); the warps of a group
+    split K. Groups at the same K read the same activations, mostly from L1."""
+    stream: bool = False
+    """Load the codes with ``ld.global.nc.L1::no_allocate`` (read once: they would evict the
+    activations from L1, which every warp of the SM reads again)."""
 
     @property
     def k_per_load(self) -> int:
@@ -99,8 +105,18 @@ class QGemmConfig:
         return 8 if self.m <= 8 else 16
 
     @property
+    def kwarps(self) -> int:
+        """Warps that split K for one group of columns."""
+        return self.warps // self.nsplit
+
+    @property
+    def block_n(self) -> int:
+        """Columns a block computes."""
+        return TILE_N * self.tiles * self.nsplit
+
+    @property
     def grid(self) -> int:
-        return (self.n // (TILE_N * self.tiles)) * -(-self.m // self.tokens)
+        return (self.n // self.block_n) * -(-self.m // self.tokens)
 
     @property
     def block(self) -> int:
@@ -109,6 +125,8 @@ class QGemmConfig:
     @property
     def partial_bytes(self) -> int:
         """Shared memory of the warps' partial sums ([warp][register][lane] f32)."""
+        if self.kwarps == 1:   # each warp stores its own sums
+            return 0
         return 4 * self.warps * 32 * self.tiles * (self.tokens // 8) * 4
 
     @property
@@ -145,6 +163,8 @@ class QGemmConfig:
         """``p`` (one step ahead), ``p<n>``, ``s<n>`` (a ring of n), ``b<n>`` (min blocks)."""
         tag = "" if not self.prefetch else "p" if self.prefetch == 1 else f"p{self.prefetch}"
         tag += f"s{self.stages}" if self.stages else ""
+        tag += "n" if self.stream else ""
+        tag += f"c{self.nsplit}" if self.nsplit != 1 else ""
         return tag + (f"b{self.min_blocks}" if self.min_blocks != 1 else "")
 
 
@@ -154,8 +174,10 @@ def supports(cfg: QGemmConfig) -> str | None:
         return f"activations of {cfg.dtype} (bf16, f16 or f32 only)"
     if cfg.act not in ("none", "relu", "gelu"):
         return f"the {cfg.act} epilogue"
-    if cfg.n % (TILE_N * cfg.tiles):
-        return f"N = {cfg.n} is no multiple of {TILE_N * cfg.tiles}"
+    if cfg.nsplit < 1 or cfg.warps % cfg.nsplit:
+        return f"{cfg.warps} warps in {cfg.nsplit} column groups"
+    if cfg.n % cfg.block_n:
+        return f"N = {cfg.n} is no multiple of {cfg.block_n}"
     if cfg.k % cfg.k_step:
         return f"K = {cfg.k} is no multiple of the K step {cfg.k_step}"
     lanes = chunk_lanes(cfg.fmt, cfg.group)
@@ -163,6 +185,8 @@ def supports(cfg: QGemmConfig) -> str | None:
         return f"the K step {cfg.k_step} holds no whole chunks/groups (group {cfg.group})"
     if cfg.warps > 16 or cfg.warps < 1:
         return f"{cfg.warps} warps a block (1..16)"
+    if cfg.stream and cfg.stages:
+        return "streaming loads and a cp.async ring (its copies bypass L1 already)"
     if cfg.prefetch and cfg.stages:
         return "both a register prefetch and a cp.async ring"
     if not 0 <= cfg.prefetch <= 4:
@@ -262,8 +286,12 @@ class _Kernel:
         warp, lane = b.lshr(tid, self.i32(5)), b.and_(tid, self.i32(31))
         self.lane = lane
         self.g, self.q = b.lshr(lane, self.i32(2)), b.and_(lane, self.i32(3))
-        n_blocks = cfg.n // (TILE_N * cfg.tiles)
-        self.tile0 = b.mul(b.urem(bid, self.i32(n_blocks)), self.i32(cfg.tiles))
+        n_blocks = cfg.n // cfg.block_n
+        self.block_tile0 = b.mul(b.urem(bid, self.i32(n_blocks)), self.i32(cfg.tiles * cfg.nsplit))
+        kw = cfg.kwarps
+        group, warp = b.udiv(warp, self.i32(kw)), b.urem(warp, self.i32(kw))
+        self.tile0 = b.add(self.block_tile0, b.mul(group, self.i32(cfg.tiles)))
+        self.warp_index = b.add(b.mul(group, self.i32(kw)), warp)
         self.m0 = b.mul(b.udiv(bid, self.i32(n_blocks)), self.i32(cfg.tokens))
         self.btiles = cfg.tokens // 8
         self.rows = []   # per B tile: (valid, clamped row)
@@ -294,7 +322,7 @@ class _Kernel:
         if cfg.prefetch:   # steps warp, warp + W, ... loaded before the loop
             b.position_before(before.terminator)
             last = self.i32(steps - 1)
-            ahead = [self.fetch(clamped(b.add(warp, self.i32(j * cfg.warps)), last))
+            ahead = [self.fetch(clamped(b.add(warp, self.i32(j * kw)), last))
                      for j in range(cfg.prefetch)]
             b.position_at_end(head)
             for values in ahead:
@@ -307,16 +335,16 @@ class _Kernel:
             b.position_before(before.terminator)
             last = self.i32(steps - 1)
             for j in range(cfg.stages - 1):
-                self.issue(clamped(b.add(warp, self.i32(j * cfg.warps)), last), self.i32(j))
+                self.issue(clamped(b.add(warp, self.i32(j * kw)), last), self.i32(j))
                 self.p.cp_async_commit()
             b.position_at_end(head)
             it = b.phi(I32, name="it")
             it.add_incoming(self.i32(0), before)
         b.cbranch(b.icmp_unsigned("<", step, self.i32(steps)), body, done)
         b.position_at_end(body)
-        nxt = b.add(step, self.i32(cfg.warps))
+        nxt = b.add(step, self.i32(kw))
         if cfg.prefetch:   # later steps' loads in flight during this step's products
-            following = self.fetch(clamped(b.add(step, self.i32(cfg.prefetch * cfg.warps)),
+            following = self.fetch(clamped(b.add(step, self.i32(cfg.prefetch * kw)),
                                            step))
             new = self.compute(step, list(sets[0]), list(accs))
             for phis, values in zip(sets, [*sets[1:], following]):
@@ -324,7 +352,7 @@ class _Kernel:
                     phi.add_incoming(v, b.block)
         elif cfg.stages:   # copy step + (S-1)·W into the slot read last time, then read ours
             mask = self.i32(cfg.stages - 1)
-            ahead = b.add(step, self.i32((cfg.stages - 1) * cfg.warps))
+            ahead = b.add(step, self.i32((cfg.stages - 1) * kw))
             self.issue(clamped(ahead, step), b.and_(b.add(it, mask), mask))
             self.p.cp_async_commit()
             self.p.cp_async_wait(cfg.stages - 1)
@@ -339,7 +367,7 @@ class _Kernel:
         b.position_at_end(done)
         if cfg.stages:   # no copy may land after the block has gone
             self.p.cp_async_wait(0)
-        self.reduce_and_store(warp, tid, list(accs), bias, out)
+        self.reduce_and_store(self.warp_index, tid, list(accs), bias, out)
         b.ret_void()
 
     # ---- the cp.async ring: [stage][unit][thread] 16-byte code units, then
@@ -419,7 +447,15 @@ class _Kernel:
         found: list[ir.Value] = []
         for i in range(cfg.tiles):
             for li in range(cfg.loads):
-                found += self.words(self.load(self.w, self.code_offset(step, i, li), V4, 16))
+                at = self.code_offset(step, i, li)
+                if cfg.stream:
+                    ptr = b.gep(self.w, [at], inbounds=True, source_etype=ir.IntType(8))
+                    got = self.asm(ir.LiteralStructType([I32] * 4), [ptr],
+                                   "ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];",
+                                   "=r,=r,=r,=r,l")
+                    found += [b.extract_value(got, e) for e in range(4)]
+                else:
+                    found += self.words(self.load(self.w, at, V4, 16))
         if cfg.fmt == "int4":
             for gi in range(cfg.k_step // cfg.group):
                 grp = b.add(b.mul(step, self.i32(cfg.k_step // cfg.group)), self.i32(gi))
@@ -598,7 +634,7 @@ class _Kernel:
         per (column, token) of the block: scale (8-bit formats), bias, relu, store."""
         cfg, b = self.cfg, self.b
         regs = len(accs)
-        if cfg.warps > 1:
+        if cfg.kwarps > 1:
             if cfg.stages:   # the partial sums overwrite the ring: every warp out of its loop
                 self.p.barrier()
             for r, acc in enumerate(accs):
@@ -606,23 +642,26 @@ class _Kernel:
                                  self.i32(32)), self.lane)
                 b.store(acc, self.f32_shared(at), align=4)
             self.p.barrier()
-        if cfg.warps == 1:   # each lane stores its own registers
+        if cfg.kwarps == 1:   # each lane stores its own registers
             for r, acc in enumerate(accs):
-                self.store_one(self.i32(r), self.lane, acc, bias, out)
+                self.store_one(self.i32(r), self.lane, acc, bias, out, self.tile0)
             return
-        per = cfg.block
-        for it in range(-(-32 * regs // per)):
+        per, kw, size = cfg.block, cfg.kwarps, 32 * regs
+        for it in range(-(-size * cfg.nsplit // per)):
             e = b.add(tid, self.i32(it * per))
             then = self.fn.append_basic_block(f"red{it}")
             after = self.fn.append_basic_block(f"red{it}.done")
-            b.cbranch(b.icmp_unsigned("<", e, self.i32(32 * regs)), then, after)
+            b.cbranch(b.icmp_unsigned("<", e, self.i32(size * cfg.nsplit)), then, after)
             b.position_at_end(then)
+            group, rest = b.udiv(e, self.i32(size)), b.urem(e, self.i32(size))
+            first = b.add(b.mul(group, self.i32(kw * size)), rest)
             total = ir.Constant(F32, 0.0)
-            for w in range(cfg.warps):
-                total = b.fadd(total, b.load(self.f32_shared(b.add(e, self.i32(w * 32 * regs))),
+            for w in range(kw):
+                total = b.fadd(total, b.load(self.f32_shared(b.add(first, self.i32(w * size))),
                                              typ=F32, align=4))
-            r, ln = b.lshr(e, self.i32(5)), b.and_(e, self.i32(31))
-            self.store_one(r, ln, total, bias, out)
+            r, ln = b.lshr(rest, self.i32(5)), b.and_(rest, self.i32(31))
+            tile0 = b.add(self.block_tile0, b.mul(group, self.i32(cfg.tiles)))
+            self.store_one(r, ln, total, bias, out, tile0)
             b.branch(after)
             b.position_at_end(after)
 
@@ -632,7 +671,7 @@ class _Kernel:
                           inbounds=True, source_etype=self.smem.value_type)
 
     def store_one(self, r: ir.Value, ln: ir.Value, value: ir.Value, bias: ir.Value,
-                  out: ir.Value) -> None:
+                  out: ir.Value, tile0: ir.Value) -> None:
         """Accumulator register ``r`` of lane ``ln``: C[n][t] with n = g (+8 for c >= 2) of
         its tile and t = 2q + (c & 1) of its B tile."""
         cfg, b = self.cfg, self.b
@@ -641,7 +680,7 @@ class _Kernel:
         tt = b.urem(b.lshr(r, self.i32(2)), self.i32(btiles))
         tile = b.udiv(r, self.i32(4 * btiles))
         g, q = b.lshr(ln, self.i32(2)), b.and_(ln, self.i32(3))
-        n = b.add(b.add(b.mul(b.add(self.tile0, tile), self.i32(TILE_N)), g),
+        n = b.add(b.add(b.mul(b.add(tile0, tile), self.i32(TILE_N)), g),
                   b.mul(b.lshr(c, self.i32(1)), self.i32(8)))
         t = b.add(b.add(self.m0, b.mul(tt, self.i32(8))),
                   b.add(b.mul(q, self.i32(2)), b.and_(c, self.i32(1))))

@@ -41,18 +41,28 @@ def config_of(node: Node, **knobs: int | bool) -> QGemmConfig:
     return replace(base, **(knobs or default_knobs(base)))
 
 
+INT4_WIDE = ({"tiles": 2, "warps": 8, "loads": 2, "stages": 2},
+             {"tiles": 1, "warps": 16, "loads": 2}, {"tiles": 1, "warps": 8, "loads": 2})
+"""int4 launch knobs for N >= 8192, best first where the shape allows: two tiles a warp and a
+2-stage cp.async ring (13.1 µs at M = 1, 16.4 µs at M = 16, K = N = 8192, on an H200 timed
+from CUDA graphs: benchmarks/gpu_quant-2026-12-03b.json)."""
+INT4_NARROW = ({"tiles": 1, "warps": 16, "loads": 2}, {"tiles": 1, "warps": 8, "loads": 2,
+                                                         "stages": 2},
+               {"tiles": 1, "warps": 8, "loads": 2})
+"""int4 launch knobs for narrower products (the decode step's 4096 columns): one tile and 16
+warps a block, K split 16 ways (5.1 µs for 4096², 10.4 µs for K = 11008, N = 4096)."""
+
+
 def default_knobs(cfg: QGemmConfig) -> dict[str, int | bool]:
-    """One tile a warp, two loads a K step, 8 warps a block and a 4-stage cp.async ring
-    where the shape allows (the ring keeps 3 K steps of every thread's weight bytes in flight
-    without holding registers), fewer warps where K is short, the register-only kernel (two
-    tiles) where the ring does not fit; fp8 (timed alone) keeps one tile and 4 loads up to 8
-    tokens, 4 tiles above."""
-    if cfg.fmt != "fp8":
-        for warps in (8, 4, 2):
-            knobs = {"tiles": 1, "warps": warps, "loads": 2, "stages": 4}
+    """int4: :data:`INT4_WIDE` or :data:`INT4_NARROW` by N, the first the shape takes (K
+    steps for every warp); int8: two tiles a warp, two loads a K step and 8 warps a block
+    where the shape allows; fp8 (timed alone) one tile and 4 loads up to 8 tokens, 4 tiles
+    above; fewer warps where K is too short."""
+    if cfg.fmt == "int4":
+        for knobs in INT4_WIDE if cfg.n >= 8192 else INT4_NARROW:
             other = replace(cfg, **knobs)
-            if supports(other) is None and cfg.k // other.k_step >= warps:
-                return knobs
+            if supports(other) is None and cfg.k // other.k_step >= other.kwarps:
+                return dict(knobs)
     tile_counts, load_counts = (2, 1), (2, 1, 4)
     if cfg.fmt == "fp8":   # no alternatives are timed for fp8: what was measured best
         tile_counts, load_counts = ((1,), (4, 2, 1)) if cfg.m <= 8 else ((4, 2, 1), (2, 1, 4))
@@ -66,28 +76,28 @@ def default_knobs(cfg: QGemmConfig) -> dict[str, int | bool]:
     return {"tiles": 1, "warps": 1, "loads": 2}
 
 
-ALTERNATIVE_KNOBS = ({"tiles": 2, "warps": 8, "loads": 2},
-                     {"tiles": 1, "warps": 8, "loads": 2, "prefetch": 2},
-                     {"tiles": 1, "warps": 16, "loads": 2, "stages": 2},
-                     {"tiles": 2, "warps": 4, "loads": 2, "stages": 4})
-"""Configurations timed against the default one when the executable loads (the register-only
-kernel measured best before the ring, registers two steps ahead, 16 warps, two tiles). None
-for fp8: the executable's random timing operands hold e4m3 NaN codes, so no output would
-agree."""
+ALTERNATIVE_KNOBS = ({"tiles": 1, "warps": 8, "loads": 4}, {"tiles": 1, "warps": 8, "loads": 2},
+                     {"tiles": 4, "warps": 8, "loads": 2},
+                     {"tiles": 2, "warps": 8, "loads": 2, "prefetch": True})
+"""Configurations timed against the default one when the executable loads, for int8 only
+(each won for some M on the H200). int4 takes its measured default alone: the load-time
+timing (one launch, the weight in L2, Python's launch gap inside the events) chose a kernel
+13 % slower than the best. None for fp8: the executable's random timing operands hold e4m3
+NaN codes, so no output would agree."""
 
 
 def quantized_step(group: KernelGroup, target: GpuTarget = SM90
                    ) -> tuple[QGemmKernel, tuple[Value, ...], tuple[QGemmKernel, ...]]:
     """The kernel of a ``matmul_wq`` group, the values its parameters bind (x, w, scales,
-    zeros, bias, out) and alternative configurations to time (none for fp8, whose random
-    timing operands hold NaN codes)."""
+    zeros, bias, out) and alternative configurations to time (int8 only: int4 takes its
+    measured default, fp8's random timing operands hold NaN codes)."""
     node = quantized_node(group)
     if node is None:
         raise CompileError(f"kernel {group.name}: not a quantized product group")
     cfg = config_of(node)
     kernel = qgemm(cfg, target)
     others: list[QGemmKernel] = []
-    if cfg.fmt != "fp8":
+    if cfg.fmt == "int8":
         for knobs in ALTERNATIVE_KNOBS:
             other = replace(cfg, **knobs)
             if other != cfg and supports(other) is None and cfg.k // other.k_step >= 1:
@@ -177,10 +187,10 @@ def emulate(cfg: QGemmConfig, x: np.ndarray, w: np.ndarray, scales: np.ndarray,
     group = cfg.group if cfg.fmt == "int4" else k
     zp = zeros if cfg.fmt == "int4" and cfg.zero_points else None
     mmas_per_step = cfg.k_step // 16
-    accs = np.zeros((cfg.warps, tiles, 16, xs.shape[0]), np.float32)
+    accs = np.zeros((cfg.kwarps, tiles, 16, xs.shape[0]), np.float32)
     t_index = np.arange(tiles).reshape(-1, 1, 1)
     for step in range(k // cfg.k_step):
-        warp = step % cfg.warps
+        warp = step % cfg.kwarps   # every column group deals its K steps the same way
         part = np.zeros((tiles, 16, xs.shape[0]), np.float32)
         for mi in range(mmas_per_step):
             m = step * mmas_per_step + mi
@@ -204,7 +214,7 @@ def emulate(cfg: QGemmConfig, x: np.ndarray, w: np.ndarray, scales: np.ndarray,
                 accs[warp] = (part * s + accs[warp]).astype(np.float32)
                 part[:] = 0
     total = np.zeros_like(accs[0])
-    for w_ in range(cfg.warps):
+    for w_ in range(cfg.kwarps):
         total = (total + accs[w_]).astype(np.float32)
     out = total.reshape(n, -1).T                                        # [M, N]
     if cfg.fmt != "int4":
