@@ -194,21 +194,18 @@ def bench_products(args: argparse.Namespace, log: list[dict]) -> None:
             del exe
 
 
-SWEEP = [dict(tiles=t, warps=w, loads=2, **extra)
-         for t, w in ((2, 8), (1, 16), (1, 8))
-         for extra in ({}, {"stream": True}, {"stages": 2}, {"prefetch": 1})]
-SWEEP += [dict(tiles=1, warps=16, loads=2, nsplit=2), dict(tiles=1, warps=16, loads=2, nsplit=2,
-                                                          stream=True),
-          dict(tiles=2, warps=16, loads=2, nsplit=2), dict(tiles=2, warps=16, loads=2, nsplit=2,
-                                                          stream=True),
-          dict(tiles=1, warps=8, loads=2, nsplit=2, stream=True),
-          dict(tiles=1, warps=16, loads=2, nsplit=2, stages=2), dict(tiles=1, warps=8, loads=4,
-                                                                     stream=True),
-          dict(tiles=2, warps=8, loads=2, prefetch=1, stream=True),
-          dict(tiles=1, warps=16, loads=2, prefetch=1, stream=True)]
+SWEEP = [dict(tiles=2, warps=8, loads=2, prefetch=1, stream=True),
+         dict(tiles=2, warps=8, loads=2, stream=True), dict(tiles=2, warps=8, loads=2, stages=2),
+         dict(tiles=1, warps=16, loads=2, stream=True),
+         dict(tiles=2, warps=16, loads=2, nsplit=2, stream=True),
+         dict(tiles=2, warps=16, loads=2, stream=True, min_blocks=2),
+         dict(tiles=2, warps=16, loads=2, prefetch=1, stream=True, min_blocks=2),
+         dict(tiles=2, warps=8, loads=2, prefetch=1, stream=True, min_blocks=3)]
 """Launch configurations of the int4 kernel the sweep times (prefetch: K steps loaded ahead
 into registers; stages: the depth of the cp.async ring; stream: codes past L1; nsplit: column
-groups a block)."""
+groups a block; min_blocks: a register cap for more warps an SM): the best of the broader
+sweeps in benchmarks/gpu_quant-2026-12-03a.json and -03b.json, and 32 warps an SM with two
+tiles (the profile of the best showed 14 warps an SM and half its issue slots idle)."""
 
 
 def sweep_kernels(m: int, k: int, n: int) -> list[Any]:

@@ -41,25 +41,33 @@ def config_of(node: Node, **knobs: int | bool) -> QGemmConfig:
     return replace(base, **(knobs or default_knobs(base)))
 
 
-INT4_WIDE = ({"tiles": 2, "warps": 8, "loads": 2, "stages": 2},
-             {"tiles": 1, "warps": 16, "loads": 2}, {"tiles": 1, "warps": 8, "loads": 2})
-"""int4 launch knobs for N >= 8192, best first where the shape allows: two tiles a warp and a
-2-stage cp.async ring (13.1 µs at M = 1, 16.4 µs at M = 16, K = N = 8192, on an H200 timed
-from CUDA graphs: benchmarks/gpu_quant-2026-12-03b.json)."""
-INT4_NARROW = ({"tiles": 1, "warps": 16, "loads": 2}, {"tiles": 1, "warps": 8, "loads": 2,
-                                                         "stages": 2},
+INT4_WIDE = ({"tiles": 2, "warps": 8, "loads": 2, "prefetch": 1, "stream": True},
+             {"tiles": 1, "warps": 16, "loads": 2, "stream": True},
+             {"tiles": 1, "warps": 8, "loads": 2})
+"""int4 launch knobs for N >= 8192 and up to 8 tokens, best first where the shape allows: two
+tiles a warp, the next K step's codes loaded ahead into registers past L1 (12.7 µs at M = 1,
+13.2 µs at M = 4 for K = N = 8192, 10.1 µs for K = 4096, N = 11008, on an H200 timed from CUDA
+graphs: benchmarks/gpu_quant-2026-12-03b.json)."""
+INT4_WIDE_16 = ({"tiles": 2, "warps": 8, "loads": 2, "stream": True},
+                {"tiles": 1, "warps": 8, "loads": 2, "stream": True},
+                {"tiles": 1, "warps": 8, "loads": 2})
+"""The same for 9..16 tokens (two B tiles: 128 registers, so no prefetch): 15.6 µs at K = N =
+8192."""
+INT4_NARROW = ({"tiles": 1, "warps": 16, "loads": 2, "stream": True},
+               {"tiles": 1, "warps": 8, "loads": 2, "stream": True},
                {"tiles": 1, "warps": 8, "loads": 2})
 """int4 launch knobs for narrower products (the decode step's 4096 columns): one tile and 16
-warps a block, K split 16 ways (5.1 µs for 4096², 10.4 µs for K = 11008, N = 4096)."""
+warps a block, K split 16 ways, codes past L1 (4.9 µs for 4096², 9.7 µs for K = 11008)."""
 
 
 def default_knobs(cfg: QGemmConfig) -> dict[str, int | bool]:
-    """int4: :data:`INT4_WIDE` or :data:`INT4_NARROW` by N, the first the shape takes (K
-    steps for every warp); int8: two tiles a warp, two loads a K step and 8 warps a block
-    where the shape allows; fp8 (timed alone) one tile and 4 loads up to 8 tokens, 4 tiles
-    above; fewer warps where K is too short."""
+    """int4: :data:`INT4_WIDE` (``_16`` above 8 tokens) or :data:`INT4_NARROW` by N, the first
+    the shape takes (K steps for every warp); int8: two tiles a warp, two loads a K step and
+    8 warps a block where the shape allows; fp8 (timed alone) one tile and 4 loads up to 8
+    tokens, 4 tiles above; fewer warps where K is too short."""
     if cfg.fmt == "int4":
-        for knobs in INT4_WIDE if cfg.n >= 8192 else INT4_NARROW:
+        wide = INT4_WIDE if cfg.m <= 8 else INT4_WIDE_16
+        for knobs in wide if cfg.n >= 8192 else INT4_NARROW:
             other = replace(cfg, **knobs)
             if supports(other) is None and cfg.k // other.k_step >= other.kwarps:
                 return dict(knobs)
