@@ -45,9 +45,15 @@ INT4_WIDE = ({"tiles": 2, "warps": 8, "loads": 2, "prefetch": 1, "stream": True}
              {"tiles": 1, "warps": 16, "loads": 2, "stream": True},
              {"tiles": 1, "warps": 8, "loads": 2})
 """int4 launch knobs for N >= 8192 and up to 8 tokens, best first where the shape allows: two
-tiles a warp, the next K step's codes loaded ahead into registers past L1 (12.7 µs at M = 1,
+tiles a warp, the next K step's codes loaded ahead into registers past L1 (12.8 µs at M = 1,
 13.2 µs at M = 4 for K = N = 8192, 10.1 µs for K = 4096, N = 11008, on an H200 timed from CUDA
-graphs: benchmarks/gpu_quant-2026-12-03b.json)."""
+graphs: benchmarks/gpu_quant-2026-12-03b.json and -03c.json)."""
+INT4_TWO_WAVES = {"tiles": 2, "warps": 16, "loads": 2, "stream": True, "min_blocks": 2}
+"""Up to 8 tokens where the grid (N / 32 blocks) fits two blocks on each of an H200's 132 SMs
+(N <= 8448), 16-bit activations (f32's two bf16 parts spill under the cap): 16 warps a block
+and registers capped at 64, so 32 warps an SM instead of 16
+(12.2 µs at M = 1, 12.6 µs at M = 4 for K = N = 8192 against 12.8 and 13.2, -03c.json; the
+profile of the 16-warp kernel had half its issue slots idle for want of eligible warps)."""
 INT4_WIDE_16 = ({"tiles": 2, "warps": 8, "loads": 2, "stream": True},
                 {"tiles": 1, "warps": 8, "loads": 2, "stream": True},
                 {"tiles": 1, "warps": 8, "loads": 2})
@@ -61,12 +67,15 @@ warps a block, K split 16 ways, codes past L1 (4.9 µs for 4096², 9.7 µs for K
 
 
 def default_knobs(cfg: QGemmConfig) -> dict[str, int | bool]:
-    """int4: :data:`INT4_WIDE` (``_16`` above 8 tokens) or :data:`INT4_NARROW` by N, the first
-    the shape takes (K steps for every warp); int8: two tiles a warp, two loads a K step and
-    8 warps a block where the shape allows; fp8 (timed alone) one tile and 4 loads up to 8
-    tokens, 4 tiles above; fewer warps where K is too short."""
+    """int4: :data:`INT4_WIDE` (``_16`` above 8 tokens; :data:`INT4_TWO_WAVES` first where
+    it fits) or :data:`INT4_NARROW` by N, the first the shape takes (K steps for every warp);
+    int8: two tiles a warp, two loads a K step and 8 warps a block where the shape allows;
+    fp8 (timed alone) one tile and 4 loads up to 8 tokens, 4 tiles above; fewer warps where
+    K is too short."""
     if cfg.fmt == "int4":
         wide = INT4_WIDE if cfg.m <= 8 else INT4_WIDE_16
+        if cfg.m <= 8 and cfg.n // 32 <= 2 * 132 and cfg.dtype.itemsize == 2:   # f32 spills
+            wide = (INT4_TWO_WAVES, *wide)
         for knobs in wide if cfg.n >= 8192 else INT4_NARROW:
             other = replace(cfg, **knobs)
             if supports(other) is None and cfg.k // other.k_step >= other.kwarps:
