@@ -22,12 +22,18 @@ keep the dequantization off the critical path. The schedule:
   ``prmt`` (f16) or through f32 (bf16); fp8: ``cvt.rn.f16x2.e4m3x2`` (sm_89+), exact; the
   per-channel scale of the 8-bit formats multiplies the final sums.
 
-* with ``prefetch`` the next K step's weights and scales are loaded before this step's
-  products (carried round the loop in registers): twice the bytes in flight a warp.
+* how the bytes get there (:class:`QGemmConfig`): ``prefetch`` loads the next 1..4 K steps'
+  codes and scales into registers carried round the loop; ``stages`` copies them into a
+  per-thread ``cp.async`` ring in shared memory instead (each lane reads back only what it
+  copied: no barrier); ``stream`` loads the codes past L1 (``ld.global.nc.L1::no_allocate``),
+  which keeps the activations there; ``nsplit`` makes column groups of a block's warps (they
+  read the same activations); ``min_blocks`` caps the registers for more warps an SM.
 
-Measured on an H200 (docs/PERFORMANCE.md): int4 K = N = 8192 moves 1.8 TB/s of weights (1.74x
-cuBLAS bf16), int8/fp8 2.6–2.7 TB/s: the int4 kernel is bound by latency (a step's loads,
-then its chain of mmas), which ``prefetch`` is meant to hide (not measured yet).
+Measured on an H200 (docs/PERFORMANCE.md, CUDA graph replays): int4 at K = N = 8192 takes
+12.2 µs at M = 1 (2.97 TB/s of weights, 2.73x cuBLAS bf16) and 15.6 µs at M = 16 (2.07x); all
+the ways of loading ahead land within a few per cent of each other, what helped was more warps
+an SM (the profile: half the issue slots idle for want of eligible warps) and keeping the
+activations in L1.
 
 Shapes: N a multiple of 16·tiles, K of the K step (:func:`supports`); any M (blocks of 16
 tokens, each reading the weights again: the prefill case is correct, not fast). sm_80 and
