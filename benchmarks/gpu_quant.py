@@ -1,16 +1,22 @@
 """Weight-only quantized products on the ``cuda`` target against bf16 cuBLAS (torch).
 
-    python benchmarks/gpu_quant.py [--quick] [--json out.json] [--dry]
+    python benchmarks/gpu_quant.py [--quick] [--ms 1,4,16] [--sweep] [--shapes] [--json out]
+                                   [--ptx-out DIR] [--dry]
 
 1. **Products** ``x[M, K] @ W[K, N]``, K = N = 8192, M = 1, 4, 16, bf16 activations: tilefuse's
    ``matmul_wq`` kernel with int4 (group 128), int8 and fp8 weights against torch's bf16
    matmul (cuBLAS); int8 and fp8 at the first and last M only. Each timed call runs
    ``ROTATE`` products with different weights (so the 34 MB of an int4 weight is not served
-   from the 50 MB L2), the time is per product: CUDA
-   events around 50 back-to-back calls, the median of 5 such samples, interleaved between
-   the systems. Before timing, product 0's output is compared with the exact dequantized
-   reference (f32, on the device through torch).
-2. **A Llama-style decode step** (hidden 4096, 32 heads of 128, MLP 11008, a KV cache of 512,
+   from the 50 MB L2), the time is per product: both sides captured as CUDA graphs (10 calls
+   each) and replayed between events, the median of 5 samples of 10 replays (Python's launch
+   cost, 20-40 µs a launch, is as long as a kernel; the Python-launched time is logged too).
+   Before timing, product 0's output is compared with the exact dequantized reference (f32,
+   on the device through torch).
+2. ``--sweep``: every configuration of :data:`SWEEP` for int4 at each M, checked against the
+   exact product (output poisoned first) and timed the same way; ``--shapes`` also at the
+   decode step's product shapes (M = 1). ``--ptx-out DIR`` compiles the sweep's kernels on the
+   CPU and stops; ``$GPU_QUANT_PTX=DIR`` on the device then skips their compilation.
+3. **A Llama-style decode step** (hidden 4096, 32 heads of 128, MLP 11008, a KV cache of 512,
    one token): the same tilefuse graph built in bf16 and with ``quantize="int4"`` for the cuda
    target; each replayed as its CUDA graph (``run_device``), device time per step.
 
