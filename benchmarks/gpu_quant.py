@@ -206,7 +206,9 @@ SWEEP = [dict(tiles=2, warps=8, loads=2, prefetch=1, stream=True),
          dict(tiles=2, warps=16, loads=2, nsplit=2, stream=True),
          dict(tiles=2, warps=16, loads=2, stream=True, min_blocks=2),
          dict(tiles=2, warps=16, loads=2, prefetch=1, stream=True, min_blocks=2),
-         dict(tiles=2, warps=8, loads=2, prefetch=1, stream=True, min_blocks=3)]
+         dict(tiles=2, warps=8, loads=2, prefetch=1, stream=True, min_blocks=3),
+         dict(tiles=2, warps=8, loads=2, stream=True, min_blocks=4),
+         dict(tiles=2, warps=8, loads=2, prefetch=1, stream=True, min_blocks=4)]
 """Launch configurations of the int4 kernel the sweep times (prefetch: K steps loaded ahead
 into registers; stages: the depth of the cp.async ring; stream: codes past L1; nsplit: column
 groups a block; min_blocks: a register cap for more warps an SM): the best of the broader
@@ -306,11 +308,21 @@ def bench_decode(args: argparse.Namespace, log: list[dict]) -> None:
     graph = decode_graph(hidden, heads, inter, cache)
     dev = torch.device("cuda")
     ins = [torch.randn(*v.shape, device=dev, dtype=torch.bfloat16) for v in graph.inputs]
+    import tilefuse.kernel.lower_gpu_qmatmul as lowering
+
     times, outs = {}, {}
-    for name, pipeline in (("bf16", GRAPH_PIPELINE),
-                           ("int4", for_target(pipeline_for(parse_quantize("int4")), "cuda"))):
+    int4 = for_target(pipeline_for(parse_quantize("int4")), "cuda")
+    runs = [("bf16", GRAPH_PIPELINE, None), ("int4", int4, None)]
+    runs += [(f"int4 wide={knobs}", int4, knobs) for knobs in args.decode_wide]
+    default_wide = lowering.INT4_WIDE
+    for name, pipeline, wide in runs:
         t0 = time.time()
-        program = build_gpu_program(run_pipeline(graph, pipeline)[0])
+        # an experiment: other knobs first for the int4 products of N >= 8192 (gate, up)
+        lowering.INT4_WIDE = default_wide if wide is None else (wide, *default_wide)
+        try:
+            program = build_gpu_program(run_pipeline(graph, pipeline)[0])
+        finally:
+            lowering.INT4_WIDE = default_wide
         hosted = sum(isinstance(s, HostGroup) for s in program.steps)
         fused = sum(isinstance(s, FusedStep) for s in program.steps)
         exe = CudaExecutable(program)
@@ -328,6 +340,11 @@ def bench_decode(args: argparse.Namespace, log: list[dict]) -> None:
               f"{fused} fused, {hosted} on the host, CUDA graph "
               f"{exe.graph_nodes} nodes; built in {time.time() - t0:.1f} s)", flush=True)
         del exe
+    for name in times:
+        if name.startswith("int4 wide"):
+            log.append({"decode_variant": name, "us": times[name] * 1e3,
+                        "speedup": times["bf16"] / times[name]})
+            print(f"decode {name}: {times['bf16'] / times[name]:.2f}x", flush=True)
     err = float(np.linalg.norm(outs["int4"] - outs["bf16"]) / np.linalg.norm(outs["bf16"]))
     cos = float(np.dot(outs["int4"].ravel(), outs["bf16"].ravel()) / (
         np.linalg.norm(outs["int4"]) * np.linalg.norm(outs["bf16"])))
@@ -368,6 +385,9 @@ def main() -> None:
                         help="sweep the decode step's product shapes too")
     parser.add_argument("--ptx-out", type=Path, help="write the sweep's PTX there and stop")
     parser.add_argument("--ms", default="1,4,16")
+    parser.add_argument("--decode-wide", action="append", default=[],
+                        help="int4 knobs tried first for the decode step's wide products, "
+                             "e.g. tiles=2,warps=8,loads=2,stream=1,min_blocks=4")
     args = parser.parse_args()
     if args.dry:
         dry()
@@ -381,6 +401,8 @@ def main() -> None:
                 (args.ptx_out / f"{kernel.name}.ptx").write_text(kernel.ptx)
         return
     args.ms = (1, 16) if args.quick else tuple(int(v) for v in args.ms.split(","))
+    args.decode_wide = [{k: int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
+                        for spec in args.decode_wide]
     args.formats = ("int4",) if args.quick else tuple(args.formats.split(","))
     args.decode = (4096, 32, 11008, 512)
     log: list[dict] = []
