@@ -30,7 +30,7 @@ keep the dequantization off the critical path. The schedule:
   read the same activations); ``min_blocks`` caps the registers for more warps an SM.
 
 Measured on an H200 (docs/PERFORMANCE.md, CUDA graph replays): int4 at K = N = 8192 takes
-12.2 µs at M = 1 (2.97 TB/s of weights, 2.73x cuBLAS bf16) and 15.6 µs at M = 16 (2.07x); all
+12.1 µs at M = 1 (2.98 TB/s of weights, 2.78x cuBLAS bf16) and 15.7 µs at M = 16 (2.09x); all
 the ways of loading ahead land within a few per cent of each other, what helped was more warps
 an SM (the profile: half the issue slots idle for want of eligible warps) and keeping the
 activations in L1.

@@ -52,7 +52,7 @@ INT4_TWO_WAVES = {"tiles": 2, "warps": 16, "loads": 2, "stream": True, "min_bloc
 """Up to 8 tokens where the grid (N / 32 blocks) fits two blocks on each of an H200's 132 SMs
 (N <= 8448), 16-bit activations (f32's two bf16 parts spill under the cap): 16 warps a block
 and registers capped at 64, so 32 warps an SM instead of 16
-(12.2 µs at M = 1, 12.6 µs at M = 4 for K = N = 8192 against 12.8 and 13.2, -03c.json; the
+(12.1 µs at M = 1, 12.8 µs at M = 4 for K = N = 8192 against 12.8 and 13.3, -03c/d.json; the
 profile of the 16-warp kernel had half its issue slots idle for want of eligible warps)."""
 INT4_WIDE_16 = ({"tiles": 2, "warps": 8, "loads": 2, "stream": True},
                 {"tiles": 1, "warps": 8, "loads": 2, "stream": True},
