@@ -242,6 +242,32 @@ def test_ptxas_accepts_the_pipelined_kernels(fmt: str, dtype: DType, m: int) -> 
         assemble(kernel.ptx)
 
 
+def test_int4_defaults_follow_the_measured_rules() -> None:
+    """The launch knobs the H200 sweeps chose (docs/PERFORMANCE.md): 32 warps an SM with two
+    tiles for 16-bit activations up to 8 tokens where two blocks an SM hold the grid, the
+    prefetching two-tile kernel for wider N, the streaming one above 8 tokens, one tile and
+    16 warps for N < 8192, and a supported kernel with K steps for every warp whatever the
+    shape."""
+    from dataclasses import replace
+
+    from tilefuse.codegen.nvptx_qgemm import QGemmConfig, supports
+    from tilefuse.kernel.lower_gpu_qmatmul import default_knobs
+
+    def tag(m: int, n: int, k: int, dtype: DType = BF16) -> str:
+        cfg = QGemmConfig(m, n, k, dtype, "int4")
+        chosen = replace(cfg, **default_knobs(cfg))
+        assert supports(chosen) is None and k // chosen.k_step >= chosen.kwarps
+        return chosen.name.rsplit("_", 1)[-1]
+
+    assert tag(1, 8192, 8192) == tag(4, 8192, 8192) == "t2w16l2nb2"
+    assert tag(1, 8192, 8192, F32) == "t2w8l2pn"      # f32's two parts would spill at 64
+    assert tag(1, 11008, 4096) == "t2w8l2pn"          # 344 blocks: no two-wave kernel
+    assert tag(16, 8192, 8192) == "t2w8l2n"
+    assert tag(1, 4096, 4096) == tag(1, 4096, 11008) == "t1w16l2n"
+    for m, n, k in ((5, 256, 512), (1, 8192, 512), (33, 4096, 256), (2, 16, 128)):
+        tag(m, n, k)
+
+
 def test_pipelines_are_refused_with_reasons() -> None:
     from tilefuse.codegen.nvptx_qgemm import QGemmConfig, supports
 
