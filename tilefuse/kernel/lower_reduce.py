@@ -540,14 +540,21 @@ class _Lowering:
         combine = XOp.MAX if self.largest else XOp.MIN
         best: Expr = vals.load(0)
         for j in range(1, unroll):
-            best = binary(combine, best, vals.load(j))
+            if poison is None:
+                best = binary(combine, best, vals.load(j))
+            else:   # no lane holds NaN (only strictly better values were taken): one vmaxps
+                rule = binary(XOp.GT if self.largest else XOp.LT, best, vals.load(j))
+                best = select(rule, best, vals.load(j))
+        if poison is not None:   # and LLVM drops the horizontal max's unordered compares
+            best = select(binary(XOp.EQ, best, best), best, _identity(stage, self.largest,
+                                                                      width))
         m = Let(self.fresh("m"), reduce(_HORIZONTAL[combine], best))
         stmts.append(m)
 
         def matches(e: Expr) -> Expr:
             target = m.ref if e.lanes == 1 else broadcast(m.ref, e.lanes)
             eq = binary(XOp.EQ, e, target)
-            if e.dtype.is_float:
+            if e.dtype.is_float and poison is None:
                 eq = binary(XOp.OR, eq, binary(XOp.AND, unary(XOp.ISNAN, e),
                                                unary(XOp.ISNAN, target)))
             return eq
