@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tilefuse.codegen.llvm_nvptx import GpuTarget
+from tilefuse.codegen.llvm_nvptx import CANONICAL_NAME, GpuTarget, entry_pattern
 from tilefuse.codegen.nvptx_attention import FlashKernel
 from tilefuse.codegen.nvptx_mma import MmaGemm
 from tilefuse.codegen.nvptx_qgemm import QGemmKernel
@@ -242,14 +242,21 @@ class CudaExecutable:
         self._functions = {}
         self._grids: dict[str, int] = {}
         self._fused: dict[int, tuple[FlashKernel, Any]] = {}
+        loaded: dict[str, tuple[Any, Any]] = {}
         for step in program.steps:
             if isinstance(step, FusedStep):
                 module = self.context.load_ptx(step.kernel.ptx)
                 self._functions[step.kernel.name] = (module, module.function(step.kernel.name))
                 self._fused[id(step)] = self._choose_fused(step)
             elif isinstance(step, GpuKernel):
-                module = self.context.load_ptx(step.ptx)
-                function = module.function(step.fn.name)
+                # kernels identical but for their name load once (the driver's PTX compile
+                # of a module is ~18 ms: 90 modules of a decode step were 1.6 s of its first call)
+                same = entry_pattern(step.fn.name).sub(CANONICAL_NAME, step.ptx)
+                found = loaded.get(same)
+                if found is None:
+                    module = self.context.load_ptx(same)
+                    found = loaded[same] = (module, module.function(CANONICAL_NAME))
+                module, function = found
                 self._functions[step.fn.name] = (module, function)
                 self._grids[step.fn.name] = launch_grid(self.context, step, function,
                                                         program.target)
