@@ -49,7 +49,7 @@ def _median_ms(fn: Any, rounds: int = 7, repeats: int = 20) -> float:
     return statistics.median(samples)
 
 
-def decode(out: Path, calls: int, summary: dict[str, Any]) -> None:
+def decode(out: Path, calls: int, summary: dict[str, Any], ab_env: str = "") -> None:
     import torch
     from gpu_profile import profile, report
     from gpu_zoo import _models
@@ -78,7 +78,17 @@ def decode(out: Path, calls: int, summary: dict[str, Any]) -> None:
         ind(*inputs)
         torch.cuda.synchronize()
         summary["inductor_first_s"] = round(time.perf_counter() - t0, 2)
-        systems = {"tilefuse": lambda: tf(*inputs), "inductor": lambda: ind(*inputs)}
+        systems = {"tilefuse": lambda: tf(*inputs), "inductor": lambda: ind(*inputs),
+                   "eager": lambda: module(*inputs)}
+        if ab_env:   # the same model built with one switch off, timed interleaved
+            name, value = ab_env.split("=")
+            os.environ[name] = value
+            other = torch.compile(module, backend=tilefuse.torch.backend)
+            got = other(*inputs)
+            summary[f"ab_{ab_env}_max_abs_diff_rel"] = \
+                float((got.float() - want.float()).abs().max()) / scale
+            del os.environ[name]
+            systems[f"tilefuse_{ab_env}"] = lambda: other(*inputs)
         for fn in systems.values():
             for _ in range(3):
                 fn()
@@ -87,7 +97,7 @@ def decode(out: Path, calls: int, summary: dict[str, Any]) -> None:
             for key, fn in systems.items():
                 summary.setdefault(f"{key}_ms", []).append(round(_median_ms(fn), 4))
         # host time per call (no sync inside the loop; the GPU work queues behind)
-        for key, fn in systems.items():
+        for key, fn in list(systems.items())[:2]:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(50):
@@ -102,7 +112,7 @@ def decode(out: Path, calls: int, summary: dict[str, Any]) -> None:
         torch.cuda.synchronize()
         (out / "decode_call_profile.txt").write_text(_stats(prof, "tottime", 40))
         lines: list[str] = []
-        for key, fn in systems.items():
+        for key, fn in list(systems.items())[:2]:
             rows = profile(fn, calls)
             print(report(key, rows, calls, 25, lines), flush=True)
         (out / "decode_kernels.txt").write_text("\n".join(lines) + "\n")
@@ -145,10 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--skip", default="")
+    parser.add_argument("--ab", default="", help="NAME=VALUE: also time a build with it set")
     args = parser.parse_args(argv)
     summary: dict[str, Any] = {}
     for name, fn in (("launch", lambda: launch(args.out, summary)),
-                     ("decode", lambda: decode(args.out, args.calls, summary))):
+                     ("decode", lambda: decode(args.out, args.calls, summary, args.ab))):
         if name in args.skip.split(","):
             continue
         try:

@@ -17,7 +17,9 @@ of the vector as a row (``[1, K]``) or a column (``[K, 1]``) reshaped back to th
 shape, so it is a cuBLAS product too instead of a host step (found by the GPU fuzzer).
 
 Grouped-query products (a key/value cache repeated over the heads sharing it) multiply the
-shared tensor once with the heads' rows stacked (:mod:`tilefuse.runtime.gpu_grouped`).
+shared tensor once with the heads' rows stacked (:mod:`tilefuse.runtime.gpu_grouped`); a
+one-row product by a constant matrix (a decode step's linear layers) is a row reduction over
+the transposed weight (:mod:`tilefuse.runtime.gpu_gemv`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ def prepare_for_gpu(graph: Graph) -> Graph:
     graph = dce(lowered)[0] if changed else graph
     from tilefuse.runtime.gpu_grouped import fold_grouped_products
 
-    return fold_grouped_products(_matrix_products(graph))
+    from tilefuse.runtime.gpu_gemv import gemv_rows
+
+    return gemv_rows(fold_grouped_products(_matrix_products(graph)))
 
 
 def _vector_product(node: Node) -> bool:
