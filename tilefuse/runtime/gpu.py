@@ -254,8 +254,8 @@ class CudaExecutable:
                 same = entry_pattern(step.fn.name).sub(CANONICAL_NAME, step.ptx)
                 found = loaded.get(same)
                 if found is None:
-                    module = self.context.load_ptx(same)
-                    found = loaded[same] = (module, module.function(CANONICAL_NAME))
+                    module = self.context.load_ptx(step.ptx)
+                    found = loaded[same] = (module, module.function(step.fn.name))
                 module, function = found
                 self._functions[step.fn.name] = (module, function)
                 self._grids[step.fn.name] = launch_grid(self.context, step, function,
