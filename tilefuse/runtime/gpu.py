@@ -47,6 +47,18 @@ from tilefuse.runtime.device_arrays import device_kind
 from tilefuse.runtime.dynamic import SymbolBinder
 from tilefuse.runtime.memory import MemoryPlan, plan_from_liveness, value_names
 
+MAX_BOUND_CAPTURES = 4
+"""Graphs an executable captures on callers' own input buffers (run_device): a caller that
+keeps passing new buffers stays on the copying replay."""
+
+
+@dataclass(frozen=True)
+class _Span:
+    """A device address range (what a replay copies out of)."""
+
+    ptr: int
+    nbytes: int
+
 
 @dataclass(frozen=True)
 class GpuKernel:
@@ -274,6 +286,10 @@ class CudaExecutable:
         for v in self.graph.inputs:
             self._buffers.setdefault(v, self.context.alloc(_nbytes(v)))
         self._replay: GraphReplay | None = None
+        self._bound_replay: tuple[tuple[int, ...], GraphReplay] | None = None
+        self._retired: list[GraphReplay] = []
+        self._last_inputs: tuple[int, ...] | None = None
+        self._bound_captures = 0
         self._capture = graphs_enabled()
         if self._capture and any(isinstance(s, HostGroup) for s in program.steps):
             self._capture = False
@@ -303,6 +319,27 @@ class CudaExecutable:
                                    [self._buffer(v) for v in self.graph.outputs])
         get_logger("fallback").info("%s: %d steps captured as a CUDA graph of %d nodes",
                                     self.graph.name, len(self.program.steps), graph.nodes)
+
+    def _capture_bound(self, inputs: tuple[int, ...]) -> GraphReplay | None:
+        """A replay of the steps reading ``inputs`` (device pointers) in place, captured now
+        (:mod:`tilefuse.runtime.cuda_graph`); None (logged) when the capture fails."""
+        assert self._replay is not None
+        self._bound_captures += 1
+        self._bound = dict(zip(self.graph.inputs, inputs))
+        try:
+            graph = CudaGraph(self.context, self._record)
+            outputs = [_Span(self._bound_ptr(v), _nbytes(v)) for v in self.graph.outputs]
+        except (CudaError, AttributeError, TypeError) as err:
+            get_logger("fallback").info("%s: capture on the caller's buffers failed (%s)",
+                                        self.graph.name, err)
+            return None
+        finally:
+            self._bound = {}
+        replay = GraphReplay(self.context, graph, [], outputs, done=self._replay.done)
+        if self._bound_replay is not None:   # kept: it may still be replaying
+            self._retired.append(self._bound_replay[1])
+        self._bound_replay = (inputs, replay)
+        return replay
 
     def _record(self, stream: Any) -> None:
         if self._cublas is None:
@@ -441,6 +478,17 @@ class CudaExecutable:
                              f"input and {len(self.graph.outputs)} output pointers")
         with self._lock:
             if self._replay is not None:
+                key = tuple(inputs)
+                bound = self._bound_replay
+                if bound is not None and bound[0] == key:
+                    bound[1].run_device((), outputs, stream)   # read in place: no copies
+                    return
+                if key == self._last_inputs and self._bound_captures < MAX_BOUND_CAPTURES:
+                    replay = self._capture_bound(key)
+                    if replay is not None:
+                        replay.run_device((), outputs, stream)
+                        return
+                self._last_inputs = key
                 self._replay.run_device(inputs, outputs, stream)
                 return
             self._bound = dict(zip(self.graph.inputs, inputs))

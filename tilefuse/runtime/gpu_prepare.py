@@ -39,9 +39,8 @@ def prepare_for_gpu(graph: Graph) -> Graph:
     ones) as GEMMs in their dtype (module docstring); the same graph when none is left."""
     lowered, changed = conv_to_matmul(graph, GPU_CONV_DTYPES)
     graph = dce(lowered)[0] if changed else graph
-    from tilefuse.runtime.gpu_grouped import fold_grouped_products
-
     from tilefuse.runtime.gpu_gemv import gemv_rows
+    from tilefuse.runtime.gpu_grouped import fold_grouped_products
 
     return gemv_rows(fold_grouped_products(_matrix_products(graph)))
 
