@@ -20,7 +20,7 @@ from tilefuse.runtime.gpu_simulate import simulate
 from tilefuse.testing import assert_close, random_array
 
 
-def decode_attention(dtype: DType, kv: int = 2, g: int = 3, n: int = 37, d: int = 16,
+def decode_attention(dtype: DType, kv: int = 2, g: int = 3, n: int = 37, d: int = 32,
                      rows: int = 1) -> Graph:
     """Llama's eager decode attention as core ATen writes it: the cache concatenated with the
     new row, repeated over ``g`` heads (expand + reshape), ``q · kᵀ`` scaled, an f32 softmax
@@ -61,10 +61,13 @@ def test_grouped_products_fold_the_repeat(dtype: DType, rows: int) -> None:
     built = cross_compile(graph)
     assert not built.host_steps
     products = [s for s in built.program.steps if isinstance(s, GemmStep)]
-    assert [(p.shape.batch, p.shape.m) for p in products] == [(2, 3 * rows)] * 2
-    ops = {n.op.name for s in built.program.steps if isinstance(s, GpuKernel)
-           for n in s.group.nodes}
-    assert "broadcast_to" not in ops
+    # the weighted values: one product per KV head; the scores (few rows against the keys as
+    # they lie) a row reduction (runtime/gpu_gemv.py)
+    assert [(p.shape.batch, p.shape.m) for p in products] == [(2, 3 * rows)]
+    kernels = [s for s in built.program.steps if isinstance(s, GpuKernel)]
+    ops = {n.op.name for s in kernels for n in s.group.nodes}
+    assert "broadcast_to" not in ops and "transpose" not in ops
+    assert sum(s.group.kind.value == "row_reduction" for s in kernels) == 2
     for seed in (0, 1):
         rng = np.random.default_rng(seed)
         arrays = [random_array(rng, tuple(v.shape), dtype) for v in graph.inputs]

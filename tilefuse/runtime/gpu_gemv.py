@@ -9,7 +9,13 @@ per output element walking its contiguous row of ``K`` weights in 16-byte loads,
 from cache, the products and their sum in f32 (as cuBLAS accumulates), the result rounded
 once to the product's dtype; elementwise consumers fuse into the same kernel.
 
-:func:`gemv_rows` rewrites each such product (``TILEFUSE_GPU_GEMV=0`` leaves them to cuBLAS).
+:func:`gemv_rows` rewrites each such product when ``TILEFUSE_GPU_GEMV=1``: measured on an
+H200 in the decode step (2026-12-03) the row reductions moved weights at 1.1-1.7 TB/s, no
+faster than cuBLAS (the step took 0.69 ms either way), and the transposed weights cost compile
+time, so cuBLAS keeps them by default. It always rewrites products of few rows against a
+transposed operand (:func:`_transposed_rows`: a decode step's scores ``q · kᵀ`` over the
+cache), where cuBLAS picked a batched GEMV kernel taking 37 µs a layer for 2 MB of keys,
+after a 8 µs transposing copy of them.
 """
 
 from __future__ import annotations
@@ -50,20 +56,50 @@ def _weight(producer: dict[Value, Node], node: Node) -> np.ndarray | None:
     return const.attrs["value"].array.reshape(k, n)
 
 
+MAX_ROWS = 16
+"""Products of at most this many rows against a transposed operand are row reductions."""
+
+
+def _transposed_rows(producer: dict[Value, Node], node: Node) -> Value | None:
+    """``x`` when ``node`` is ``matmul(a [..., M, K], transpose(x [..., N, K]))`` with few rows
+    ``M`` (a decode step's scores ``q · kᵀ`` against the cache): the product is then a row
+    reduction over rows of ``x`` as they lie (no transposed copy of the keys)."""
+    if node.op.name != "matmul" or node.attrs:
+        return None
+    a, b = node.inputs[:2]
+    rank = len(a.shape)
+    if rank < 3 or len(b.shape) != rank or a.shape[:-2] != b.shape[:-2] \
+            or not all(isinstance(d, int) for d in (*a.shape, *b.shape)) \
+            or a.dtype not in GEMV_DTYPES or b.dtype is not a.dtype \
+            or node.outputs[0].dtype is not a.dtype or a.shape[-2] > MAX_ROWS \
+            or a.shape[-1] % 32:
+        return None
+    t = producer.get(b)
+    if t is None or t.op.name != "transpose" or \
+            tuple(t.attrs["perm"]) != (*range(rank - 2), rank - 1, rank - 2):
+        return None
+    return t.inputs[0]
+
+
 def gemv_rows(graph: Graph) -> Graph:
     """``graph`` with each one-row product by a constant matrix as a row reduction over the
     transposed matrix (module docstring); the same graph when there is none."""
-    if os.environ.get(ENV, "1") == "0":
-        return graph
     producer = graph.producers()
     found = {n: w for n in graph.nodes if (w := _weight(producer, n)) is not None}
-    if not found:
+    if os.environ.get(ENV, "0") != "1":
+        found = {}
+    rows = {n: x for n in graph.nodes if (x := _transposed_rows(producer, n)) is not None}
+    if not found and not rows:
         return graph
     b = GraphBuilder(graph.name)
     renamed: dict[Value, Value] = {v: b.input(v.type, v.name) for v in graph.inputs}
     transposed: dict[Value, Value] = {}
     for node in graph.nodes:
         inputs = tuple(renamed.get(v, v) for v in node.inputs)
+        if node in rows:
+            renamed[node.outputs[0]] = _row_product(b, node, inputs[0],
+                                                    renamed.get(rows[node], rows[node]))
+            continue
         weight = found.get(node)
         if weight is None:
             b.append(node if inputs == node.inputs else
@@ -90,4 +126,20 @@ def gemv_rows(graph: Graph) -> Graph:
     return dce(b.build([renamed.get(v, v) for v in graph.outputs]))[0]
 
 
-__all__ = ["ENV", "GEMV_DTYPES", "MIN_K", "gemv_rows"]
+def _row_product(b: GraphBuilder, node: Node, a: Value, x: Value) -> Value:
+    """``a [..., M, K] · x [..., N, K]ᵀ`` as ``sum(a[..., M, 1, K] · x[..., 1, N, K], -1)``, in
+    f32 for half operands (cuBLAS's accumulation), rounded once."""
+    *batch, m, k = (int(d) for d in a.shape)
+    n = int(x.shape[-2])
+    dtype, loc = node.outputs[0].dtype, node.loc
+    left = b.add1("reshape", [a], {"shape": (*batch, m, 1, k)}, loc)
+    right = b.add1("reshape", [x], {"shape": (*batch, 1, n, k)}, loc)
+    if dtype is not DType.f32:
+        left = b.add1("cast", [left], {"dtype": DType.f32}, loc)
+        right = b.add1("cast", [right], {"dtype": DType.f32}, loc)
+    total = b.add1("sum", [b.add1("mul", [left, right], {}, loc)],
+                   {"axes": [-1], "keepdims": False}, loc)
+    return total if dtype is DType.f32 else b.add1("cast", [total], {"dtype": dtype}, loc)
+
+
+__all__ = ["ENV", "GEMV_DTYPES", "MAX_ROWS", "MIN_K", "gemv_rows"]
