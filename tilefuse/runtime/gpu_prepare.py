@@ -19,7 +19,8 @@ shape, so it is a cuBLAS product too instead of a host step (found by the GPU fu
 Grouped-query products (a key/value cache repeated over the heads sharing it) multiply the
 shared tensor once with the heads' rows stacked (:mod:`tilefuse.runtime.gpu_grouped`); a
 one-row product by a constant matrix (a decode step's linear layers) is a row reduction over
-the transposed weight (:mod:`tilefuse.runtime.gpu_gemv`).
+the transposed weight (:mod:`tilefuse.runtime.gpu_gemv`); transposes of size-1 axes are
+reshapes and RoPE's ``rotate_half`` one gather (:mod:`tilefuse.runtime.gpu_views`).
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def prepare_for_gpu(graph: Graph) -> Graph:
     graph = dce(lowered)[0] if changed else graph
     from tilefuse.runtime.gpu_gemv import gemv_rows
     from tilefuse.runtime.gpu_grouped import fold_grouped_products
+    from tilefuse.runtime.gpu_views import gpu_views
 
-    return gemv_rows(fold_grouped_products(_matrix_products(graph)))
+    return gemv_rows(fold_grouped_products(gpu_views(_matrix_products(graph))))
 
 
 def _vector_product(node: Node) -> bool:
