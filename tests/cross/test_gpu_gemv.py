@@ -1,7 +1,7 @@
 """One-row products by constant matrices on the cuda target (:mod:`tilefuse.runtime.gpu_gemv`):
 row reductions over the transposed weight (a warp per output, 16-byte loads) with
-``TILEFUSE_GPU_GEMV=1``, matching the reference in each float dtype; by default they stay
-cuBLAS products."""
+``TILEFUSE_GPU_GEMV=1``, matching the reference in each float dtype (and so are products of
+few rows against a transposed operand); by default they stay cuBLAS products."""
 
 from __future__ import annotations
 
@@ -59,3 +59,20 @@ def test_by_default_products_stay_with_cublas(monkeypatch) -> None:
     monkeypatch.delenv("TILEFUSE_GPU_GEMV", raising=False)
     built = cross_compile(linear_layers(DType.bf16), optimize=False)
     assert len([s for s in built.program.steps if isinstance(s, GemmStep)]) == 2
+
+
+def test_few_rows_against_a_transpose_match_when_switched_on(monkeypatch) -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_gpu_grouped import decode_attention
+
+    monkeypatch.setenv("TILEFUSE_GPU_GEMV", "1")
+    graph = decode_attention(DType.bf16)
+    built = cross_compile(graph)
+    assert len([s for s in built.program.steps if isinstance(s, GemmStep)]) == 1  # p · v
+    rng = np.random.default_rng(3)
+    arrays = [random_array(rng, tuple(v.shape), DType.bf16) for v in graph.inputs]
+    (got,), (want,) = simulate(built.program, arrays), interpret(graph, *arrays)
+    assert_close(np.asarray(got), np.asarray(want), reduction=True)

@@ -1,7 +1,7 @@
 """Grouped-query products on the cuda target (:mod:`tilefuse.runtime.gpu_grouped`): a decode
-step's scores and weighted values against a KV cache repeated over the heads sharing it are one
-product per KV head with the heads' rows stacked (no broadcast copy), and match the
-reference."""
+step's scores against a KV cache repeated over the heads sharing it are one product per KV
+head with the heads' rows stacked (no broadcast copy of the keys), and match the reference;
+identical kernels compile once."""
 
 from __future__ import annotations
 
@@ -61,13 +61,13 @@ def test_grouped_products_fold_the_repeat(dtype: DType, rows: int) -> None:
     built = cross_compile(graph)
     assert not built.host_steps
     products = [s for s in built.program.steps if isinstance(s, GemmStep)]
-    # the weighted values: one product per KV head; the scores (few rows against the keys as
-    # they lie) a row reduction (runtime/gpu_gemv.py)
-    assert [(p.shape.batch, p.shape.m) for p in products] == [(2, 3 * rows)]
+    # the scores: one product per KV head (its g heads' rows stacked); the weighted values
+    # stay one product per head after the broadcast (faster in cuBLAS, measured)
+    assert [(p.shape.batch, p.shape.m) for p in products] == [(2, 3 * rows), (6, rows)]
     kernels = [s for s in built.program.steps if isinstance(s, GpuKernel)]
-    ops = {n.op.name for s in kernels for n in s.group.nodes}
-    assert "broadcast_to" not in ops and "transpose" not in ops
-    assert sum(s.group.kind.value == "row_reduction" for s in kernels) == 2
+    prologues = [{n.op.name for n in s.group.nodes} for s in kernels
+                 if "prologue_b" in s.group.name]
+    assert "broadcast_to" not in prologues[0] and "broadcast_to" in prologues[1]
     for seed in (0, 1):
         rng = np.random.default_rng(seed)
         arrays = [random_array(rng, tuple(v.shape), dtype) for v in graph.inputs]

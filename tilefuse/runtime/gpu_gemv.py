@@ -9,13 +9,14 @@ per output element walking its contiguous row of ``K`` weights in 16-byte loads,
 from cache, the products and their sum in f32 (as cuBLAS accumulates), the result rounded
 once to the product's dtype; elementwise consumers fuse into the same kernel.
 
-:func:`gemv_rows` rewrites each such product when ``TILEFUSE_GPU_GEMV=1``: measured on an
-H200 in the decode step (2026-12-03) the row reductions moved weights at 1.1-1.7 TB/s, no
-faster than cuBLAS (the step took 0.69 ms either way), and the transposed weights cost compile
-time, so cuBLAS keeps them by default. It always rewrites products of few rows against a
+:func:`gemv_rows` rewrites each such product, and each product of few rows against a
 transposed operand (:func:`_transposed_rows`: a decode step's scores ``q · kᵀ`` over the
-cache), where cuBLAS picked a batched GEMV kernel taking 37 µs a layer for 2 MB of keys,
-after a 8 µs transposing copy of them.
+cache), only when ``TILEFUSE_GPU_GEMV=1``. Measured on an H200 in the decode step
+(2026-12-03, ``benchmarks/gpu_decode.py --ab``): the weight row reductions moved 1.1-1.7 TB/s,
+no faster than cuBLAS (0.69 ms a step either way), and cost compile time (a transposed copy
+of every weight); the scores as a row reduction took 145 µs a layer where cuBLAS took 3.4 µs,
+because RoPE's gather (:mod:`tilefuse.runtime.gpu_views`) fused into it left it a thread per
+row. Both stay off by default until a GEMV that holds several rows per warp exists.
 """
 
 from __future__ import annotations
@@ -85,9 +86,9 @@ def gemv_rows(graph: Graph) -> Graph:
     """``graph`` with each one-row product by a constant matrix as a row reduction over the
     transposed matrix (module docstring); the same graph when there is none."""
     producer = graph.producers()
-    found = {n: w for n in graph.nodes if (w := _weight(producer, n)) is not None}
     if os.environ.get(ENV, "0") != "1":
-        found = {}
+        return graph
+    found = {n: w for n in graph.nodes if (w := _weight(producer, n)) is not None}
     rows = {n: x for n in graph.nodes if (x := _transposed_rows(producer, n)) is not None}
     if not found and not rows:
         return graph
