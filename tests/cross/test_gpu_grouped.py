@@ -129,3 +129,38 @@ def test_entry_pattern_names_only_the_kernel() -> None:
     text = ".visible .entry k5(\n.param .u64 k5_param_0\n%rd5 k51 k5_x k5"
     assert entry_pattern("k5").sub("Z", text) == \
         ".visible .entry Z(\n.param .u64 Z_param_0\n%rd5 k51 k5_x Z"
+
+
+def test_the_benchmark_decode_step_cross_compiles_and_matches_eager() -> None:
+    """``benchmarks/gpu_zoo.py``'s decode step at a small width (2 heads sharing each of 2 KV
+    heads, a cache of 40): no host step, no broadcast of the keys, RoPE without slices, the
+    scores softmax a warp per row, and the GPU program matches eager torch."""
+    import sys
+    from pathlib import Path
+
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from gpu_zoo import _decode_module
+
+    from tilefuse.frontend.torch.convert import tensor_to_numpy
+    from tilefuse.runtime.gpu_cross import cross_compile_torch
+
+    torch.manual_seed(0)
+    module = _decode_module()(layers=1, hidden=256, heads=4, kv=2, inter=512).eval()
+    module = module.to(torch.bfloat16)
+    caches = [torch.randn(1, 2, 40, 64, dtype=torch.bfloat16) for _ in range(2)]
+    inputs = [np.array([[7]], np.int64)] + [tensor_to_numpy(c) for c in caches]
+    built = cross_compile_torch(module, inputs, name="decode")
+    assert not built.host_steps
+    kernels = [s for s in built.program.steps if isinstance(s, GpuKernel)]
+    ops = [{n.op.name for n in s.group.nodes} for s in kernels]
+    assert not any("slice" in o or ("broadcast_to" in o and "transpose" in o) for o in ops)
+    softmax = [s for s in kernels if {"exp", "max"} <= {n.op.name for n in s.group.nodes}]
+    assert softmax and all(s.simt_width == 32 for s in softmax)
+    with torch.no_grad():
+        want = module(torch.from_numpy(inputs[0]), *caches).float().numpy()
+    (got,) = simulate(built.program, inputs)
+    assert_close(np.asarray(got, np.float32), want, reduction=True)
+    if shutil.which("ptxas"):
+        for ptx in built.ptx().values():
+            assemble(ptx)
