@@ -1,13 +1,15 @@
 """Where the Llama-style decode step's time goes, on the GPU (needs one).
 
-    python benchmarks/gpu_decode.py [--out DIR] [--calls 20]
+    python benchmarks/gpu_decode.py [--out DIR] [--calls 20] [--ab TILEFUSE_GPU_GEMV=1]
 
 One script for one device call: the decode step of ``benchmarks/gpu_zoo.py`` (``llama_decode``)
 compiled by tilefuse (first call under cProfile: where the compile time goes) and by Inductor
 with ``mode="reduce-overhead"``; both timed (CUDA events, median of rounds, interleaved) and
 profiled per kernel (``benchmarks/gpu_profile.py``); the Python work per call of
 ``tilefuse.jit`` on a tiny function under cProfile (where the host microseconds go). Tables go
-to ``DIR``; a short summary is printed last.
+to ``DIR``; a short summary is printed last. ``--ab NAME=VALUE`` also builds the step with that
+environment variable set and times it interleaved with the others (one switch's A/B in the
+same call).
 """
 
 from __future__ import annotations
