@@ -1,6 +1,6 @@
 """Where the Llama-style decode step's time goes, on the GPU (needs one).
 
-    python benchmarks/gpu_decode.py [--out DIR] [--calls 20] [--ab TILEFUSE_GPU_GEMV=1]
+    python benchmarks/gpu_decode.py [--out DIR] [--calls 20] [--ab NAME=VALUE]
 
 One script for one device call: the decode step of ``benchmarks/gpu_zoo.py`` (``llama_decode``)
 compiled by tilefuse (first call under cProfile: where the compile time goes) and by Inductor
