@@ -18,7 +18,8 @@ shape, so it is a cuBLAS product too instead of a host step (found by the GPU fu
 
 Grouped-query products (a key/value cache repeated over the heads sharing it) multiply the
 shared tensor once with the heads' rows stacked (:mod:`tilefuse.runtime.gpu_grouped`);
-transposes of size-1 axes are reshapes and RoPE's ``rotate_half`` one gather (:mod:`tilefuse.runtime.gpu_views`).
+transposes of size-1 axes are reshapes and RoPE's ``rotate_half`` one gather
+(:mod:`tilefuse.runtime.gpu_views`).
 """
 
 from __future__ import annotations
