@@ -134,7 +134,30 @@ def _arith_identity(e: Expr) -> Expr:
         return _mul_identity(e, a, b)
     if _is_const(b, 1):
         return a if op is XOp.FLOORDIV else const(0, e.dtype, e.lanes)
+    if _is_const(b) and b.arg > 0 and e.lanes == 1:  # type: ignore[operator]
+        split = _split_multiple(a, b.arg)  # type: ignore[arg-type]
+        if split is not None:  # (q*c + k) // c = q + k // c, (q*c + k) % c = k % c (floor)
+            q, k = split
+            c = b.arg
+            if op is XOp.MOD:
+                return const(k % c, e.dtype)  # type: ignore[operator]
+            return _fold_node(replace(e, op=XOp.ADD, args=(q, const(k // c, e.dtype))))  # type: ignore[operator]
     return e
+
+
+def _split_multiple(a: Expr, c: int) -> tuple[Expr, int] | None:
+    """``(q, k)`` with ``a == q * c + k`` and ``k`` a constant, when ``a`` is ``x * m`` or
+    ``x * m + k`` with ``m`` a multiple of ``c`` (an interleaved index ``i*g + j`` seen
+    through a ``[g, m]`` transpose); None otherwise."""
+    k = 0
+    if a.op is XOp.ADD and _is_const(a.args[1]):
+        a, k = a.args[0], a.args[1].arg  # type: ignore[assignment]
+    if a.op is XOp.MUL and _is_const(a.args[1]) and a.args[1].arg % c == 0:  # type: ignore[operator]
+        x, m = a.args
+        factor = m.arg // c  # type: ignore[operator]
+        q = x if factor == 1 else _fold_node(replace(a, args=(x, const(factor, a.dtype))))
+        return q, k
+    return None
 
 
 def _neg_const(c: Expr) -> Expr:
