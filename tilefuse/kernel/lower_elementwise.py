@@ -51,7 +51,9 @@ from tilefuse.kernel.fusion import KernelKind
 from tilefuse.kernel.scalar_expr import ElementBuilder, KernelGroupLike, Override
 from tilefuse.kernel.schedule import PARALLEL_MIN_ELEMENTS, SYMBOLIC_DIM_HINT
 from tilefuse.loop.ir import (
+    Block,
     Expr,
+    For,
     Let,
     LoopFunction,
     LoopKind,
@@ -69,7 +71,7 @@ from tilefuse.loop.ir import (
     var,
     walk_expr,
 )
-from tilefuse.loop.simplify import fold_expr, simplify
+from tilefuse.loop.simplify import fold_index, simplify
 
 if TYPE_CHECKING:
     from tilefuse.kernel.schedule import Schedule
@@ -339,11 +341,35 @@ def _interleaved_nest(ctx: KernelContext, shape: tuple[int, ...], outputs: list[
                 body.extend(trial.store_body(outputs, (*prefix, var(i) * g + j), 1, 1))
             return [loop(i, 0, c // g, body)]
 
-        stmts = outer_loop(trial.names, count, None if tile is None else 0, runs)
+        stmts = [_fold_addresses(st) for st in
+                 outer_loop(trial.names, count, None if tile is None else 0, runs)]
         if _unit_stride_loads(stmts, i):
             ctx.names.adopt(trial.names)
             return stmts
     return None
+
+
+def _fold_addresses(s: Stmt) -> Stmt:
+    """``s`` with every load and store index folded by
+    :func:`~tilefuse.loop.simplify.fold_index` (its div/mod rules hold for addresses only)."""
+    if isinstance(s, For):
+        return replace(s, body=_fold_addresses(s.body))
+    if isinstance(s, Block):
+        return replace(s, stmts=tuple(_fold_addresses(c) for c in s.stmts))
+    if isinstance(s, Let):
+        return replace(s, value=_fold_loads(s.value))
+    if isinstance(s, Store):
+        return replace(s, index=fold_index(s.index), value=_fold_loads(s.value))
+    return s
+
+
+def _fold_loads(e: Expr) -> Expr:
+    if e.op is XOp.LOAD:
+        return replace(e, args=(fold_index(e.args[0]), *e.args[1:]))
+    if not e.args:
+        return e
+    args = tuple(_fold_loads(a) for a in e.args)
+    return e if all(n is o for n, o in zip(args, e.args)) else replace(e, args=args)
 
 
 def _unit_stride_loads(stmts: Sequence[Stmt], name: str) -> bool:
@@ -360,7 +386,7 @@ def _unit_stride_loads(stmts: Sequence[Stmt], name: str) -> bool:
         for e in expr_children(s):
             for node in walk_expr(e):
                 if node.op is XOp.LOAD:
-                    index = fold_expr(node.args[0])
+                    index = node.args[0]
                     used = free_vars(index) & dependent
                     if used - {name} or _coefficient(index, name) not in (0, 1):
                         ok = False

@@ -134,14 +134,28 @@ def _arith_identity(e: Expr) -> Expr:
         return _mul_identity(e, a, b)
     if _is_const(b, 1):
         return a if op is XOp.FLOORDIV else const(0, e.dtype, e.lanes)
-    if _is_const(b) and b.arg > 0 and e.lanes == 1:  # type: ignore[operator]
-        split = _split_multiple(a, b.arg)  # type: ignore[arg-type]
-        if split is not None:  # (q*c + k) // c = q + k // c, (q*c + k) % c = k % c (floor)
+    return e
+
+
+def fold_index(e: Expr) -> Expr:
+    """:func:`fold_expr` for an address (an i64 index that cannot overflow), with two more
+    rules: ``(q*c + k) // c -> q + k // c`` and ``(q*c + k) % c -> k % c`` (floor division,
+    c > 0). Not for values: with wrap-around (a u8 ``x * 4``) they would not hold."""
+    if not e.args or e.dtype is not DType.i64:
+        return e
+    args = tuple(fold_index(a) for a in e.args)
+    if any(n is not o for n, o in zip(args, e.args)):
+        e = replace(e, args=args)
+    e = _fold_node(e)
+    if e.op in (XOp.FLOORDIV, XOp.MOD) and e.lanes == 1 and _is_const(e.args[1]) \
+            and e.args[1].arg > 0:  # type: ignore[operator]
+        c = int(e.args[1].arg)  # type: ignore[arg-type]
+        split = _split_multiple(e.args[0], c)
+        if split is not None:
             q, k = split
-            c = b.arg
-            if op is XOp.MOD:
-                return const(k % c, e.dtype)  # type: ignore[operator]
-            return _fold_node(replace(e, op=XOp.ADD, args=(q, const(k // c, e.dtype))))  # type: ignore[operator]
+            if e.op is XOp.MOD:
+                return const(k % c, e.dtype)
+            return _fold_node(replace(e, op=XOp.ADD, args=(q, const(k // c, e.dtype))))
     return e
 
 
