@@ -573,13 +573,19 @@ kernel k0(x: f32 readonly, out0: f32):
     let t3 = sigmoid(load<8>(x, i))
     let t4 = t2*t3
     out0[i:+8] = t4
-  for i1 in 32..37:
-    let t5 = 2.0*x[i1]
-    let t6 = t5 + 1.0
-    let t7 = max(t6, 0.0)
-    let t8 = sigmoid(x[i1])
-    let t9 = t7*t8
-    out0[i1] = t9
+  let t5 = splat<4>(2.0)*load<4>(x, 32)
+  let t6 = t5 + splat<4>(1.0)
+  let t7 = max(t6, splat<4>(0.0))
+  let t8 = sigmoid(load<4>(x, 32))
+  let t9 = t7*t8
+  out0[32:+4] = t9
+  for i1 in 36..37:
+    let t10 = 2.0*x[i1]
+    let t11 = t10 + 1.0
+    let t12 = max(t11, 0.0)
+    let t13 = sigmoid(x[i1])
+    let t14 = t12*t13
+    out0[i1] = t14
 """
 
 
@@ -679,3 +685,17 @@ def test_a_plain_transpose_is_not_interleaved():
     (fn,) = check_groups(graph, [group], random_inputs(graph, seed=3))
     stops = {s.stop.arg for s in walk_stmts(fn.body) if isinstance(s, For)}
     assert 12 in stops and not stops & {6, 4, 3, 2}, str(fn)
+
+
+def test_a_run_remainder_goes_in_halving_vectors():
+    """Runs of 29 channels (a pad keeps them per pixel): 16 lanes, then 8 and 4 at constant
+    offsets, then one element; values checked compiled and interpreted."""
+    b = GraphBuilder("pad29")
+    x = b.input(((2, 5, 7, 29), F32), "x")
+    padded = b.add1("pad", [b.add1("exp", [x])], {"pads": (0, 0, 1, 2, 2, 0, 0, 0),
+                                                   "value": -float("inf")})
+    graph = b.build([b.add1("relu", [b.add1("neg", [padded])])])
+    group = one_kernel(graph)
+    (fn,) = check_groups(graph, [group], random_inputs(graph, seed=29))
+    widths = sorted({s.value.lanes for s in walk_stmts(fn.body) if isinstance(s, Store)})
+    assert widths == [1, 4, 8, 16], str(fn)

@@ -175,10 +175,34 @@ def run_loops(names: Namer, start: int, stop: int, lanes: int, body: Body) -> li
     if split > start:
         i = names.fresh("i")
         stmts.append(loop(i, start, split, body(var(i), lanes), lanes, LoopKind.VECTORIZED))
+        split = _vector_tail(stmts, split, stop, lanes, body)
     if stop > split:
         i = names.fresh("i")
         stmts.append(loop(i, split, stop, body(var(i), 1)))
     return stmts
+
+
+MIN_TAIL_LANES = 4
+"""The narrowest vector a run's remainder is taken in before single elements."""
+
+
+def _vector_tail(stmts: list[Stmt], start: int, stop: int, lanes: int, body: Body) -> int:
+    """Appends to ``stmts`` the remainder ``[start, stop)`` of a vectorised run (fewer than
+    ``lanes`` elements) in halving vectors, ``lanes/2`` down to :data:`MIN_TAIL_LANES`, each
+    straight-line code at a constant offset; returns where single elements start. A run of
+    136 channels was 8 vectors and 8 scalar iterations, as much work as the vectors in
+    ShuffleNet's depthwise convolutions (nine taps each); now 8 vectors and one of 8 lanes.
+    A width whose body does not vectorise leaves the rest to the scalar loop."""
+    width = lanes // 2
+    while width >= MIN_TAIL_LANES and stop > start:
+        if stop - start >= width:
+            try:
+                stmts.append(block(*body(const(start), width)))
+            except NotVectorizable:
+                return start
+            start += width
+        width //= 2
+    return start
 
 
 def outer_loop(names: Namer, count: int, tile: int | Expr | None,
