@@ -17,6 +17,7 @@ from tilefuse.dtypes import DType
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.interpreter import interpret
 from tilefuse.graph.ir import Graph
+from tilefuse.runtime.gpu import GpuKernel
 from tilefuse.runtime.gpu_cross import assemble, cross_compile
 from tilefuse.runtime.gpu_simulate import simulate
 from tilefuse.testing import assert_close, random_array
@@ -198,3 +199,45 @@ def test_fuzz_graphs_have_no_host_step_under_cuda() -> None:
     finally:
         logging.getLogger("tilefuse.fallback").disabled = False
     assert not hosted, hosted
+
+
+def pools(dtype: DType, ceil_mode: bool) -> Graph:
+    """Pools of a graph input (no convolution's activation matrix: the ops themselves), with
+    padding, stride, dilation and the ceil-mode overhang."""
+    b = GraphBuilder("pools")
+    x = b.input(((2, 3, 9, 8), dtype), "x")
+    outs = [b.add1("max_pool2d", [x], {"kernel": [3, 2], "stride": [2, 2],
+                                      "padding": [1, 0, 1, 1], "dilation": [1, 2],
+                                      "ceil_mode": ceil_mode})]
+    if dtype.is_float:
+        for include in (False, True):
+            outs.append(b.add1("avg_pool2d", [x], {"kernel": [3, 3], "stride": [2, 1],
+                                                  "padding": [1, 1, 1, 1],
+                                                  "count_include_pad": include,
+                                                  "ceil_mode": ceil_mode}))
+    return b.build(outs)
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+@pytest.mark.parametrize("dtype", [F32, F16, I32])
+def test_pools_of_inputs_run_on_the_device(dtype: DType, ceil_mode: bool) -> None:
+    graph = pools(dtype, ceil_mode)
+    assert [s for s in cross_compile(graph).program.steps if isinstance(s, GpuKernel)]
+    _check(graph, exact=not dtype.is_float)
+
+
+def grouped_conv(dtype: DType, groups: int) -> Graph:
+    """A grouped (or depthwise) conv2d whose weight is an input: no GEMM lowering takes it
+    whole; im2col and one batched product over the groups."""
+    b = GraphBuilder("grouped_conv")
+    x = b.input(((2, 6, 7, 7), dtype), "x")
+    w = b.input(((6, 6 // groups, 3, 3), dtype), "w")
+    return b.build([b.add1("conv2d", [x, w], {"stride": [2, 1], "padding": [1, 1, 0, 1],
+                                              "groups": groups})])
+
+
+@pytest.mark.parametrize("groups", [2, 6])
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_grouped_convs_with_a_runtime_weight_run_on_the_device(dtype: DType,
+                                                                groups: int) -> None:
+    _check(grouped_conv(dtype, groups), exact=False, seeds=(0,))

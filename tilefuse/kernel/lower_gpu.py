@@ -280,6 +280,11 @@ def lower_group_gpu(group: KernelGroup, row_unroll: int = 4, elementwise_unroll:
         from tilefuse.kernel.lower_gpu_scan import lower_scan_gpu
 
         return GpuLowered(lower_scan_gpu(group))
+    if group.kind is KernelKind.OPAQUE and [n.op.name for n in group.nodes] in (
+            ["max_pool2d"], ["avg_pool2d"]):
+        from tilefuse.kernel.lower_gpu_pool import lower_pool_gpu
+
+        return GpuLowered(lower_pool_gpu(group))
     if group.kind is KernelKind.OPAQUE and [n.op.name for n in group.nodes] == ["topk"]:
         from tilefuse.kernel.lower_gpu_reduce import lower_topk_gpu
 

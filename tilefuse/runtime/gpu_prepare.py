@@ -34,6 +34,10 @@ def prepare_for_gpu(graph: Graph) -> Graph:
     ones) as GEMMs in their dtype (module docstring); the same graph when none is left."""
     lowered, changed = conv_to_matmul(graph, GPU_CONV_DTYPES)
     graph = dce(lowered)[0] if changed else graph
+    if any(n.op.name == "conv2d" for n in graph.nodes):   # grouped, weight computed at run time
+        from tilefuse.kernel.legalize import legalize_convs
+
+        graph = legalize_convs(graph)[0]
     return _matrix_products(graph)
 
 
