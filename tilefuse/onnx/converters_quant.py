@@ -5,11 +5,12 @@ Quantized types are u8, i8 and i16 (tilefuse has no u16, int4 or float8 types: m
 them are refused by the importer's type check). A scale or zero point is a scalar, a vector
 along ``axis``, or (``block_size``) one value per block of ``axis``, repeated over the block.
 Quantizing rounds half to even (``round``), adds the zero point and saturates; integer products
-accumulate exactly in i32 (i8 and u8 products of any realistic K fit); integer convolutions run
-tilefuse's float conv2d in f64 on the centred operands, which is exact while the sums stay below
-2^53 (zero padding of ``x - x_zero`` is padding ``x`` with its zero point, as the operators
-define it). The QLinear ops then rescale by ``a_scale · b_scale / y_scale`` in f32 and
-requantize.
+accumulate exactly in i32 (i8 and u8 products of any realistic K fit); ConvInteger runs on the
+int8 convolution kernel where its weight allows (:mod:`tilefuse.onnx.conv_integer`), other
+integer convolutions run tilefuse's float conv2d in f64 on the centred operands, which is exact
+while the sums stay below 2^53 (zero padding of ``x - x_zero`` is padding ``x`` with its zero
+point, as the operators define it). The QLinear ops then rescale by
+``a_scale · b_scale / y_scale`` in f32 and requantize.
 """
 
 from __future__ import annotations
@@ -199,6 +200,15 @@ def _conv_centred(ctx: NodeContext, x: Tensor, x_zero: Tensor | None, w: Tensor,
 
 
 def _conv_integer(ctx: NodeContext) -> list[Tensor]:
+    """On the int8 kernel ``qconv_i8`` when it can (:mod:`tilefuse.onnx.conv_integer`, exact),
+    else in f64 (exact below 2^53)."""
+    from tilefuse.onnx.conv_integer import conv_integer_native
+
+    native = conv_integer_native(ctx, ctx.input(0), ctx.optional(2), ctx.input(1),
+                                 ctx.optional(3))
+    if not isinstance(native, str):
+        return [native]
+    _LOG.info("%s stays on the exact f64 path: %s", ctx.label, native)
     acc = _conv_centred(ctx, ctx.input(0), ctx.optional(2), ctx.input(1), ctx.optional(3))
     return [ctx.cast(acc, DType.i32)]
 

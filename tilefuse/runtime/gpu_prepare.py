@@ -38,6 +38,10 @@ def prepare_for_gpu(graph: Graph) -> Graph:
         from tilefuse.kernel.legalize import legalize_convs
 
         graph = legalize_convs(graph)[0]
+    if any(n.op.name == "qconv_i8" for n in graph.nodes):   # ONNX ConvInteger's int8 conv
+        from tilefuse.kernel.legalize_qconv import legalize_qconvs
+
+        graph = dce(legalize_qconvs(graph)[0])[0]
     return _matrix_products(graph)
 
 
