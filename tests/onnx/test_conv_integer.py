@@ -169,3 +169,38 @@ def test_conv_integer_cross_compiles_for_cuda_exactly(case: int) -> None:
     (got,) = simulate(built.program, [x])
     np.testing.assert_array_equal(got, reference(x, w, xz or 0, 0 if wz is None else wz, pads,
                                                  strides, dilations))
+
+
+def test_dynamic_quantize_and_matmul_integer_cross_compile_for_cuda_exactly() -> None:
+    """quantize_dynamic's MatMul: DynamicQuantizeLinear (``dynamic_quantize_u8`` at this size)
+    then MatMulInteger with a constant i8 weight (``matmul_u8s8``) and the f32 rescale: on the
+    CPU's VNNI kernels, written as tilefuse ops for cuda (no host step) with the same result."""
+    from tilefuse.runtime.gpu_cross import cross_compile
+    from tilefuse.runtime.gpu_simulate import simulate
+
+    w = rng.integers(-127, 128, size=(256, 24)).astype(np.int8)
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("MatMulInteger", ["xq", "w", "xz"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["accf", "xs"], ["y"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [16, 256])],
+                       [("y", TensorProto.FLOAT), ("xq", TensorProto.UINT8)], opset=13,
+                       initializers=[numpy_helper.from_array(w, "w")])
+    x = rng.standard_normal((16, 256)).astype(np.float32)
+    compiled = tilefuse.onnx.load(model)
+    graph = compiled.lower(x).captured
+    ops = {n.op.name for n in graph.nodes}
+    assert {"dynamic_quantize_u8", "matmul_u8s8"} <= ops, ops
+    cpu = compiled(x)
+    built = cross_compile(graph)
+    assert not built.host_steps, [s.reason for s in built.host_steps]
+    device = simulate(built.program, [x])
+    xq = cpu[1]
+    np.testing.assert_array_equal(device[1], xq)
+    np.testing.assert_array_equal(device[0], cpu[0])
+    # the CPU pipeline's graph: the rescale fused into matmul_u8s8's epilogue
+    fused = compiled.lower(x).optimized
+    assert any(n.op.name == "matmul_u8s8" and n.attrs["epilogue"] for n in fused.nodes)
+    built = cross_compile(fused)
+    assert not built.host_steps, [s.reason for s in built.host_steps]
+    np.testing.assert_array_equal(simulate(built.program, [x])[0], cpu[0])

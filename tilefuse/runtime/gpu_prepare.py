@@ -38,10 +38,11 @@ def prepare_for_gpu(graph: Graph) -> Graph:
         from tilefuse.kernel.legalize import legalize_convs
 
         graph = legalize_convs(graph)[0]
-    if any(n.op.name == "qconv_i8" for n in graph.nodes):   # ONNX ConvInteger's int8 conv
-        from tilefuse.kernel.legalize_qconv import legalize_qconvs
+    if any(n.op.name in ("qconv_i8", "matmul_u8s8", "dynamic_quantize_u8")
+           for n in graph.nodes):   # ONNX's integer ops: no VNNI kernels here
+        from tilefuse.kernel.legalize_int8 import legalize_int8
 
-        graph = dce(legalize_qconvs(graph)[0])[0]
+        graph = dce(legalize_int8(graph)[0])[0]
     return _matrix_products(graph)
 
 
