@@ -56,6 +56,14 @@ CASES = {
     "scatter_reduce_prod": (lambda x, i, s: torch.scatter_reduce(x, 2, i.clamp(0, 4), s,
                                                                  "prod"),
                             [X, IDX[:, :6], SRC], True),
+    "scatter_reduce_mean": (lambda x, i, s: torch.scatter_reduce(x, 1, i, s, "mean"),
+                            [X, IDX, SRC], True),
+    "scatter_reduce_amin_without_self": (
+        lambda x, i, s: torch.scatter_reduce(x, 1, i, s, "amin", include_self=False),
+        [X, IDX, SRC], True),
+    "scatter_reduce_mean_without_self": (
+        lambda x, i, s: torch.scatter_reduce(x, 1, i, s, "mean", include_self=False),
+        [X, IDX, SRC], True),
     "scatter_value": (lambda x, i: x.scatter(0, i.clamp(0, 3), 2.5), [X, IDX[:2, :6]], False),
     "index_put_rows_accumulate": (
         lambda x, r, v: torch.index_put(x, (r,), v, accumulate=True),
@@ -84,7 +92,8 @@ def test_scatter_converter_matches_eager_and_runs_on_the_device(name: str) -> No
     np.testing.assert_array_equal(np.asarray(device), np.asarray(got))
 
 
-def test_scatter_reduce_mean_runs_in_torch() -> None:
+def test_integer_scatter_reduce_mean_runs_in_torch() -> None:
+    ints = rng.integers(-9, 9, SRC.shape).astype(np.int64)
     with pytest.raises(Unsupported, match="mean"):
         torch_graph(Fn(lambda x, i, s: torch.scatter_reduce(x, 1, i, s, "mean")),
-                    [X, IDX, SRC], "mean")
+                    [ints[:, :6], IDX, ints], "mean")

@@ -4,11 +4,12 @@
 :mod:`tilefuse.kernel.lower_gpu_scatter`).
 
 * ``scatter(x, dim, index, src)`` / ``scatter_add`` / ``scatter(..., reduce=)`` /
-  ``scatter_reduce(..., "sum" | "prod" | "amax" | "amin", include_self=True)``:
-  ``scatter_elements`` along ``dim`` with src cut to the index's extent (torch allows a larger
-  src); ``scatter.value`` writes one number (training graphs decompose it first:
-  :mod:`tilefuse.frontend.torch.aten_training`).
-  ``scatter_reduce`` with ``"mean"`` or ``include_self=False`` raises :class:`Unsupported`.
+  ``scatter_reduce(..., "sum" | "prod" | "amax" | "amin")``: ``scatter_elements`` along
+  ``dim`` with src cut to the index's extent (torch allows a larger src); ``scatter.value``
+  writes one number (training graphs decompose it first:
+  :mod:`tilefuse.frontend.torch.aten_training`). ``include_self=False`` first writes the
+  reduction's identity at every target (a scatter without reduction); ``"mean"`` (floats) is
+  the scattered sums over the scattered counts.
 * ``index_put(x, indices, values, accumulate)`` with adjacent advanced integer indices (the
   leading ones, or after full slices: ``x[:, i] = v``) is a ``scatter_nd`` of the indexed axes
   brought to the front: the indices broadcast together and stacked as coordinates, the values
@@ -19,14 +20,17 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import fx
 
 from tilefuse.dtypes import DType
 from tilefuse.frontend.torch.convert import Converter, Lowering, Result, Unsupported, arg
+from tilefuse.graph.ir import Value
 
 aten = torch.ops.aten
 
@@ -40,13 +44,12 @@ def _scatter(reduction: str | None) -> Converter:
 
     def convert(lw: Lowering, node: fx.Node) -> Result:
         how = reduction
+        include_self = True
         if how is None:
-            given = str(arg(node, 4, "reduce", "none"))
-            if given not in _REDUCE:
-                raise Unsupported(f"scatter reduction {given!r}", op=lw.op)
-            how = _REDUCE[given]
-            if not bool(arg(node, 5, "include_self", True)):
-                raise Unsupported("scatter_reduce with include_self=False", op=lw.op)
+            how = str(arg(node, 4, "reduce", "none"))
+            if how not in _REDUCE and how != "mean":
+                raise Unsupported(f"scatter reduction {how!r}", op=lw.op)
+            include_self = bool(arg(node, 5, "include_self", True))
         x, index = lw.tensor(node.args[0]), lw.tensor(node.args[2])
         rank = len(x.shape)
         if rank == 0 or len(index.shape) != rank:
@@ -58,12 +61,45 @@ def _scatter(reduction: str | None) -> Converter:
                 values = lw.add("slice", [values], starts=[0] * rank,
                                 stops=[int(d) for d in index.shape], steps=[1] * rank)
         else:   # a Python number: the value at every index
-            values = lw.add("broadcast_to", [lw.operand(src, x.dtype)],
-                            shape=tuple(index.shape))
-        return lw.add("scatter_elements", [x, lw.cast(index, DType.i64), values],
-                      axis=int(node.args[1]) % rank, reduction=how)
+            values = _filled(lw, src, x.dtype, index)
+        index = lw.cast(index, DType.i64)
+        axis = int(node.args[1]) % rank
+
+        def scatter(data: Value, updates: Value, kind: str) -> Value:
+            return lw.add("scatter_elements", [data, index, updates], axis=axis,
+                          reduction=kind)
+
+        if how == "mean":   # the sums over the counts (x itself counted with include_self)
+            if not x.dtype.is_float:
+                raise Unsupported("scatter_reduce 'mean' of integers (a floor division)",
+                                  op=lw.op)
+            base, counts = x, _filled(lw, 1, x.dtype, x)
+            if not include_self:
+                zeros = _filled(lw, 0, x.dtype, index)
+                base, counts = scatter(x, zeros, "none"), scatter(counts, zeros, "none")
+            ones = _filled(lw, 1, x.dtype, index)
+            return lw.add("div", [scatter(base, values, "add"), scatter(counts, ones, "add")])
+        kind = _REDUCE.get(how, how)
+        if not include_self:   # the targets start from the reduction's identity
+            x = scatter(x, _filled(lw, _identity(kind, x.dtype), x.dtype, index), "none")
+        return scatter(x, values, kind)
 
     return convert
+
+
+def _filled(lw: Lowering, value: float | int | bool, dtype: DType, like: Value) -> Value:
+    """``value`` broadcast to ``like``'s shape, in ``dtype``."""
+    return lw.add("broadcast_to", [lw.operand(value, dtype)], shape=tuple(like.shape))
+
+
+def _identity(kind: str, dtype: DType) -> float | int:
+    """The start of a reduction (``add``, ``mul``, ``max``, ``min``) in ``dtype``."""
+    if kind in ("add", "mul"):
+        return 0 if kind == "add" else 1
+    if dtype.is_float:
+        return -math.inf if kind == "max" else math.inf
+    info = np.iinfo(dtype.np)
+    return int(info.min) if kind == "max" else int(info.max)
 
 
 def _index_put(lw: Lowering, node: fx.Node) -> Result:
