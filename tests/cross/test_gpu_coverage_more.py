@@ -299,3 +299,23 @@ def test_big_graphs_cross_compile(name: str) -> None:
     if shutil.which("ptxas"):
         for ptx in built.ptx().values():
             assemble(ptx)
+
+
+def test_int4_product_without_the_quantize_pass_runs_on_the_device() -> None:
+    """An ONNX MatMulNBits' ``matmul_w4`` the cuda quantize pass did not re-pack (no
+    ``quantize`` option): its dequantized weight through cuBLAS, not a host step."""
+    from tilefuse.graph.ir import Literal
+
+    rng = np.random.default_rng(4)
+    b = GraphBuilder("w4")
+    x = b.input(((5, 64), F32), "x")
+
+    def const(a: np.ndarray):
+        return b.add1("constant", [], {"value": Literal(a)})
+
+    weights = [const(rng.integers(0, 256, (32, 24)).astype(np.uint8)),
+               const(rng.uniform(0.01, 0.1, (2, 24)).astype(np.float32)),
+               const(rng.integers(0, 16, (2, 24)).astype(np.uint8)),
+               const(rng.standard_normal(24).astype(np.float32))]
+    graph = b.build([b.add1("matmul_w4", [x, *weights], {"group": 32, "act": "gelu"})])
+    _check(graph, exact=False, seeds=(0,))

@@ -1,13 +1,16 @@
 """The CPU's integer ops that ONNX import makes whatever the target (``qconv_i8`` of a
 ConvInteger, ``matmul_u8s8`` of a MatMulInteger, ``dynamic_quantize_u8`` of a
-DynamicQuantizeLinear), written as tilefuse ops for the cuda target, which has no VNNI kernels
-(:mod:`tilefuse.runtime.gpu_prepare`): each is then GPU kernels (integer products through the
-generated product, :mod:`tilefuse.kernel.lower_gpu_product`) instead of a host step.
+DynamicQuantizeLinear, ``matmul_w4`` of a MatMulNBits), written as tilefuse ops for the cuda
+target, which has no VNNI kernels (:mod:`tilefuse.runtime.gpu_prepare`): each is then GPU
+kernels (integer products through the generated product,
+:mod:`tilefuse.kernel.lower_gpu_product`) instead of a host step.
 
 * ``dynamic_quantize_u8``: its reference's steps (min and max over the tensor, the scale and
   zero point, the codes), as the ONNX converter writes small DynamicQuantizeLinears.
 * ``matmul_u8s8``: ``(i32(a) - i32(a_zero)) @ i32(w)`` (exact, wrapping as the reference), then
   the fused epilogue's steps in f32.
+* ``matmul_w4`` (MatMulNBits) when no cuda quantize pass re-packed it: the dequantized f32
+  weight, a cuBLAS product, bias and activation (the reference's arithmetic).
 * ``qconv_i8`` with a static activation quantization; its reference is, for ``x_scale != 0``::
 
     p (NHWC f32, read as ``nhwc``) -> zero pads of H and W -> windows [M, KH·KW·C]
@@ -35,6 +38,7 @@ import numpy as np
 from tilefuse.dtypes import DType
 from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Literal, Node, Value
+from tilefuse.ops.quant import dequantize_w4
 from tilefuse.passes.rewrite import rewrite_nodes
 
 _F32 = np.float32
@@ -42,7 +46,7 @@ _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "m
            "minimum": "minimum"}
 
 
-INTEGER_OPS = frozenset({"qconv_i8", "matmul_u8s8", "dynamic_quantize_u8"})
+INTEGER_OPS = frozenset({"qconv_i8", "matmul_u8s8", "dynamic_quantize_u8", "matmul_w4"})
 
 
 def legalize_int8(graph: Graph) -> tuple[Graph, bool]:
@@ -61,6 +65,8 @@ def _rule(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...],
         return _dynamic_quantize(builder, node, inputs)
     if node.op.name == "matmul_u8s8":
         return _u8s8(builder, node, inputs, constants)
+    if node.op.name == "matmul_w4":
+        return _w4(builder, node, inputs, constants)
     if node.op.name != "qconv_i8" or float(node.attrs["x_scale"]) == 0.0:
         return None
     arrays = [constants.get(v) for v in node.inputs[1:4]]
@@ -144,6 +150,25 @@ def _u8s8(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...],
         out = _epilogue(em, const, em("cast", acc, dtype=DType.f32), node.attrs["epilogue"],
                         operands)
     return (em("reshape", out, shape=tuple(node.outputs[0].shape)),)
+
+
+def _w4(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...],
+        constants: dict[Value, np.ndarray]) -> tuple[Value, ...] | None:
+    """ONNX MatMulNBits' ``matmul_w4`` without the cuda quantize pass (which re-packs it for
+    the GPU's int4 kernel, ``matmul_wq``): its weight dequantized here (the reference's f32
+    grid), an f32 product (cuBLAS), the bias and the activation."""
+    arrays = [constants.get(v) for v in node.inputs[1:]]
+    if any(a is None for a in arrays):
+        return None
+    wq, scales, zeros, bias = arrays
+    em, const = _emitters(builder, node)
+    w = dequantize_w4(wq, scales, zeros, int(node.attrs["group"]))
+    out = em("add", em("matmul", inputs[0], const(w)), const(bias.astype(_F32)))
+    if node.attrs["act"] == "relu":
+        out = em("relu", out)
+    elif node.attrs["act"] == "gelu":
+        out = em("gelu", out, approximate="none")
+    return (out,)
 
 
 def _dynamic_quantize(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...]

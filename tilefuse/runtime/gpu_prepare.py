@@ -38,7 +38,7 @@ def prepare_for_gpu(graph: Graph) -> Graph:
         from tilefuse.kernel.legalize import legalize_convs
 
         graph = legalize_convs(graph)[0]
-    if any(n.op.name in ("qconv_i8", "matmul_u8s8", "dynamic_quantize_u8")
+    if any(n.op.name in ("qconv_i8", "matmul_u8s8", "dynamic_quantize_u8", "matmul_w4")
            for n in graph.nodes):   # ONNX's integer ops: no VNNI kernels here
         from tilefuse.kernel.legalize_int8 import legalize_int8
 
