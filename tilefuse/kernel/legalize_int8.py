@@ -11,7 +11,8 @@ kernels (integer products through the generated product,
   the fused epilogue's steps in f32.
 * ``matmul_w4`` (MatMulNBits) when no cuda quantize pass re-packed it: the dequantized f32
   weight, a cuBLAS product, bias and activation (the reference's arithmetic).
-* ``qconv_i8`` with a static activation quantization; its reference is, for ``x_scale != 0``::
+* ``qconv_i8`` with a static activation quantization (``raw``: the i32 sums are the output);
+  its reference is, for ``x_scale != 0``::
 
     p (NHWC f32, read as ``nhwc``) -> zero pads of H and W -> windows [M, KH·KW·C]
     codes = clip(nan_to_num(rint(a / x_scale)), x_min - x_zero, x_max - x_zero)   (i32)
@@ -93,6 +94,8 @@ def _rule(builder: GraphBuilder, node: Node, inputs: tuple[Value, ...],
     k = w.shape[0]
     rows = em("reshape", windows, shape=(math.prod(windows.shape) // k, k))
     acc = em("matmul", rows, const(w.astype(np.int32)))
+    if a["raw"]:   # ONNX ConvInteger: the exact i32 sums alone
+        return (acc,)
     factor = (_F32(x_scale) * w_scale.astype(_F32)).astype(_F32)
     out = em("add", em("mul", em("cast", acc, dtype=DType.f32), const(factor)),
              const(bias.astype(_F32)))
