@@ -156,11 +156,19 @@ case("dynamic_quantize_u8", "f32", lambda b: list(b.add("dynamic_quantize_u8",
 case("matmul_u8s8", "u8", lambda b: [b.add1("matmul_u8s8", [
     _x(b, (3, 8), DType.u8), _const(b, np.array(3, np.uint8)),
     _const(b, np.ones((8, 5), np.int8))], {})])
+case("matmul_u8s8", "epilogue", lambda b: [b.add1("matmul_u8s8", [
+    _x(b, (3, 8), DType.u8), _const(b, np.array(3, np.uint8)),
+    _const(b, np.ones((8, 5), np.int8)), _x(b, (5,), F32, "s")],
+    {"epilogue": (("mul", "t", 0, False), ("gelu",), ("add", "s", 0.5, False))})])
 case("qconv_i8", "static", lambda b: [b.add1("qconv_i8", [
     _x(b, (1, 5, 5, 4), F32), _const(b, np.ones((36, 3), np.int8)),
     _const(b, np.ones(3, np.float32)), _const(b, np.zeros(3, np.float32))],
     {"kernel": (3, 3), "x_scale": 0.5, "x_zero": 3, "x_min": 0, "x_max": 255,
      "pads": (1, 1, 1, 1)})])
+case("qconv_i8", "raw", lambda b: [b.add1("qconv_i8", [
+    _x(b, (1, 5, 5, 4), F32), _const(b, np.ones((36, 3), np.int8)),
+    _const(b, np.ones(3, np.float32)), _const(b, np.zeros(3, np.float32))],
+    {"kernel": (3, 3), "x_scale": 1.0, "x_zero": 0, "x_min": 0, "x_max": 255, "raw": True})])
 case("matmul_w4", "f32", lambda b: [b.add1("matmul_w4", [
     _x(b, (2, 64), F32), _const(b, np.ones((32, 16), np.uint8)),
     _const(b, np.ones((1, 16), np.float32)), _const(b, np.full((1, 16), 8, np.uint8)),

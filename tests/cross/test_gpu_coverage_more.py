@@ -319,3 +319,25 @@ def test_int4_product_without_the_quantize_pass_runs_on_the_device() -> None:
                const(rng.standard_normal(24).astype(np.float32))]
     graph = b.build([b.add1("matmul_w4", [x, *weights], {"group": 32, "act": "gelu"})])
     _check(graph, exact=False, seeds=(0,))
+
+
+def test_u8s8_epilogue_matches_the_reference_on_the_device() -> None:
+    """``matmul_u8s8`` with a fused epilogue (rescale, GELU, shift) written as ops for cuda:
+    the exact i32 product, then the steps in f32 as the reference takes them."""
+    from tilefuse.graph.ir import Literal
+
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("u8s8")
+    a = b.input(((6, 40), U8), "a")
+    scale = b.input(((24,), F32), "scale")
+    zero = b.add1("constant", [], {"value": Literal(np.array(7, np.uint8))})
+    w = b.add1("constant", [], {"value": Literal(rng.integers(-127, 128, (40, 24))
+                                                 .astype(np.int8))})
+    steps = (("mul", "t", 0, False), ("gelu",), ("add", "s", 0.5, False))
+    graph = b.build([b.add1("matmul_u8s8", [a, zero, w, scale], {"epilogue": steps})])
+    built = cross_compile(graph)
+    assert not built.host_steps
+    x = rng.integers(0, 256, (6, 40)).astype(np.uint8)
+    s = rng.uniform(1e-3, 1e-2, 24).astype(np.float32)
+    (got,) = simulate(built.program, [x, s])
+    assert_close(np.asarray(got), interpret(graph, x, s)[0])

@@ -124,6 +124,8 @@ def _epilogue(em: Any, const: Any, out: Value, steps: tuple, operands: tuple[Val
             out = em("round", out)
         elif step[0] == "relu":
             out = em("relu", out)
+        elif step[0] == "gelu":
+            out = em("gelu", out, approximate="none")
         elif step[0] == "clip":
             out = em("clip", out, min=float(step[1]), max=float(step[2]))
         else:
