@@ -207,3 +207,42 @@ def test_dynamic_quantize_and_matmul_integer_cross_compile_for_cuda_exactly() ->
     built = cross_compile(fused)
     assert not built.host_steps, [s.reason for s in built.host_steps]
     np.testing.assert_array_equal(simulate(built.program, [x])[0], cpu[0])
+
+
+def test_onnxruntime_quantize_dynamic_cnn(tmp_path) -> None:
+    """onnxruntime's ``quantize_dynamic`` of a small CNN: ConvInteger after DynamicQuantizeLinear
+    (a run-time zero point) runs on ``qconv_i8``; the output equals onnxruntime's and the
+    reference's bit for bit, and the graph cross-compiles for cuda with no host step and the
+    same output (simulated)."""
+    torch = pytest.importorskip("torch")
+    ort = pytest.importorskip("onnxruntime")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from tilefuse.runtime.gpu_cross import cross_compile
+    from tilefuse.runtime.gpu_simulate import simulate
+
+    torch.manual_seed(0)
+    # the whole-tensor min/max of the second DynamicQuantizeLinear fuses the first conv's
+    # NCHW dequantize: as an unrolled register row that was 30 s of NVPTX emission
+    # (kernel/lower_gpu.py's REGISTER_ROW_DIVISIONS)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 4, 3, stride=2, padding=1), torch.nn.Flatten(),
+                              torch.nn.Linear(4 * 4 * 4, 10)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    path, qpath = tmp_path / "cnn.onnx", tmp_path / "cnn.int8.onnx"
+    torch.onnx.export(net, (x,), str(path), input_names=["x"], output_names=["y"],
+                      opset_version=17, dynamo=False)
+    quantize_dynamic(str(path), str(qpath), weight_type=QuantType.QUInt8)
+    compiled = tilefuse.onnx.load(str(qpath))
+    xs = x.numpy()
+    out = compiled(xs)
+    lowered = compiled.lower(xs)
+    assert "qconv_i8" in [n.op.name for n in lowered.optimized.nodes]
+    assert lowered.executable.fallbacks == []
+    want = ort.InferenceSession(str(qpath), providers=["CPUExecutionProvider"]).run(
+        None, {"x": xs})[0]
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(out, tilefuse.onnx.load(str(qpath), target="reference")(xs))
+    built = cross_compile(lowered.captured)
+    assert not built.host_steps, [s.reason for s in built.host_steps]
+    np.testing.assert_array_equal(simulate(built.program, [xs])[0], out)
