@@ -295,16 +295,19 @@ def test_prologues_become_kernels_and_views_are_read_in_place(tmp_path) -> None:
 
 
 def test_a_host_step_is_a_warning_and_listed(caplog) -> None:
-    b = GraphBuilder("scatter")
-    data = b.input(((4, 9), F32), "data")
-    idx = b.input(((2, 9), I64), "idx")
-    upd = b.input(((2, 9), F32), "upd")
-    graph = b.build([b.add1("scatter_elements", [data, idx, upd], {"axis": 0})])
+    # scatters run on the device now (tests/cross/test_gpu_coverage_more.py); the CPU int8
+    # path's product (what the CPU's quantize pass makes; the cuda target's quantize makes
+    # matmul_wq instead) has no GPU lowering
+    b = GraphBuilder("qmatmul")
+    x = b.input(((4, 8), F32), "x")
+    weights = [_const(b, np.ones((8, 5), np.int8)), _const(b, np.ones(5, np.float32)),
+               _const(b, np.zeros(5, np.float32))]
+    graph = b.build([b.add1("qmatmul_i8", [x, *weights], {"act": "none"})])
     with caplog.at_level("WARNING", logger="tilefuse.fallback"):
         built = cross_compile(graph)
     assert built.host_steps and isinstance(built.host_steps[0], HostGroup)
     assert any("runs on the host under the cuda target" in r.getMessage()
-               and "scatter_elements" in r.getMessage() for r in caplog.records)
+               and "qmatmul_i8" in r.getMessage() for r in caplog.records)
     assert "\nhost " in built.program.partition_text()
     assert "1 on the host" in built.program.partition_text()
 

@@ -9,8 +9,9 @@ accumulate exactly in i32 (i8 and u8 products of any realistic K fit); integer c
 tilefuse's float conv2d in f64 on the centred operands, which is exact while the sums stay below
 2^53 (zero padding of ``x - x_zero`` is padding ``x`` with its zero point, as the operators
 define it); a 2-D ConvInteger with a constant weight runs on ``qconv_i8``'s raw i32 sums
-instead (VNNI, exact). The QLinear ops then rescale by ``a_scale · b_scale / y_scale`` in f32 and
-requantize.
+instead (VNNI, exact; x's zero point computed at run time, as DynamicQuantizeLinear makes it,
+is a correction: :mod:`tilefuse.onnx.conv_integer`). The QLinear ops then rescale by
+``a_scale · b_scale / y_scale`` in f32 and requantize.
 """
 
 from __future__ import annotations
@@ -231,7 +232,12 @@ def _conv_integer(ctx: NodeContext) -> list[Tensor]:
     i8, else tilefuse's conv2d in f64 on the centred operands (exact below 2^53)."""
     x, x_zero, w, w_zero = ctx.input(0), ctx.optional(2), ctx.input(1), ctx.optional(3)
     codes = _conv_integer_codes(ctx, x, x_zero, w, w_zero)
-    if isinstance(codes, str):
+    if isinstance(codes, str):   # a zero point computed at run time: a correction
+        from tilefuse.onnx.conv_integer import conv_integer_runtime_zero
+
+        native = conv_integer_runtime_zero(ctx, x, x_zero, w, w_zero)
+        if not isinstance(native, str):
+            return [native]
         _LOG.info("%s stays on the exact f64 path: %s", ctx.label, codes)
         return [ctx.cast(_conv_centred(ctx, x, x_zero, w, w_zero), DType.i32)]
     o, c, kh, kw = codes.shape

@@ -39,6 +39,15 @@ def prepare_for_gpu(graph: Graph) -> Graph:
     ones) as GEMMs in their dtype (module docstring); the same graph when none is left."""
     lowered, changed = conv_to_matmul(graph, GPU_CONV_DTYPES)
     graph = dce(lowered)[0] if changed else graph
+    if any(n.op.name == "conv2d" for n in graph.nodes):   # grouped, weight computed at run time
+        from tilefuse.kernel.legalize import legalize_convs
+
+        graph = legalize_convs(graph)[0]
+    if any(n.op.name in ("qconv_i8", "matmul_u8s8", "dynamic_quantize_u8", "matmul_w4")
+           for n in graph.nodes):   # ONNX's integer ops: no VNNI kernels here
+        from tilefuse.kernel.legalize_int8 import legalize_int8
+
+        graph = dce(legalize_int8(graph)[0])[0]
     from tilefuse.runtime.gpu_grouped import fold_grouped_products
     from tilefuse.runtime.gpu_views import gpu_views
 
