@@ -72,6 +72,7 @@ from tilefuse.log import get_logger
 from tilefuse.loop.ir import Expr, LoopFunction
 from tilefuse.passes.quantize import quantization_summary
 from tilefuse.progress import BuildProgress
+from tilefuse.runtime import arena_space
 from tilefuse.runtime.kernel_cache import KernelArtifact, KernelCache
 from tilefuse.runtime.launch import HostStep, KernelLaunch, NativeStep, Slot, Step
 from tilefuse.runtime.memory import BufferRequest, MemoryPlan, plan_memory
@@ -380,8 +381,11 @@ class CpuBuild:
             slots.setdefault(v, len(graph.inputs) + j)
         requests, keys = self.requests(slots, pendings, sizes)
         memory = plan_memory(requests)
+        space = arena_space.active()   # a training step's executables share one arena
+        shared = None if space is None else space.arena(memory.arena_bytes)
         try:
-            arena = aligned_empty(max(memory.arena_bytes, 1), np.uint8)
+            arena = shared if shared is not None else \
+                aligned_empty(max(memory.arena_bytes, 1), np.uint8)
         except MemoryError:
             raise CompileError(f"@{self.graph.name}: out of memory allocating the "
                                f"{memory.arena_bytes}-byte arena of intermediates") from None
@@ -551,10 +555,14 @@ def assemble(graph: Graph, build: CpuBuild, pendings: Sequence[PendingGroup],
                    if not _is_index(slots[v], first + j))
     parts = ExecutableParts(graph, memory_plan, arena, steps, build.aligned_inputs(pendings),
                             copies)
-    return NativeExecutable.from_parts(
+    made = NativeExecutable.from_parts(
         parts, _launcher(steps, len(graph.inputs) + len(graph.outputs), graph.name),
         cache_stats=build.cache.stats, kernel_plan=build.plan,
         index_checks=tuple(c for p in pendings for c in p.checks))
+    space = arena_space.active()
+    if space is not None and space.owns(arena):
+        made._lock = space.lock   # its arena is shared: one executable of the space at a time
+    return made
 
 
 def _launcher(steps: Sequence[Step], io_count: int, name: str) -> CompiledLauncher | None:
