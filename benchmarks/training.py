@@ -164,6 +164,11 @@ def run(name: str, steps: int, inductor: bool, autocast: str | None = None,
     On CUDA ``max_memory_allocated``; on the CPU the resident high-water mark over the
     resident size before the step (glibc set to map and unmap every large block), plus, for
     tilefuse, the arenas its executables hold between steps (resident before the step)."""
+    from tilefuse.frontend.torch import training
+    from tilefuse.frontend.torch.training import device_bytes
+    from tilefuse.runtime.arena_space import ArenaSpace
+    # each model's graphs their own shared arena (one process trains several models here)
+    training.TRAINING_ARENA = ArenaSpace(name)
     torch.manual_seed(0)
     model, step = MODELS[name]()
     model = model.to(DEVICE)
@@ -206,8 +211,14 @@ def run(name: str, steps: int, inductor: bool, autocast: str | None = None,
             _sync()
             times[label].append(time.perf_counter() - t0)
             losses[label].append(loss.item())
+            if i == 0:
+                print(f"  ({name} {label}: first step {times[label][0]:.1f} s, loss "
+                      f"{losses[label][0]:.4f})", flush=True)
             if DEVICE == "cuda":
-                peaks[label] = max(peaks[label], torch.cuda.max_memory_allocated() - before)
+                outside = sum(device_bytes(g) for g in recording.made) \
+                    if backend_of[label] == "tilefuse" else 0
+                peaks[label] = max(peaks[label],
+                                   torch.cuda.max_memory_allocated() - before + outside)
             elif i >= WARMUP:   # past the compiling steps
                 peaks[label] = max(peaks[label], _hwm() - before)
     held = _held(recording.made, show=True) if tilefuse and DEVICE == "cpu" else 0
@@ -223,6 +234,10 @@ def run(name: str, steps: int, inductor: bool, autocast: str | None = None,
         if "inductor" in med:
             ratio += f", {med[label] / med['inductor']:.2f}x inductor"
         memory = f"  step peak +{peaks[label] / 2**20:.0f} MiB"
+        if label == "tilefuse" and DEVICE == "cuda":
+            outside = sum(device_bytes(g) for g in recording.made)
+            memory += f" (of which {outside / 2**20:.0f} MiB tilefuse's own device buffers: " \
+                "arenas, input buffers, constants)"
         if label == "tilefuse" and held:
             memory += f" (of which {held / 2**20:.0f} MiB the arena tilefuse holds between steps)"
         print(f"  {label:9s} step {med[label] * 1e3:8.1f} ms  ({ratio.strip(', ')})  first step "

@@ -303,6 +303,33 @@ def step_memory(graph: Any) -> StepMemory | None:
                       space.peak)
 
 
+def device_bytes(graph: Any) -> int:
+    """Bytes of device memory the cuda executables of a compiled training graph hold outside
+    torch's allocator (their arenas, input buffers and constants: ``cuMemAlloc`` blocks that
+    ``torch.cuda.max_memory_allocated`` does not see); 0 for a CPU graph."""
+    graph = getattr(graph, "graph", graph)
+    if not isinstance(graph, TrainingGraph):
+        return 0
+    total = 0
+    seen: set[int] = set()
+    for half in (graph.forward, graph.backward):
+        for traced in getattr(half, "traced", {}).values():
+            for module in traced.modules():
+                executable = getattr(module, "executable", None)
+                if getattr(executable, "device", "cpu") != "cuda":
+                    continue
+                buffers = [getattr(executable, "arena", None),
+                           *getattr(executable, "_buffers", {}).values(),
+                           *getattr(executable, "_constants", {}).values()]
+                for buffer in buffers:
+                    if buffer is None or getattr(buffer, "owner", None) is not None \
+                            or id(buffer) in seen:
+                        continue
+                    seen.add(id(buffer))
+                    total += int(getattr(buffer, "nbytes", 0))
+    return total
+
+
 def needs_training(example_inputs: Sequence[Any]) -> bool:
     """Whether Dynamo's graph must be differentiable: grad mode on and a tensor input that
     requires grad."""
@@ -316,6 +343,6 @@ def compile_training(gm: fx.GraphModule, example_inputs: Sequence[Any], options:
     return TrainingGraph(gm, example_inputs, options, name)
 
 
-__all__ = ["PartitionChoice", "StepMemory", "TrainingGraph", "compile_training",
-           "needs_training", "step_memory", "warn_fallbacks", "warn_host_steps",
-           "warn_whole_graph"]
+__all__ = ["TRAINING_ARENA", "PartitionChoice", "StepMemory", "TrainingGraph",
+           "compile_training", "device_bytes", "needs_training", "step_memory",
+           "warn_fallbacks", "warn_host_steps", "warn_whole_graph"]
