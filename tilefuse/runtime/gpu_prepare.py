@@ -24,6 +24,7 @@ from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.passes.conv_lowering import conv_to_matmul
 from tilefuse.passes.dce import dce
+from tilefuse.passes.split_reduce import split_long_sums
 
 HALF = frozenset({DType.f16, DType.bf16})
 GPU_CONV_DTYPES = HALF | {DType.f32}
@@ -34,7 +35,7 @@ def prepare_for_gpu(graph: Graph) -> Graph:
     ones) as GEMMs in their dtype (module docstring); the same graph when none is left."""
     lowered, changed = conv_to_matmul(graph, GPU_CONV_DTYPES)
     graph = dce(lowered)[0] if changed else graph
-    return _matrix_products(graph)
+    return split_long_sums(_matrix_products(graph))   # column sums: two kernels, more threads
 
 
 def _vector_product(node: Node) -> bool:
