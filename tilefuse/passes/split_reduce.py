@@ -25,7 +25,7 @@ from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.kernel.classify import reduced_axes, row_width
 
-MIN_FOLD = 1024
+MIN_FOLD = 256
 """Reduced counts below this stay one kernel."""
 MAX_OUTPUTS = 16384
 """Sums with more outputs than this already fill the GPU with a thread per output."""
