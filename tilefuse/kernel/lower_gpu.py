@@ -89,9 +89,15 @@ def gpu_schedule(group: KernelGroup, row_unroll: int = 4) -> Schedule:
 
 
 def _row_vector_width(group: KernelGroup) -> int:
+    """The vector width of a row reduction's passes: 32·k with the row a multiple of it; a
+    long row of another length (GPT-2's 50257-token vocabulary) still a warp per row, an
+    element a thread, its last ``n % 32`` elements a uniform scalar tail (else a thread per
+    row: uncoalesced, and ~100x slower on the loss of a language model)."""
     n = iteration_axes(group).get("n")
-    if not isinstance(n, int) or n % WARP:
+    if not isinstance(n, int):
         return 1
+    if n % WARP:
+        return WARP if n >= LONG_UNALIGNED_ROW else 1
     itemsize = min(v.dtype.itemsize for v in group.inputs)
     per_thread = max(1, GPU_VECTOR_BYTES // itemsize)
     while n % (WARP * per_thread):
@@ -109,6 +115,10 @@ loads (and recomputed values such as softmax's ``exp``) into one read of the row
 
 
 LONG_ROW_BLOCK = 128
+
+LONG_UNALIGNED_ROW = 256
+"""Rows at least this long whose length is not a multiple of the warp are still a warp per
+row (:func:`_row_vector_width`)."""
 
 
 def unroll_constant_loops(s: Stmt) -> Stmt:
