@@ -13,7 +13,6 @@ from tilefuse.runtime.launch import NativeStep
 rng = np.random.default_rng(11)
 
 
-
 def test_row_softmax_reshaped_into_the_output_has_no_copy() -> None:
     def f(x):
         z = x - x.max(axis=1, keepdims=True)
