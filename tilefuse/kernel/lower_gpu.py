@@ -13,7 +13,9 @@ The loop IR is the CPU's; what differs is the shape of the nest a GPU wants:
   (:mod:`tilefuse.codegen.simt`): a warp per row, coalesced 16-byte accesses, reductions by
   warp shuffles; values are recomputed rather than stored between passes (softmax's exp costs
   one special-function instruction, a stored row a write and a read of DRAM). Rows whose length
-  is not a multiple of 32 fall back to a thread per row.
+  is not a multiple of 32 (but at least 32) take one element a thread a warp iteration and end
+  in a scalar tail of ``n % 32`` elements that every thread of the warp computes alike (a
+  decode step's softmax over 2049 keys); shorter ones fall back to a thread per row.
 * **movement**: the CPU lowering with the flat domain as the parallel loop, scalar code.
 
 :func:`gpu_schedule` is the schedule data those lowerings take; :func:`lower_group_gpu`
@@ -90,14 +92,17 @@ def gpu_schedule(group: KernelGroup, row_unroll: int = 4) -> Schedule:
 
 def _row_vector_width(group: KernelGroup) -> int:
     """The vector width of a row reduction's passes: 32·k with the row a multiple of it; a
-    long row of another length (GPT-2's 50257-token vocabulary) still a warp per row, an
-    element a thread, its last ``n % 32`` elements a uniform scalar tail (else a thread per
-    row: uncoalesced, and ~100x slower on the loss of a language model)."""
+    row of another length of at least 32 (GPT-2's 50257-token vocabulary) still a warp per
+    row, an element a thread, its last ``n % 32`` elements a uniform scalar tail (a thread
+    per row was uncoalesced, and far slower on the loss of a language model)."""
     n = iteration_axes(group).get("n")
-    if not isinstance(n, int):
+    if not isinstance(n, int) or n < WARP:
         return 1
     if n % WARP:
-        return WARP if n >= LONG_UNALIGNED_ROW else 1
+        # one element a thread: rows at odd offsets allow no wider access; the tail of n % 32
+        # elements is scalar (uniform over the warp). A thread per row was 0.26 ms for a
+        # decode step's softmax of 16 x 2049 on an H200.
+        return WARP
     itemsize = min(v.dtype.itemsize for v in group.inputs)
     per_thread = max(1, GPU_VECTOR_BYTES // itemsize)
     while n % (WARP * per_thread):
@@ -116,9 +121,6 @@ loads (and recomputed values such as softmax's ``exp``) into one read of the row
 
 LONG_ROW_BLOCK = 128
 
-LONG_UNALIGNED_ROW = 256
-"""Rows at least this long whose length is not a multiple of the warp are still a warp per
-row (:func:`_row_vector_width`)."""
 
 
 def unroll_constant_loops(s: Stmt) -> Stmt:

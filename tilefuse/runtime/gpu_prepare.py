@@ -15,6 +15,11 @@ the bytes, no half tensor cores).
 A ``matmul`` with a 1-D operand (a vector times a matrix, NumPy's rule) becomes the 2-D product
 of the vector as a row (``[1, K]``) or a column (``[K, 1]``) reshaped back to the result's
 shape, so it is a cuBLAS product too instead of a host step (found by the GPU fuzzer).
+
+Grouped-query products (a key/value cache repeated over the heads sharing it) multiply the
+shared tensor once with the heads' rows stacked (:mod:`tilefuse.runtime.gpu_grouped`);
+transposes of size-1 axes are reshapes and RoPE's ``rotate_half`` one gather
+(:mod:`tilefuse.runtime.gpu_views`).
 """
 
 from __future__ import annotations
@@ -35,7 +40,11 @@ def prepare_for_gpu(graph: Graph) -> Graph:
     ones) as GEMMs in their dtype (module docstring); the same graph when none is left."""
     lowered, changed = conv_to_matmul(graph, GPU_CONV_DTYPES)
     graph = dce(lowered)[0] if changed else graph
-    return split_long_sums(_matrix_products(graph))   # column sums: two kernels, more threads
+    from tilefuse.runtime.gpu_grouped import fold_grouped_products
+    from tilefuse.runtime.gpu_views import gpu_views
+
+    # column sums: two kernels, more threads (split_long_sums)
+    return split_long_sums(fold_grouped_products(gpu_views(_matrix_products(graph))))
 
 
 def _vector_product(node: Node) -> bool:
