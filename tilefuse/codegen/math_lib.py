@@ -403,7 +403,7 @@ def _erf(em: _Em, x: ir.Value) -> ir.Value:
     a = em.sel(em.cmp(">", a, em.f(hi)), em.f(hi), a)  # erf rounds to 1 beyond hi
     u = em.fma(a, em.f(2.0 / (hi - lo)), em.f(-(hi + lo) / (hi - lo)))
     erfcx = em.poly(u, _ERFCX_F32_MONOMIALS) if f32 else _clenshaw(em, u, cheb)
-    erfc = em.mul(em.call("exp", em.neg(em.mul(a, a))), erfcx)
+    erfc = em.mul(em.call("exp_nonpos", em.neg(em.mul(a, a))), erfcx)  # -a² <= 0 or NaN
     big = em.copysign(em.sub(em.f(1.0), erfc), x)
     return em.sel(em.cmp("<", em.unary("fabs", x), em.f(1.0)), small, big)
 
