@@ -23,7 +23,9 @@ across it; then fewer trailing axes; scalars when no block vectorises
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -185,6 +187,20 @@ def run_loops(names: Namer, start: int, stop: int, lanes: int, body: Body) -> li
 MIN_TAIL_LANES = 4
 """The narrowest vector a run's remainder is taken in before single elements."""
 
+_VECTOR_TAILS: ContextVar[bool] = ContextVar("vector_tails", default=True)
+
+
+@contextmanager
+def scalar_tails() -> Iterator[None]:
+    """Lowerings inside take a run's remainder one element at a time (no halving vectors):
+    the GPU's vectors are a warp's threads, and a vector narrower than the warp does not
+    spread over it (:mod:`tilefuse.codegen.simt`)."""
+    token = _VECTOR_TAILS.set(False)
+    try:
+        yield
+    finally:
+        _VECTOR_TAILS.reset(token)
+
 
 def _vector_tail(stmts: list[Stmt], start: int, stop: int, lanes: int, body: Body) -> int:
     """Appends to ``stmts`` the remainder ``[start, stop)`` of a vectorised run (fewer than
@@ -193,7 +209,7 @@ def _vector_tail(stmts: list[Stmt], start: int, stop: int, lanes: int, body: Bod
     136 channels was 8 vectors and 8 scalar iterations, as much work as the vectors in
     ShuffleNet's depthwise convolutions (nine taps each); now 8 vectors and one of 8 lanes.
     A width whose body does not vectorise leaves the rest to the scalar loop."""
-    width = lanes // 2
+    width = lanes // 2 if _VECTOR_TAILS.get() else 0
     while width >= MIN_TAIL_LANES and stop > start:
         if stop - start >= width:
             try:

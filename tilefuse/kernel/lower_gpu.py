@@ -32,7 +32,7 @@ from tilefuse.errors import CompileError
 from tilefuse.graph.ir import Value
 from tilefuse.kernel.access import NotVectorizable, dims, squeezed, unflatten
 from tilefuse.kernel.fusion import KernelGroup, KernelKind
-from tilefuse.kernel.lower_elementwise import KernelContext
+from tilefuse.kernel.lower_elementwise import KernelContext, scalar_tails
 from tilefuse.kernel.lower_gpu_index import GatherContext, flat_movement, has_gather
 from tilefuse.kernel.schedule import Schedule, iteration_axes
 from tilefuse.loop.ir import (
@@ -293,7 +293,16 @@ def lower_group_gpu(group: KernelGroup, row_unroll: int = 4, elementwise_unroll:
 
     Groups holding a gather (``take``, ``take_along_axis``) and movement groups of several
     nodes (a reshape/transpose chain, an im2col) are lowered as elementwise kernels whose
-    movement ops are index arithmetic (:mod:`tilefuse.kernel.lower_gpu_index`)."""
+    movement ops are index arithmetic (:mod:`tilefuse.kernel.lower_gpu_index`). The shared
+    lowerings run with scalar remainders (:func:`scalar_tails`): no vector narrower than a
+    warp."""
+    with scalar_tails():
+        return _lower_group_gpu(group, row_unroll, elementwise_unroll, register_row,
+                                long_row_block)
+
+
+def _lower_group_gpu(group: KernelGroup, row_unroll: int, elementwise_unroll: int,
+                     register_row: int, long_row_block: int) -> GpuLowered:
     if has_gather(group) or (group.kind is KernelKind.MOVEMENT and flat_movement(group)):
         return lower_elementwise_gpu(replace(group, kind=KernelKind.ELEMENTWISE),
                                      elementwise_unroll, GatherContext)
