@@ -1,16 +1,22 @@
 """Weight-only quantized products on the ``cuda`` target against bf16 cuBLAS (torch).
 
-    python benchmarks/gpu_quant.py [--quick] [--json out.json] [--dry]
+    python benchmarks/gpu_quant.py [--quick] [--ms 1,4,16] [--sweep] [--shapes] [--json out]
+                                   [--ptx-out DIR] [--dry]
 
 1. **Products** ``x[M, K] @ W[K, N]``, K = N = 8192, M = 1, 4, 16, bf16 activations: tilefuse's
    ``matmul_wq`` kernel with int4 (group 128), int8 and fp8 weights against torch's bf16
    matmul (cuBLAS); int8 and fp8 at the first and last M only. Each timed call runs
    ``ROTATE`` products with different weights (so the 34 MB of an int4 weight is not served
-   from the 50 MB L2), the time is per product: CUDA
-   events around 50 back-to-back calls, the median of 5 such samples, interleaved between
-   the systems. Before timing, product 0's output is compared with the exact dequantized
-   reference (f32, on the device through torch).
-2. **A Llama-style decode step** (hidden 4096, 32 heads of 128, MLP 11008, a KV cache of 512,
+   from the 50 MB L2), the time is per product: both sides captured as CUDA graphs (10 calls
+   each) and replayed between events, the median of 5 samples of 10 replays (Python's launch
+   cost, 20-40 µs a launch, is as long as a kernel; the Python-launched time is logged too).
+   Before timing, product 0's output is compared with the exact dequantized reference (f32,
+   on the device through torch).
+2. ``--sweep``: every configuration of :data:`SWEEP` for int4 at each M, checked against the
+   exact product (output poisoned first) and timed the same way; ``--shapes`` also at the
+   decode step's product shapes (M = 1). ``--ptx-out DIR`` compiles the sweep's kernels on the
+   CPU and stops; ``$GPU_QUANT_PTX=DIR`` on the device then skips their compilation.
+3. **A Llama-style decode step** (hidden 4096, 32 heads of 128, MLP 11008, a KV cache of 512,
    one token): the same tilefuse graph built in bf16 and with ``quantize="int4"`` for the cuda
    target; each replayed as its CUDA graph (``run_device``), device time per step.
 
@@ -113,6 +119,46 @@ def _median_ms(time_ms, run, repeats: int, samples: int) -> float:
     return statistics.median(time_ms(run, repeats) for _ in range(samples))
 
 
+def graph_ms(ctx: Any, record: Any, inner: int = 10, replays: int = 10,
+             samples: int = 5) -> float:
+    """Milliseconds per ``record(stream)`` replayed from one CUDA graph holding ``inner``
+    copies of it: the device time without Python's launch cost (a few microseconds a launch,
+    as much as a 10 µs kernel)."""
+    from tilefuse.runtime.cuda_driver import _call
+    from tilefuse.runtime.cuda_graph import CudaGraph
+
+    graph = CudaGraph(ctx, lambda stream: [record(stream) for _ in range(inner)])
+
+    def replay() -> None:
+        with ctx:
+            _call("cuGraphLaunch", graph.exec, 0)
+    return _median_ms(ctx.time_ms, replay, replays, samples) / inner
+
+
+def torch_graph_ms(run: Any, inner: int = 10, replays: int = 10, samples: int = 5) -> float:
+    """The same for torch work (cuBLAS), captured with ``torch.cuda.graph``."""
+    import torch
+
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            run()
+
+    def timed(repeats: int) -> float:
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+            enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            graph.replay()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / repeats
+    graph.replay()
+    return statistics.median(timed(replays) for _ in range(samples)) / inner
+
+
 def bench_products(args: argparse.Namespace, log: list[dict]) -> None:
     import torch
 
@@ -122,18 +168,6 @@ def bench_products(args: argparse.Namespace, log: list[dict]) -> None:
     rng = np.random.default_rng(0)
     dev = torch.device("cuda")
     ws = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) / 90 for _ in range(ROTATE)]
-
-    def torch_ms(run) -> float:
-        def timed(r, repeats):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                enable_timing=True)
-            start.record()
-            for _ in range(repeats):
-                r()
-            stop.record()
-            stop.synchronize()
-            return start.elapsed_time(stop) / repeats
-        return _median_ms(timed, run, 50, 5)
 
     for fmt in args.formats:
         t0 = time.time()
@@ -147,57 +181,119 @@ def bench_products(args: argparse.Namespace, log: list[dict]) -> None:
             want = (torch.from_numpy(x.astype(np.float32)).to(dev) @ dense0).cpu().numpy()
             err = float(np.linalg.norm(got.astype(np.float32) - want) / np.linalg.norm(want))
             xt = torch.from_numpy(x.astype(np.float32)).to(dev).to(torch.bfloat16)
-            ms_tf = _median_ms(exe.context.time_ms, exe.launch_all, 50, 5) / ROTATE
-            ms_cb = torch_ms(lambda xt=xt: [xt @ w for w in ws]) / ROTATE
+            eager = _median_ms(exe.context.time_ms, exe.launch_all, 50, 5) / ROTATE
+            ms_tf = graph_ms(exe.context, lambda s, exe=exe: exe.launch_all(s)) / ROTATE
+            ms_cb = torch_graph_ms(lambda xt=xt: [xt @ w for w in ws]) / ROTATE
             chosen = next(f[0].name for f in exe._fused.values())
             wbytes = sum(a.nbytes for a in weights[0])
             row = {"fmt": fmt, "m": m, "k": k, "n": n, "tilefuse_us": ms_tf * 1e3,
+                   "tilefuse_eager_us": eager * 1e3,
                    "cublas_bf16_us": ms_cb * 1e3, "speedup": ms_cb / ms_tf, "rel_err": err,
                    "weight_gbs": wbytes / ms_tf / 1e6, "kernel": chosen}
             log.append(row)
-            print(f"{fmt:5s} M={m:3d}: tilefuse {ms_tf * 1e3:7.1f} us "
-                  f"({row['weight_gbs']:6.0f} GB/s of weights), cuBLAS bf16 "
+            print(f"{fmt:5s} M={m:3d}: tilefuse {ms_tf * 1e3:7.1f} us (Python launches "
+                  f"{eager * 1e3:.1f}; {row['weight_gbs']:6.0f} GB/s of weights), cuBLAS bf16 "
                   f"{ms_cb * 1e3:7.1f} us, {row['speedup']:.2f}x, rel err {err:.1e} "
                   f"[{chosen}] (weights built in {built:.1f} s)", flush=True)
-            if fmt == "int4" and m in (1, 16) and args.sweep:
-                sweep(exe, m, k, n, weights, x, log)
+            if fmt == "int4" and args.sweep:
+                sweep(exe.context, m, k, n, weights, x, want, log, ms_cb)
             del exe
 
 
-SWEEP = [dict(tiles=t, warps=w, loads=ld, prefetch=p) for t in (1, 2, 4) for w in (4, 8)
-         for ld in (1, 2, 4) for p in (False, True) if t * ld <= 8 and (w == 8 or not p)]
+SWEEP = [dict(tiles=2, warps=8, loads=2, prefetch=1, stream=True),
+         dict(tiles=2, warps=8, loads=2, stream=True), dict(tiles=2, warps=8, loads=2, stages=2),
+         dict(tiles=1, warps=16, loads=2, stream=True),
+         dict(tiles=2, warps=16, loads=2, nsplit=2, stream=True),
+         dict(tiles=2, warps=16, loads=2, stream=True, min_blocks=2),
+         dict(tiles=2, warps=16, loads=2, prefetch=1, stream=True, min_blocks=2),
+         dict(tiles=2, warps=8, loads=2, prefetch=1, stream=True, min_blocks=3),
+         dict(tiles=2, warps=8, loads=2, stream=True, min_blocks=4),
+         dict(tiles=2, warps=8, loads=2, prefetch=1, stream=True, min_blocks=4)]
+"""Launch configurations of the int4 kernel the sweep times (prefetch: K steps loaded ahead
+into registers; stages: the depth of the cp.async ring; stream: codes past L1; nsplit: column
+groups a block; min_blocks: a register cap for more warps an SM): the best of the broader
+sweeps in benchmarks/gpu_quant-2026-12-03a.json and -03b.json, and 32 warps an SM with two
+tiles (the profile of the best showed 14 warps an SM and half its issue slots idle)."""
 
 
-def sweep(exe: Any, m: int, k: int, n: int, weights: list[tuple], x: np.ndarray,
-          log: list[dict]) -> None:
-    """Every launch configuration of the int4 kernel at this M, timed on the same rotated
-    weights (the defaults are a guess; this is what to tune them by)."""
+def sweep_kernels(m: int, k: int, n: int) -> list[Any]:
+    """The sweep's kernels for this shape (those :func:`supports` takes), PTX from
+    ``$GPU_QUANT_PTX`` when it holds them (compiled ahead on the CPU: ``--ptx-out``)."""
+    import os
     from dataclasses import replace
 
-    from tilefuse.codegen.nvptx_qgemm import QGemmConfig, qgemm, supports
+    from tilefuse.codegen.nvptx_qgemm import QGemmConfig, QGemmKernel, qgemm, supports
 
-    ctx = exe.context
-    ops = [[ctx.upload(np.ascontiguousarray(a)) for a in (x, *w, np.zeros(n, np.float32))]
-           for w in weights]
-    out = ctx.alloc(m * n * 2)
+    cache = Path(os.environ.get("GPU_QUANT_PTX", "/nonexistent"))
     base = QGemmConfig(m, n, k, BF16, "int4")
     found = []
     for knobs in SWEEP:
         cfg = replace(base, **knobs)
-        if supports(cfg) is not None:
+        if supports(cfg) is not None or k // cfg.k_step < cfg.warps:
             continue
-        kernel = qgemm(cfg)
-        fn = ctx.load_ptx(kernel.ptx).function(kernel.name)
+        saved = cache / f"{cfg.name}.ptx"
+        found.append(QGemmKernel(cfg, saved.read_text()) if saved.exists() else qgemm(cfg))
+    return found
 
-        def run(fn=fn, kernel=kernel) -> None:
+
+def sweep(ctx: Any, m: int, k: int, n: int, weights: list[tuple], x: np.ndarray,
+          want: np.ndarray, log: list[dict], cublas_ms: float) -> None:
+    """Every launch configuration of the int4 kernel at this shape: product 0 checked against
+    the exact dequantized product (output poisoned first), then timed as a CUDA graph on the
+    rotated weights."""
+    ops = [[ctx.upload(np.ascontiguousarray(a)) for a in (x, *w, np.zeros(n, np.float32))]
+           for w in weights]
+    out = ctx.alloc(m * n * 2)
+    wbytes = sum(a.nbytes for a in weights[0])
+    found = []
+    for kernel in sweep_kernels(m, k, n):
+        fn = ctx.load_ptx(kernel.ptx).function(kernel.name)
+        out.copy_from(np.full((m, n), np.nan, np.float32).astype(BF16.np))
+        ctx.launch(fn, kernel.grid, kernel.block, [b.ptr for b in ops[0]] + [out.ptr])
+        got = out.copy_to(np.empty((m, n), BF16.np)).astype(np.float32)
+        err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        ok = bool(np.isfinite(got).all()) and err < 4e-3
+
+        def run(stream: Any, fn=fn, kernel=kernel) -> None:
             for o in ops:
-                ctx.launch(fn, kernel.grid, kernel.block, [b.ptr for b in o] + [out.ptr])
-        us = _median_ms(ctx.time_ms, run, 30, 3) / len(ops) * 1e3
-        found.append((us, kernel.name))
-        log.append({"sweep": kernel.name, "m": m, "us": us})
+                ctx.launch(fn, kernel.grid, kernel.block, [b.ptr for b in o] + [out.ptr],
+                           stream=stream)
+        us = graph_ms(ctx, run) / len(ops) * 1e3
+        tag = kernel.name.rsplit("_", 1)[-1]
+        found.append((us, tag, ok))
+        log.append({"sweep": kernel.name, "m": m, "k": k, "n": n, "us": us, "rel_err": err,
+                    "ok": ok, "weight_gbs": wbytes / us / 1e3,
+                    "speedup": cublas_ms * 1e3 / us})
+        if not ok:
+            print(f"  WRONG {kernel.name}: rel err {err:.2e}", flush=True)
     found.sort()
-    print(f"  sweep M={m}: " + ", ".join(f"{name.rsplit('_', 1)[-1]} {us:.1f}"
-                                           for us, name in found[:6]), flush=True)
+    print(f"  sweep M={m} {k}x{n}: " + ", ".join(
+        f"{tag} {us:.1f}{'' if ok else '(WRONG)'}" for us, tag, ok in found[:8])
+        + f" ... slowest {found[-1][1]} {found[-1][0]:.1f}", flush=True)
+
+
+def sweep_shapes(args: argparse.Namespace, log: list[dict]) -> None:
+    """The decode step's product shapes at M = 1 (q/k/v/o 4096², gate/up 4096x11008, down
+    11008x4096): each configuration timed against cuBLAS bf16."""
+    import torch
+
+    from tilefuse.runtime.cuda_driver import CudaContext
+
+    ctx = CudaContext()
+    rng = np.random.default_rng(1)
+    dev = torch.device("cuda")
+    for k, n in ((4096, 4096), (4096, 11008), (11008, 4096)):
+        rot = 8   # one weight in 8 buffers (> 50 MB: not served from the L2)
+        weights = [random_weight("int4", k, n, rng)] * rot
+        dense0 = torch.from_numpy(dequantize(*weights[0], fmt="int4", group=128, k=k)).to(dev)
+        x = rng.standard_normal((1, k)).astype(BF16.np)
+        want = (torch.from_numpy(x.astype(np.float32)).to(dev) @ dense0).cpu().numpy()
+        xt = torch.from_numpy(x.astype(np.float32)).to(dev).to(torch.bfloat16)
+        ws = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(rot)]
+        ms_cb = torch_graph_ms(lambda xt=xt, ws=ws: [xt @ w for w in ws]) / rot
+        print(f"shape {k}x{n} M=1: cuBLAS bf16 {ms_cb * 1e3:.1f} us", flush=True)
+        sweep(ctx, 1, k, n, weights, x, want, log, ms_cb)
+        del ws
 
 
 def bench_decode(args: argparse.Namespace, log: list[dict]) -> None:
@@ -212,11 +308,21 @@ def bench_decode(args: argparse.Namespace, log: list[dict]) -> None:
     graph = decode_graph(hidden, heads, inter, cache)
     dev = torch.device("cuda")
     ins = [torch.randn(*v.shape, device=dev, dtype=torch.bfloat16) for v in graph.inputs]
+    import tilefuse.kernel.lower_gpu_qmatmul as lowering
+
     times, outs = {}, {}
-    for name, pipeline in (("bf16", GRAPH_PIPELINE),
-                           ("int4", for_target(pipeline_for(parse_quantize("int4")), "cuda"))):
+    int4 = for_target(pipeline_for(parse_quantize("int4")), "cuda")
+    runs = [("bf16", GRAPH_PIPELINE, None), ("int4", int4, None)]
+    runs += [(f"int4 wide={knobs}", int4, knobs) for knobs in args.decode_wide]
+    default_wide = lowering.INT4_WIDE
+    for name, pipeline, wide in runs:
         t0 = time.time()
-        program = build_gpu_program(run_pipeline(graph, pipeline)[0])
+        # an experiment: other knobs first for the int4 products of N >= 8192 (gate, up)
+        lowering.INT4_WIDE = default_wide if wide is None else (wide, *default_wide)
+        try:
+            program = build_gpu_program(run_pipeline(graph, pipeline)[0])
+        finally:
+            lowering.INT4_WIDE = default_wide
         hosted = sum(isinstance(s, HostGroup) for s in program.steps)
         fused = sum(isinstance(s, FusedStep) for s in program.steps)
         exe = CudaExecutable(program)
@@ -234,6 +340,11 @@ def bench_decode(args: argparse.Namespace, log: list[dict]) -> None:
               f"{fused} fused, {hosted} on the host, CUDA graph "
               f"{exe.graph_nodes} nodes; built in {time.time() - t0:.1f} s)", flush=True)
         del exe
+    for name in times:
+        if name.startswith("int4 wide"):
+            log.append({"decode_variant": name, "us": times[name] * 1e3,
+                        "speedup": times["bf16"] / times[name]})
+            print(f"decode {name}: {times['bf16'] / times[name]:.2f}x", flush=True)
     err = float(np.linalg.norm(outs["int4"] - outs["bf16"]) / np.linalg.norm(outs["bf16"]))
     cos = float(np.dot(outs["int4"].ravel(), outs["bf16"].ravel()) / (
         np.linalg.norm(outs["int4"]) * np.linalg.norm(outs["bf16"])))
@@ -270,23 +381,44 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=8192)
     parser.add_argument("--no-decode", action="store_true")
     parser.add_argument("--sweep", action="store_true", help="time every int4 launch config")
+    parser.add_argument("--shapes", action="store_true",
+                        help="sweep the decode step's product shapes too")
+    parser.add_argument("--ptx-out", type=Path, help="write the sweep's PTX there and stop")
+    parser.add_argument("--ms", default="1,4,16")
+    parser.add_argument("--decode-wide", action="append", default=[],
+                        help="int4 knobs tried first for the decode step's wide products, "
+                             "e.g. tiles=2,warps=8,loads=2,stream=1,min_blocks=4")
     args = parser.parse_args()
     if args.dry:
         dry()
         return
-    args.ms = (1, 16) if args.quick else (1, 4, 16)
+    if args.ptx_out:
+        args.ptx_out.mkdir(parents=True, exist_ok=True)
+        shapes = [(m, 8192, 8192) for m in (1, 4, 16)]
+        shapes += [(1, 4096, 4096), (1, 4096, 11008), (1, 11008, 4096)]
+        for m, k, n in shapes:
+            for kernel in sweep_kernels(m, k, n):
+                (args.ptx_out / f"{kernel.name}.ptx").write_text(kernel.ptx)
+        return
+    args.ms = (1, 16) if args.quick else tuple(int(v) for v in args.ms.split(","))
+    args.decode_wide = [{k: int(v) for k, v in (kv.split("=") for kv in spec.split(","))}
+                        for spec in args.decode_wide]
     args.formats = ("int4",) if args.quick else tuple(args.formats.split(","))
     args.decode = (4096, 32, 11008, 512)
     log: list[dict] = []
     formats = args.formats
-    args.formats = formats[:1]   # the first format, the decode step, then the others
-    bench_products(args, log)
-    if not args.no_decode:
-        bench_decode(args, log)
-    args.formats = formats[1:]
-    bench_products(args, log)
-    if args.json:
-        args.json.write_text(json.dumps(log, indent=1))
+    try:
+        args.formats = formats[:1]   # the first format, the decode step, then the others
+        bench_products(args, log)
+        if args.shapes:
+            sweep_shapes(args, log)
+        if not args.no_decode:
+            bench_decode(args, log)
+        args.formats = formats[1:]
+        bench_products(args, log)
+    finally:
+        if args.json:
+            args.json.write_text(json.dumps(log, indent=1))
 
 
 if __name__ == "__main__":

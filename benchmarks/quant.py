@@ -15,21 +15,24 @@
   ``QuantFormat.QOperator`` (batch norm folded by ``quant_pre_process``, u8 activations, per
   channel i8 weights, convolutions only: its 53 QLinearConv), in onnxruntime and here.
 
-Prints medians and ratios; figures taken on a shared machine move with its load.
+Prints medians and minimums over the interleaved rounds and their ratios; figures taken on a
+shared machine move with its load (the minimums least).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import tilefuse
-from tilefuse.cli.timing import format_seconds, interleaved_medians
+from tilefuse.cli.timing import format_seconds, interleaved_samples
 from tilefuse.quant_report import compare_outputs
 
 
@@ -38,10 +41,28 @@ def _threads() -> int:
     return int(os.environ.get("TILEFUSE_NUM_THREADS") or os.cpu_count() or 1)
 
 
-def _row(name: str, times: dict[str, float], base: str) -> None:
-    for key, t in times.items():
-        ratio = times[base] / t
-        print(f"  {name:5s} {key:18s} {format_seconds(t):>10s}   {ratio:5.2f}x of {base}")
+def _timed(name: str, impls: dict[str, Any], rounds: int, base: str) -> None:
+    """Times ``impls`` interleaved in one process and prints each one's median and minimum over
+    the rounds with its ratio to ``base`` (the minimum is the steadier figure on a busy host:
+    a short call that the OS preempts once doubles its time, a long one does not)."""
+    samples = interleaved_samples(impls, rounds)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    low = {k: min(v) for k, v in samples.items()}
+    for key in impls:
+        print(f"  {name:5s} {key:18s} median {format_seconds(med[key]):>9s} "
+              f"{med[base] / med[key]:5.2f}x   min {format_seconds(low[key]):>9s} "
+              f"{low[base] / low[key]:5.2f}x of {base}")
+
+
+def _builds(name: str, fn: Callable[..., Any], args: tuple, modes: tuple[str | None, ...],
+            rounds: int, check: str) -> None:
+    """``fn`` built by ``tilefuse.jit`` once per quantize mode (None: f32), warmed up, ``check``
+    compared with f32, then timed against f32."""
+    fns = {q or "f32": tilefuse.jit(fn, quantize=q) for q in modes}
+    for built in fns.values():
+        built(*args)
+    print(compare_outputs(fns["f32"](*args), fns[check](*args)))
+    _timed(name, {k: (lambda f=f: f(*args)) for k, f in fns.items()}, rounds, "f32")
 
 
 def w1(rounds: int) -> None:
@@ -49,25 +70,14 @@ def w1(rounds: int) -> None:
     w = (rng.standard_normal((768, 3072)) * 0.05).astype(np.float32)
     b = rng.standard_normal(3072).astype(np.float32)
     x = rng.standard_normal((512, 768)).astype(np.float32)
-    fns = {q or "f32": tilefuse.jit(lambda x: x @ w + b, quantize=q) for q in (None, "int8")}
-    for fn in fns.values():
-        fn(x)
-    print(compare_outputs(fns["f32"](x), fns["int8"](x)))
-    _row("w1", interleaved_medians({k: (lambda f=f: f(x)) for k, f in fns.items()}, rounds),
-         "f32")
+    _builds("w1", lambda x: x @ w + b, (x,), (None, "int8"), rounds, "int8")
 
 
 def gemv(rounds: int) -> None:
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((4096, 4096)) * 0.02).astype(np.float32)
     x = rng.standard_normal((1, 4096)).astype(np.float32)
-    fns = {q or "f32": tilefuse.jit(lambda x: x @ w, quantize=q)
-           for q in (None, "int4", "int8")}
-    for fn in fns.values():
-        fn(x)
-    print(compare_outputs(fns["f32"](x), fns["int4"](x)))
-    _row("gemv", interleaved_medians({k: (lambda f=f: f(x)) for k, f in fns.items()}, rounds),
-         "f32")
+    _builds("gemv", lambda x: x @ w, (x,), (None, "int4", "int8"), rounds, "int4")
 
 
 def gemv_chain(rounds: int, layers: int = 6) -> None:
@@ -83,12 +93,7 @@ def gemv_chain(rounds: int, layers: int = 6) -> None:
             x = np.tanh(x @ w)
         return x
 
-    fns = {q or "f32": tilefuse.jit(chain, quantize=q) for q in (None, "int4", "int8")}
-    for fn in fns.values():
-        fn(x)
-    print(compare_outputs(fns["f32"](x), fns["int4"](x)))
-    _row("chain", interleaved_medians({k: (lambda f=f: f(x)) for k, f in fns.items()}, rounds),
-         "f32")
+    _builds("chain", chain, (x,), (None, "int4", "int8"), rounds, "int4")
 
 
 def bert(rounds: int) -> None:
@@ -129,7 +134,7 @@ def bert(rounds: int) -> None:
         ref = fns["f32"](x, mask)
         print("  int8 vs f32:", compare_outputs(ref, fns["int8"](x, mask)))
         print("  ort int8 vs f32:", compare_outputs(ref, impls["onnxruntime int8"]()))
-        _row("bert", interleaved_medians(impls, rounds), "f32")
+        _timed("bert", impls, rounds, "f32")
 
 
 def _random_resnet50(path: str) -> Any:
@@ -218,7 +223,7 @@ def resnet(rounds: int) -> None:
         ops = [n.op.name for n in plan.optimized.nodes]
         print(f"  qdq file: {ops.count('qconv_i8')} qconv_i8, {ops.count('matmul')} f32 "
               f"matmuls, host steps {plan.executable.fallbacks}")
-        _row("rn50", interleaved_medians(impls, rounds), "onnxruntime qdq")
+        _timed("rn50", impls, rounds, "onnxruntime qdq")
 
 
 def qlinear(rounds: int) -> None:
@@ -273,7 +278,7 @@ def qlinear(rounds: int) -> None:
         ops = [n.op.name for n in plan.optimized.nodes]
         print(f"  qlinear file: {ops.count('qconv_i8')} qconv_i8, host steps "
               f"{plan.executable.fallbacks}")
-        _row("qlin", interleaved_medians(impls, rounds), "onnxruntime qlinear")
+        _timed("qlin", impls, rounds, "onnxruntime qlinear")
 
 
 def main(argv: list[str]) -> None:

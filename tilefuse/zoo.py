@@ -140,7 +140,7 @@ def torch_graph(module: Any, inputs: list[np.ndarray], name: str = "model",
 
     from tilefuse.frontend.torch.aten import ATEN_CONVERTERS
     from tilefuse.frontend.torch.backend import trace_to_core_aten
-    from tilefuse.frontend.torch.convert import Placeholder, lower_graph
+    from tilefuse.frontend.torch.convert import Placeholder, lower_graph, numpy_to_tensor
 
     params = dict(module.named_parameters()) | dict(module.named_buffers())
     names = list(params)
@@ -150,7 +150,7 @@ def torch_graph(module: Any, inputs: list[np.ndarray], name: str = "model",
         state = dict(zip(names, weights))
         return torch.func.functional_call(module, state, tuple(user))
 
-    args = [p.detach() for p in params.values()] + [torch.from_numpy(a) for a in inputs]
+    args = [p.detach() for p in params.values()] + [numpy_to_tensor(a) for a in inputs]
     with torch.no_grad():
         traced = trace_to_core_aten(_as_graph_module(flat, len(args)), args, fused_attention)
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]

@@ -217,6 +217,67 @@ def test_ptxas_accepts_every_quantized_kernel(mode: str, dtype: DType) -> None:
         assemble(kernel.ptx)
 
 
+@ptxas
+@pytest.mark.parametrize("fmt,dtype,m", [("int4", BF16, 1), ("int4", F16, 16), ("int8", F32, 3),
+                                         ("fp8", BF16, 9)])
+def test_ptxas_accepts_the_pipelined_kernels(fmt: str, dtype: DType, m: int) -> None:
+    """Register prefetching 1..3 steps ahead and cp.async rings of 2..8 stages assemble; the
+    ring is one copy a 16-byte code unit (and two 4-byte scale copies a group, int4) per K
+    step, waited for ``stages - 1`` groups deep."""
+    from tilefuse.codegen.nvptx_qgemm import QGemmConfig, qgemm, supports
+
+    base = QGemmConfig(m, 256, 1024, dtype, fmt, group=64)
+    for knobs in ({"prefetch": 1}, {"prefetch": 3, "min_blocks": 3}, {"stages": 2},
+                  {"stages": 4, "warps": 4}, {"stages": 8, "warps": 2},
+                  {"stream": True, "nsplit": 2}, {"nsplit": 8, "tiles": 2}):
+        cfg = QGemmConfig(**{**base.__dict__, **knobs})
+        assert supports(cfg) is None, cfg.name
+        kernel = qgemm(cfg)
+        if cfg.stages:
+            body = kernel.ptx
+            assert f"cp.async.wait_group {cfg.stages - 1};" in body
+            assert body.count("cp.async.cg.shared.global") == cfg.stages * cfg.ring_codes
+            scale_copies = 2 * cfg.ring_scales * cfg.stages
+            assert body.count("cp.async.ca.shared.global") == scale_copies
+        assemble(kernel.ptx)
+
+
+def test_int4_defaults_follow_the_measured_rules() -> None:
+    """The launch knobs the H200 sweeps chose (docs/PERFORMANCE.md): 32 warps an SM with two
+    tiles for 16-bit activations up to 8 tokens where two blocks an SM hold the grid, the
+    prefetching two-tile kernel for wider N, the streaming one above 8 tokens, one tile and
+    16 warps for N < 8192, and a supported kernel with K steps for every warp whatever the
+    shape."""
+    from dataclasses import replace
+
+    from tilefuse.codegen.nvptx_qgemm import QGemmConfig, supports
+    from tilefuse.kernel.lower_gpu_qmatmul import default_knobs
+
+    def tag(m: int, n: int, k: int, dtype: DType = BF16) -> str:
+        cfg = QGemmConfig(m, n, k, dtype, "int4")
+        chosen = replace(cfg, **default_knobs(cfg))
+        assert supports(chosen) is None and k // chosen.k_step >= chosen.kwarps
+        return chosen.name.rsplit("_", 1)[-1]
+
+    assert tag(1, 8192, 8192) == tag(4, 8192, 8192) == "t2w16l2nb2"
+    assert tag(1, 8192, 8192, F32) == "t2w8l2pn"      # f32's two parts would spill at 64
+    assert tag(1, 11008, 4096) == "t2w8l2pn"          # 344 blocks: no two-wave kernel
+    assert tag(16, 8192, 8192) == "t2w8l2n"
+    assert tag(1, 4096, 4096) == tag(1, 4096, 11008) == "t1w16l2n"
+    for m, n, k in ((5, 256, 512), (1, 8192, 512), (33, 4096, 256), (2, 16, 128)):
+        tag(m, n, k)
+
+
+def test_pipelines_are_refused_with_reasons() -> None:
+    from tilefuse.codegen.nvptx_qgemm import QGemmConfig, supports
+
+    base = QGemmConfig(1, 256, 1024, BF16, "int4")
+    assert "2, 4 or 8" in supports(QGemmConfig(**{**base.__dict__, "stages": 3}))
+    assert "both" in supports(QGemmConfig(**{**base.__dict__, "stages": 2, "prefetch": 1}))
+    assert "shared memory" in supports(QGemmConfig(**{**base.__dict__, "stages": 8,
+                                                      "warps": 16, "tiles": 4}))
+
+
 def test_products_the_kernel_does_not_take_stay_on_cublas(caplog) -> None:
     b = GraphBuilder("odd")
     x = b.input(((3, 96), BF16), "x")
@@ -341,7 +402,9 @@ def test_the_kernel_model_matches_the_dequantized_reference(mode: str, dtype: DT
     want = node.op.reference(x, *operands, **node.attrs)
     base = config_of(node)
     for knobs in ({}, *ALTERNATIVE_KNOBS, {"tiles": 1, "warps": 1, "loads": 1},
-                  {"tiles": 2, "warps": 4, "loads": 1, "prefetch": True}):
+                  {"tiles": 2, "warps": 4, "loads": 1, "prefetch": True},
+                  {"tiles": 1, "warps": 4, "loads": 2, "stages": 8},
+                  {"tiles": 1, "warps": 8, "loads": 1, "nsplit": 2, "stream": True}):
         cfg = replace(base, **knobs)
         if supports(cfg) is None:
             got = emulate(cfg, x, *operands)

@@ -295,16 +295,19 @@ def test_prologues_become_kernels_and_views_are_read_in_place(tmp_path) -> None:
 
 
 def test_a_host_step_is_a_warning_and_listed(caplog) -> None:
-    b = GraphBuilder("scatter")
-    data = b.input(((4, 9), F32), "data")
-    idx = b.input(((2, 9), I64), "idx")
-    upd = b.input(((2, 9), F32), "upd")
-    graph = b.build([b.add1("scatter_elements", [data, idx, upd], {"axis": 0})])
+    # scatters run on the device now (tests/cross/test_gpu_coverage_more.py); the CPU int8
+    # path's product (what the CPU's quantize pass makes; the cuda target's quantize makes
+    # matmul_wq instead) has no GPU lowering
+    b = GraphBuilder("qmatmul")
+    x = b.input(((4, 8), F32), "x")
+    weights = [_const(b, np.ones((8, 5), np.int8)), _const(b, np.ones(5, np.float32)),
+               _const(b, np.zeros(5, np.float32))]
+    graph = b.build([b.add1("qmatmul_i8", [x, *weights], {"act": "none"})])
     with caplog.at_level("WARNING", logger="tilefuse.fallback"):
         built = cross_compile(graph)
     assert built.host_steps and isinstance(built.host_steps[0], HostGroup)
     assert any("runs on the host under the cuda target" in r.getMessage()
-               and "scatter_elements" in r.getMessage() for r in caplog.records)
+               and "qmatmul_i8" in r.getMessage() for r in caplog.records)
     assert "\nhost " in built.program.partition_text()
     assert "1 on the host" in built.program.partition_text()
 
@@ -342,6 +345,38 @@ def test_warp_reductions_of_narrow_types(dtype: DType) -> None:
     x[2] = -np.inf   # a fully masked row
     for got, want in zip(simulate(built.program, [x]), interpret(graph, x), strict=True):
         assert_close(np.asarray(got), np.asarray(want), reduction=True)
+    if shutil.which("ptxas"):
+        for ptx in built.ptx().values():
+            assemble(ptx)
+
+
+def odd_rows(dtype: DType, rows: int, n: int) -> Graph:
+    """A decode step's scores softmax (scale, f32 softmax, cast back) and an RMS norm over rows
+    whose length is not a multiple of 32."""
+    b = GraphBuilder("odd_rows")
+    x = b.input(((rows, n), dtype), "x")
+    scaled = b.add1("mul", [x, _const(b, np.array(0.125, dtype.np))])
+    soft = b.add1("softmax", [b.add1("cast", [scaled], {"dtype": F32})], {"axis": -1})
+    xf = b.add1("cast", [x], {"dtype": F32})
+    ms = b.add1("mean", [b.add1("mul", [xf, xf])], {"axes": [-1], "keepdims": True})
+    eps = _const(b, np.array(1e-6, np.float32))
+    norm = b.add1("mul", [xf, b.add1("rsqrt", [b.add1("add", [ms, eps])])])
+    return b.build([b.add1("cast", [soft], {"dtype": dtype}),
+                    b.add1("cast", [norm], {"dtype": dtype})])
+
+
+@pytest.mark.parametrize(("dtype", "rows", "n"), [(BF16, 16, 2049), (F32, 5, 77), (F16, 3, 33)])
+def test_rows_of_odd_length_take_a_warp_each(dtype: DType, rows: int, n: int) -> None:
+    """Rows not a multiple of 32 long run a warp per row with a uniform scalar tail (a thread
+    per row took 0.26 ms for the decode step's 16 x 2049 softmax on an H200)."""
+    graph = odd_rows(dtype, rows, n)
+    built = cross_compile(graph)
+    kernels = [s for s in built.program.steps if isinstance(s, GpuKernel)]
+    assert kernels and all(s.simt_width == 32 for s in kernels)
+    for seed in (0, 1):
+        x = random_array(np.random.default_rng(seed), (rows, n), dtype)
+        for got, want in zip(simulate(built.program, [x]), interpret(graph, x), strict=True):
+            assert_close(np.asarray(got), np.asarray(want), reduction=True)
     if shutil.which("ptxas"):
         for ptx in built.ptx().values():
             assemble(ptx)

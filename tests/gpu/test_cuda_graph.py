@@ -209,3 +209,33 @@ def test_host_steps_are_not_captured(fake: FakeDriver, caplog: pytest.LogCapture
         for g, w in zip(ex(*arrays), interpret(graph, *arrays), strict=True):
             assert_close(g, np.asarray(w), reduction=True)
     assert fake.calls["cuGraphLaunch"] == 0
+
+
+def test_the_same_buffers_replay_without_copies(fake: FakeDriver) -> None:
+    """Calls naming the same input pointers twice in a row get a graph reading them in place
+    (no copies in); new data in those buffers is read, other buffers go through the copying
+    replay, and the in-place graph is taken again when its pointers come back."""
+    graph = two_kernels(3, 70)
+    ex = gpu.build_cuda(graph)
+    fixed = _inputs(graph, 0)
+
+    def call(arrays: list[np.ndarray], msg: str) -> None:
+        outs = [np.full(v.shape, np.nan, v.dtype.np) for v in graph.outputs]   # poisoned
+        ex.run_device([a.ctypes.data for a in arrays], [o.ctypes.data for o in outs])
+        for g, w in zip(outs, interpret(graph, *arrays), strict=True):
+            assert_close(g, np.asarray(w), reduction=True, msg=msg)
+
+    call(fixed, "step by step")        # then captured with its own buffers
+    call(fixed, "copying replay")      # the same pointers twice: captured in place now
+    copies = fake.calls["cuMemcpyDtoDAsync"]
+    assert copies == 2 + 2   # 2 inputs in and 2 outputs out, once
+    for seed in (1, 2):   # new data in the same buffers
+        for a, b in zip(fixed, _inputs(graph, seed), strict=True):
+            a[...] = b
+        call(fixed, f"in place {seed}")
+    assert fake.calls["cuMemcpyDtoDAsync"] == copies + 2 * 2   # outputs out only
+    other = _inputs(graph, 3)
+    call(other, "other buffers")
+    assert fake.calls["cuMemcpyDtoDAsync"] == copies + 2 * 2 + 4
+    call(fixed, "back in place")
+    assert fake.calls["cuMemcpyDtoDAsync"] == copies + 2 * 2 + 4 + 2

@@ -1,9 +1,9 @@
 """The cuda target's weight-only quantized products on a GPU (``matmul_wq``,
 :mod:`tilefuse.codegen.nvptx_qgemm`): every weight format, activation dtype, launch
-configuration (prefetching too) and epilogue (bias; relu, GELU) against the exact dequantized
-reference (the op's f32 reference on the host),
-on fresh random inputs, the output poisoned first; and a quantized MLP built by the pass for
-the cuda target run end to end with no host step."""
+configuration (register prefetching and cp.async rings too) and epilogue (bias; relu, GELU)
+against the exact dequantized reference (the op's f32 reference on the host), on fresh random
+inputs, the output poisoned first; and a quantized MLP built by the pass for the cuda target
+run end to end with no host step."""
 
 from __future__ import annotations
 
@@ -49,6 +49,17 @@ def _rel(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
+PIPELINES = ({"tiles": 1, "warps": 4, "loads": 2, "stages": 8},
+             {"tiles": 2, "warps": 2, "loads": 1, "stages": 2},
+             {"tiles": 1, "warps": 8, "loads": 2, "prefetch": 3, "min_blocks": 3},
+             {"tiles": 2, "warps": 4, "loads": 2, "prefetch": 1},
+             {"tiles": 1, "warps": 8, "loads": 2, "nsplit": 2, "stream": True},
+             {"tiles": 2, "warps": 4, "loads": 1, "nsplit": 4},
+             {"tiles": 1, "warps": 16, "loads": 2, "nsplit": 4, "stages": 2})
+"""Register prefetching, cp.async rings of every depth (K = 512: several warps' rings start
+past the last K step and copy clamped steps they never read), streaming code loads and column
+groups (one warp a group: no shared memory)."""
+
 CASES = [("int4", BF16, 1), ("int4", BF16, 16), ("int4:32+zp", BF16, 5), ("int4:64", F16, 9),
          ("int4+zp", F32, 3), ("int4", F16, 37), ("int8", BF16, 1), ("int8", F16, 16),
          ("int8", F32, 4), ("fp8", BF16, 2), ("fp8", F16, 16), ("fp8", F32, 7)]
@@ -73,7 +84,7 @@ def test_every_configuration_matches_the_dequantized_reference(mode: str, dtype:
     base = config_of(node)
     extra = ({"tiles": 4, "warps": 2, "loads": 1}, {"tiles": 1, "warps": 1, "loads": 2}) \
         if m in (5, 16) else ()   # a few odd configurations (one warp: no shared memory)
-    configs = [base] + [replace(base, **k) for k in (*ALTERNATIVE_KNOBS, *extra)]
+    configs = [base] + [replace(base, **k) for k in (*ALTERNATIVE_KNOBS, *extra, *PIPELINES)]
     checked = 0
     for cfg in configs:
         if supports(cfg) is not None:

@@ -250,9 +250,12 @@ def test_ptx_assembles_for_sm90(name: str, tmp_path) -> None:
 
 def test_rows_spread_over_warps_when_the_row_length_allows() -> None:
     (warp,) = build_gpu_program(softmax_graph(9, 256)).steps
-    (thread,) = build_gpu_program(softmax_graph(9, 33)).steps
+    (thread,) = build_gpu_program(softmax_graph(9, 31)).steps   # shorter than a warp
+    (tail,) = build_gpu_program(softmax_graph(9, 33)).steps     # a warp and a scalar tail
     assert isinstance(warp, GpuKernel) and isinstance(thread, GpuKernel)
-    assert (warp.simt_width, thread.simt_width) == (32, 1)
+    assert isinstance(tail, GpuKernel)
+    assert (warp.simt_width, thread.simt_width, tail.simt_width) == (32, 1, 32)
+    assert "shfl.sync.bfly" in tail.ptx
     assert "shfl.sync.bfly" in warp.ptx and "shfl" not in thread.ptx
     assert "ld.global.v4" in warp.ptx  # 4 f32 per thread: 16-byte accesses
     assert "ex2.approx.f32" in warp.ptx and "div.full.f32" in warp.ptx  # the SFU, not polynomials

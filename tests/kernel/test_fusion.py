@@ -421,6 +421,33 @@ def test_elementwise_chain_with_broadcasting_and_a_transpose_is_one_kernel():
         """)
 
 
+LRN_TAIL = """
+    graph @lrn(%s: f32[1,8,3,5], %x: f32[15,8], %a: f32[], %b: f32[], %e: f32[]) -> f32[15,8] {{
+      %0 = mul(%s, %a) : f32[1,8,3,5]
+      %1 = add(%0, %b) : f32[1,8,3,5]
+      %2 = {op} : f32[1,8,3,5]
+      %3 = transpose(%2) {{perm=[0,2,3,1]}} : f32[1,3,5,8]
+      %4 = reshape(%3) {{shape=[15,8]}} : f32[15,8]
+      %5 = div(%x, %4) : f32[15,8]
+      return %5
+    }}
+    """
+
+
+def test_a_transcendental_behind_a_lane_moving_transpose_gets_a_kernel_of_its_own():
+    """The LRN's tail in channels-last layout: pow of the NCHW window sums, transposed to
+    NHWC, divides the input. Read through the transpose, the pow would run one element at a
+    time; it is computed vectorised by a kernel of its own. A cheap producer (relu) still
+    joins the transpose's kernel (ShuffleNet's batch norm and relu before the shuffle)."""
+    split = plan_of(LRN_TAIL.format(op="pow(%1, %e)"))
+    assert [[n.op.name for n in g.nodes] for g in split.groups] == \
+        [["mul", "add", "pow"], ["transpose", "reshape", "div"]]
+    assert_plan_computes_graph(split)
+    fused = plan_of(LRN_TAIL.format(op="relu(%1)"))
+    assert len(fused.groups) == 1
+    assert_plan_computes_graph(fused)
+
+
 SHUFFLED_SUM = """
     graph @shuffled_sum(%x: f32[6,4,34]) -> f32[136] {{
       %0 = transpose(%x) {{perm={perm}}} : {shape}

@@ -573,13 +573,19 @@ kernel k0(x: f32 readonly, out0: f32):
     let t3 = sigmoid(load<8>(x, i))
     let t4 = t2*t3
     out0[i:+8] = t4
-  for i1 in 32..37:
-    let t5 = 2.0*x[i1]
-    let t6 = t5 + 1.0
-    let t7 = max(t6, 0.0)
-    let t8 = sigmoid(x[i1])
-    let t9 = t7*t8
-    out0[i1] = t9
+  let t5 = splat<4>(2.0)*load<4>(x, 32)
+  let t6 = t5 + splat<4>(1.0)
+  let t7 = max(t6, splat<4>(0.0))
+  let t8 = sigmoid(load<4>(x, 32))
+  let t9 = t7*t8
+  out0[32:+4] = t9
+  for i1 in 36..37:
+    let t10 = 2.0*x[i1]
+    let t11 = t10 + 1.0
+    let t12 = max(t11, 0.0)
+    let t13 = sigmoid(x[i1])
+    let t14 = t12*t13
+    out0[i1] = t14
 """
 
 
@@ -632,3 +638,64 @@ def test_f64_to_half_types_rounds_once(dtype):
     nan = np.isnan(want.astype(np.float32))
     assert np.array_equal(out.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
     assert np.isnan(out[nan].astype(np.float32)).all()
+
+
+@pytest.mark.parametrize("dtype,shape,g", [
+    (F32, (1, 14, 14, 4 * 68), 4),     # ShuffleNet's shuffle after batch norm and relu
+    (F32, (2, 3, 5, 3 * 17), 3),       # odd sizes, g = 3
+    (F64, (1, 2, 7, 5 * 9), 5),
+    (F32, (3, 1, 2, 2 * 40), 2),
+])
+def test_channel_shuffle_walks_the_last_axis_interleaved(dtype, shape, g):
+    """A channels-last channel shuffle (reshape [.., g, m], swap, reshape back) after a
+    per-channel scale, bias and relu: the last axis runs as ``for i in 0..m`` with g stores
+    ``out[i*g + j]`` whose loads are contiguous in i (no gathers, no div/mod in an index)."""
+    from tilefuse.loop.ir import XOp, walk_expr
+    from tilefuse.loop.ir import expr_children as children
+
+    n, h, w, c = shape
+    m = c // g
+    b = GraphBuilder("shuffle")
+    x = b.input((shape, dtype), "x")
+    scale = b.input(((c,), dtype), "scale")
+    bias = b.input(((c,), dtype), "bias")
+    y = b.add1("relu", [b.add1("add", [b.add1("mul", [x, scale]), bias])])
+    y = b.add1("reshape", [y], {"shape": [n, h, w, g, m]})
+    y = b.add1("transpose", [y], {"perm": [0, 1, 2, 4, 3]})
+    graph = b.build([b.add1("reshape", [y], {"shape": [n, h, w, c]})])
+    group = one_kernel(graph)
+    (fn,) = check_groups(graph, [group], random_inputs(graph, seed=c))
+    inner = [s for s in walk_stmts(fn.body) if isinstance(s, For) and s.stop.arg == m]
+    assert inner, str(fn)
+    for s in walk_stmts(fn.body):
+        for e in children(s):
+            for node in walk_expr(e):
+                if node.op is XOp.LOAD:
+                    assert not any(k.op in (XOp.MOD, XOp.FLOORDIV)
+                                   for k in walk_expr(node.args[0])), str(fn)
+
+
+def test_a_plain_transpose_is_not_interleaved():
+    """A 2D transpose reads with stride M along the output's last axis: no g makes its loads
+    contiguous, so it keeps the scalar loop over the whole axis."""
+    b = GraphBuilder("t")
+    x = b.input(((12, 8), F32), "x")
+    graph = b.build([b.add1("transpose", [b.add1("exp", [x])], {"perm": [1, 0]})])
+    group = one_kernel(graph)
+    (fn,) = check_groups(graph, [group], random_inputs(graph, seed=3))
+    stops = {s.stop.arg for s in walk_stmts(fn.body) if isinstance(s, For)}
+    assert 12 in stops and not stops & {6, 4, 3, 2}, str(fn)
+
+
+def test_a_run_remainder_goes_in_halving_vectors():
+    """Runs of 29 channels (a pad keeps them per pixel): 16 lanes, then 8 and 4 at constant
+    offsets, then one element; values checked compiled and interpreted."""
+    b = GraphBuilder("pad29")
+    x = b.input(((2, 5, 7, 29), F32), "x")
+    padded = b.add1("pad", [b.add1("exp", [x])], {"pads": (0, 0, 1, 2, 2, 0, 0, 0),
+                                                   "value": -float("inf")})
+    graph = b.build([b.add1("relu", [b.add1("neg", [padded])])])
+    group = one_kernel(graph)
+    (fn,) = check_groups(graph, [group], random_inputs(graph, seed=29))
+    widths = sorted({s.value.lanes for s in walk_stmts(fn.body) if isinstance(s, Store)})
+    assert widths == [1, 4, 8, 16], str(fn)

@@ -159,11 +159,15 @@ def test_arg_reductions_keep_exact_indices_per_lane(op, n):
     import tilefuse
 
     rng = np.random.default_rng(n)
-    x = rng.integers(-3, 4, (9, n)).astype(np.float32)   # many ties
+    x = rng.integers(-3, 4, (12, n)).astype(np.float32)  # many ties
     x[1] = 5.0                                            # all equal: index 0
     x[2, n - 1] = 9.0                                     # best in the last element
     x[3, [n // 3, n // 2, n - 2]] = np.nan                # the first NaN wins
     x[4, [17, 33, 49]] = -9.0 if op == "argmin" else 9.0  # ties across lanes and chains
     x[5, -5:] = 20.0 if op == "argmax" else -20.0         # the tail holds the best
+    # infinities send a row to the exact rule (x - x is NaN) with no NaN in it
+    x[9, [n // 2, n - 3]] = np.inf if op == "argmax" else -np.inf
+    x[10] = -np.inf if op == "argmax" else np.inf         # all the worst: index 0
+    x[11, [2, n - 1]] = np.nan, np.inf                    # a NaN before an infinity
     fn = tilefuse.jit(lambda v: getattr(np, op)(v, axis=-1))
     np.testing.assert_array_equal(fn(x), getattr(np, op)(x, axis=-1))

@@ -38,12 +38,13 @@ STATICS = [None, Static(0.05, 128, 0, 255), Static(0.03, -5, -128, 127), Static(
 
 def _run(qk, cs: ConvShape, p: np.ndarray, dtype: type) -> tuple[np.ndarray, ...]:
     s = cs.int8
-    aq = aligned_empty(s.mp * s.kp, np.uint8)
+    aq = aligned_empty(s.aq_bytes, np.uint8)
+    aq[:] = 0xAB   # stale codes and set ready flags: the entry must clear the flags
     sa = aligned_empty(s.mp, np.float32)
     out = np.full((s.m, s.n), -7, dtype)
     c = qk.constants
     qk.kernel(p, c["w"], c["comp"], c["w_scale"], c["bias"], out, aq, sa)
-    return out, aq.reshape(s.mp, s.kp)[:s.m, :s.k], sa[:s.m]
+    return out, aq[:s.mp * s.kp].reshape(s.mp, s.kp)[:s.m, :s.k], sa[:s.m]
 
 
 def _input(cs: ConvShape, static: Static | None) -> np.ndarray:
@@ -134,7 +135,8 @@ def test_qconv_fused_epilogue_matches_reference_bitwise(cs: ConvShape) -> None:
     qk = build_qconv("t", cs, q, scale, bias, "none", static, steps=EPILOGUE,
                      operands=(1, 1, 2))
     p = _input(cs, static)
-    aq = aligned_empty(s.mp * s.kp, np.uint8)
+    aq = aligned_empty(s.aq_bytes, np.uint8)
+    aq[:] = 0xAB   # stale codes and set ready flags: the entry must clear the flags
     sa = aligned_empty(s.mp, np.float32)
     out = np.full((s.m, s.n), -7, np.float32)
     c = qk.constants

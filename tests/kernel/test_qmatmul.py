@@ -25,13 +25,14 @@ SIZES = [(1, 1, 1), (1, 3, 17), (5, 37, 70), (7, 64, 64), (13, 100, 130), (6, 76
 def _run_int8(qk: L.QuantKernel, x: np.ndarray, out_dtype: type) -> tuple[np.ndarray, ...]:
     m, k = x.shape
     s = L.Int8Shape(m, k, qk.constants["w_scale"].shape[0])
-    aq = aligned_empty(s.mp * s.kp, np.uint8)
+    aq = aligned_empty(s.aq_bytes, np.uint8)
+    aq[:] = 0xAB   # stale codes and set ready flags: the entry must clear the flags
     sa = aligned_empty(s.mp, np.float32)
     width = int(qk.fn.name.split("_q8_")[1].split("_")[0].split("x")[2])
     out = np.full((m, width), -7, out_dtype)
     c = qk.constants
     qk.kernel(x, c["w"], c["comp"], c["w_scale"], c["bias"], out, aq, sa)
-    return out, aq.reshape(s.mp, s.kp)[:m, :k], sa[:m]
+    return out, aq[:s.mp * s.kp].reshape(s.mp, s.kp)[:m, :k], sa[:m]
 
 
 def _activations(m: int, k: int) -> np.ndarray:
@@ -69,6 +70,31 @@ def test_int8_epilogue_matches_reference_bitwise(m: int, k: int, n: int, act: st
         np.testing.assert_allclose(out, ref, rtol=2e-6, atol=1e-6 * np.abs(ref).max())
     else:
         np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("shift", [0, 4])
+def test_int8_streamed_output_matches_reference_bitwise(shift: int) -> None:
+    """An output of STREAM_BYTES or more: full panels written with non-temporal stores when
+    out is 64-byte aligned (shift 0), the partial last panel (N = 64 * 64 + 16) and an
+    unaligned out (shift 4 bytes) through the masked stores."""
+    from tilefuse.kernel.quant_ir import STREAM_BYTES
+
+    m, k, n = 257, 37, 64 * 64 + 16
+    assert m * n * 4 >= STREAM_BYTES
+    wf = rng.standard_normal((k, n)).astype(np.float32)
+    q, scale = quantize_int8(wf)
+    bias = rng.standard_normal(n).astype(np.float32)
+    qk = L.build_int8("t", m, q, scale, bias, "relu")
+    assert "!nontemporal" in qk.ir and "sfence" in qk.ir
+    x = _activations(m, k)
+    s = L.Int8Shape(m, k, n)
+    aq, sa = aligned_empty(s.aq_bytes, np.uint8), aligned_empty(s.mp, np.float32)
+    raw = aligned_empty(m * n * 4 + 64, np.uint8)
+    out = raw[shift:shift + m * n * 4].view(np.float32).reshape(m, n)
+    out[:] = np.nan
+    c = qk.constants
+    qk.kernel(x, c["w"], c["comp"], c["w_scale"], c["bias"], out, aq, sa)
+    np.testing.assert_array_equal(out, _i8_reference(x, q, scale, bias, act="relu"))
 
 
 def _run_int4(qk: L.QuantKernel, x: np.ndarray, n: int) -> np.ndarray:
@@ -131,9 +157,10 @@ def test_u8s8_integer_product_is_exact(m: int, k: int, n: int) -> None:
     """ONNX MatMulInteger's kernel: (a - a_zero) @ w in i32, any u8 zero point."""
     w = rng.integers(-128, 128, size=(k, n)).astype(np.int8)
     qk = L.build_u8s8("t", m, w)
-    a = rng.integers(0, 256, size=(m, k)).astype(np.uint8)
+    aq = aligned_empty(L.Int8Shape(m, k, n).aq_bytes, np.uint8)
+    aq[:] = 0xAB   # set ready flags, and then last call's rows: the entry must clear them
     for zero in (0, 1, 128, 255):
-        aq = aligned_empty(L.Int8Shape(m, k, n).mp * L.Int8Shape(m, k, n).kp, np.uint8)
+        a = rng.integers(0, 256, size=(m, k)).astype(np.uint8)
         out = np.full((m, n), -7, np.int32)
         qk.kernel(a, qk.constants["w"], qk.constants["colsum"], np.array(zero, np.uint8), out,
                   aq)
@@ -190,7 +217,8 @@ def test_u8s8_fused_rescale_matches_reference_bitwise() -> None:
     scale = np.array(0.0123, np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     s = L.Int8Shape(m, k, n)
-    aq = aligned_empty(s.mp * s.kp, np.uint8)
+    aq = aligned_empty(s.aq_bytes, np.uint8)
+    aq[:] = 0xAB   # set ready flags: the entry must clear them
     out = np.full((m, n), np.nan, np.float32)
     c = qk.constants
     qk.kernel(a, c["w"], c["colsum"], zero, out, aq, scale, bias)

@@ -142,3 +142,15 @@ def test_an_exp_of_another_max_stays_exp():
     x, y = (rng.uniform(-3, 3, (6, 40)).astype(np.float32) for _ in range(2))
     [fn] = check_groups(plan.graph, plan.groups, [x + 4, y], reduction=True)
     assert count_op(fn.body, XOp.EXP) and not count_op(fn.body, XOp.EXP_NONPOS)
+
+
+def test_the_nan_free_max_has_no_unordered_compares():
+    """The max pass's accumulators and its horizontal reduction take vmaxps: no unordered
+    compare (NumPy's NaN rule) on the row's critical path between the max and the exp pass."""
+    from tilefuse.codegen import compile_kernel
+
+    if not host_target().has("avx512f"):
+        pytest.skip("needs AVX-512")
+    asm = compile_kernel(_row_kernel(by_hand, np.zeros((4, 512), np.float32))).assembly()
+    assert "vcmpunordps" not in asm
+    assert "vscalefps" in asm and "vmaxps" in asm

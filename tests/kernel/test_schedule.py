@@ -271,8 +271,8 @@ def test_default_for_layer_norm_2048x768():
         """, decompose=True)
     assert iteration_axes(group) == {"r": 2048, "n": 768}
     assert default_schedule(group, AVX512_2) == Schedule(
-        KernelKind.ROW_REDUCTION, tiles=(("r", 1024),), order=("r", "n"), vector_axis="n",
-        vector_width=16, parallel_axes=("r",), unroll=(("n", 4),))
+        KernelKind.ROW_REDUCTION, tiles=(("r", 128),), order=("r", "n"), vector_axis="n",
+        vector_width=16, parallel_axes=("r",), unroll=(("n", 4),))   # 8 tiles per thread
 
 
 def test_default_for_softmax_12x512x512():
@@ -284,9 +284,18 @@ def test_default_for_softmax_12x512x512():
         """, decompose=True)
     assert iteration_axes(group) == {"r": 6144, "n": 512}
     s = default_schedule(group, AVX512_2)
-    assert (s.tiles, s.parallel_axes, s.vector_width) == ((("r", 3072),), ("r",), 16)
+    # every core busy: ROW_SPLIT tiles per thread, so that the pool's grains can be stolen
+    assert (s.tiles, s.parallel_axes, s.vector_width) == ((("r", 384),), ("r",), 16)
     wide = default_schedule(group, CpuTarget(512, cores=16))
-    assert wide.tiles == (("r", 384),)
+    assert wide.tiles == (("r", 48),)
+    # fewer threads than cores (64 Ki elements each): one tile per thread
+    small = only_group("""
+        graph @sm(%x: f32[3,512,128]) -> f32[3,512,128] {
+          %0 = softmax(%x) {axis=-1} : f32[3,512,128]
+          return %0
+        }
+        """, decompose=True)
+    assert default_schedule(small, CpuTarget(512, cores=16)).tiles == (("r", 512),)
 
 
 @pytest.mark.parametrize("src, expected", [

@@ -159,3 +159,38 @@ def test_simplified_kernel_computes_the_same(n_value):
     interpret(simplified, a, b, got, n_value)
     assert_close(got, expected)
     assert np.count_nonzero(expected) >= 32
+
+
+def test_floor_division_of_a_multiple_plus_a_constant():
+    """In an address, (q*c + k) // c = q + k // c and (q*c + k) % c = k % c for floor
+    division (c > 0, any k): what makes an interleaved index i*g + j seen through a [g, m]
+    transpose affine. Not in a value: a u8 x*4 wraps, (x*4 + 3) // 4 is then not x."""
+    from tilefuse.dtypes import DType
+    from tilefuse.loop.ir import LType, XOp, binary, const, var
+    from tilefuse.loop.simplify import fold_expr, fold_index
+
+    i = var("i")
+    for c, factor, k in ((4, 4, 3), (4, 8, 5), (4, 4, -1), (3, 6, 7)):
+        e = i * factor + k
+        div, mod = fold_index(binary(XOp.FLOORDIV, e, const(c))), \
+            fold_index(binary(XOp.MOD, e, const(c)))
+        assert mod.op is XOp.CONST and mod.arg == k % c
+        for value in (0, 1, 5, 37):
+            assert _evaluate(div, value) == (value * factor + k) // c
+    kept = fold_index(binary(XOp.MOD, i * 6 + 5, const(4)))   # 6 is no multiple of 4
+    assert kept.op is XOp.MOD
+    assert fold_expr(binary(XOp.MOD, i * 4 + 3, const(4))).op is XOp.MOD
+    x = var("x", LType(DType.u8))
+    wraps = binary(XOp.FLOORDIV, x * 4 + 3, const(4, DType.u8))
+    assert fold_index(wraps).op is XOp.FLOORDIV
+
+
+def _evaluate(e, value):
+    from tilefuse.loop.ir import XOp
+
+    if e.op is XOp.CONST:
+        return e.arg
+    if e.op is XOp.VAR:
+        return value
+    a, b = (_evaluate(x, value) for x in e.args)
+    return {XOp.ADD: a + b, XOp.MUL: a * b, XOp.SUB: a - b}[e.op]

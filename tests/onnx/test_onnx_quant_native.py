@@ -111,6 +111,36 @@ def test_onnxruntime_quantize_dynamic_file(tmp_path) -> None:
     assert cos > 0.999
 
 
+def test_quantize_dynamic_file_with_gelu_fuses_it(tmp_path) -> None:
+    """torch's exported GELU (div, erf, add, mul by x, mul by 0.5) after a MatMulInteger's
+    rescale and bias goes into matmul_u8s8's epilogue (the generated erf: to f32 rounding)."""
+    torch = pytest.importorskip("torch")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    net = torch.nn.Sequential(torch.nn.Linear(96, 200), torch.nn.GELU(),
+                              torch.nn.Linear(200, 64)).eval()
+    x = torch.randn(7, 96)
+    path, qpath = tmp_path / "mlp.onnx", tmp_path / "mlp.int8.onnx"
+    torch.onnx.export(net, (x,), str(path), input_names=["x"], output_names=["y"],
+                      opset_version=17, dynamo=False)
+    quantize_dynamic(str(path), str(qpath), weight_type=QuantType.QInt8)
+    compiled = tilefuse.onnx.load(str(qpath))
+    xs = x.numpy()
+    out = compiled(xs)
+    ops = _ops(compiled, xs)
+    assert "erf" not in ops and ops.count("matmul_u8s8") == 2, ops
+    fused = [n for n in compiled.lower(xs).optimized.nodes if n.op.name == "matmul_u8s8"]
+    assert ("gelu",) in fused[0].attrs["epilogue"]
+    ref = tilefuse.onnx.load(str(qpath), target="reference")(xs)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    spec = ReferenceEvaluator(str(qpath)).run(None, {"x": xs})[0]
+    np.testing.assert_allclose(out, spec, rtol=1e-5, atol=1e-5)
+    own = tilefuse.onnx.load(str(path), quantize="int8")   # the f32 file: qmatmul_i8's act
+    nodes = own.lower(xs).optimized.nodes
+    assert [n.attrs["act"] for n in nodes if n.op.name == "qmatmul_i8"] == ["gelu", "none"]
+    assert "erf" not in [n.op.name for n in nodes]
+
+
 def _nbits_model(k: int, n: int, block: int, with_zero: bool, with_bias: bool, m: int = 3
                  ) -> tuple[onnx.ModelProto, np.ndarray]:
     """A com.microsoft MatMulNBits model and the f32 weight [K, N] it stands for."""

@@ -34,9 +34,16 @@ from tilefuse.kernel.lower_gpu_attention import (
     group_attention,
 )
 from tilefuse.kernel.lower_gpu_contraction import split_contraction
+from tilefuse.kernel.lower_gpu_product import lower_product_gpu
 from tilefuse.kernel.lower_gpu_qmatmul import quantized_node, quantized_step
+from tilefuse.kernel.lower_gpu_scatter import (
+    lower_scatter_elements_gpu,
+    lower_scatter_nd_gpu,
+    scatter_node,
+)
 from tilefuse.kernel.lower_matmul import matmul_shape
 from tilefuse.log import get_logger
+from tilefuse.loop.ir import LoopFunction
 from tilefuse.runtime.cublas import CUBLAS_DTYPES, GemmShape
 from tilefuse.runtime.cuda_driver import CudaContext
 from tilefuse.runtime.gpu import (
@@ -88,13 +95,15 @@ def build_gpu_program(graph: Graph, target: GpuTarget = SM90,
                                                bindings, attention_alternatives(shape, causal)))
             elif quantized_node(group) is not None:   # matmul_wq: lower_gpu_qmatmul
                 program.steps.append(FusedStep(group, *quantized_step(group, target)))
+            elif scatter_node(group) is not None:     # lower_gpu_scatter
+                program.steps.extend(_scatter_steps(group, target))
             else:
                 program.steps.append(compile_group(
                     group, tuned_target(group, constants, target, database)))
         except CompileError as err:
             reason = str(err) if group.kind in GPU_KINDS | {KernelKind.CONTRACTION,
                                                             KernelKind.ATTENTION} \
-                or quantized_node(group) is not None else \
+                or quantized_node(group) is not None or scatter_node(group) is not None else \
                 f"no GPU lowering for {group.kind.value} kernels yet"
             ops = ", ".join(dict.fromkeys(n.op.name for n in group.nodes))
             log.warning("kernel %s (%s) runs on the host under the cuda target: %s",
@@ -136,9 +145,15 @@ def _contraction_steps(group: KernelGroup, target: GpuTarget) -> list[GpuStep]:
     (:mod:`tilefuse.kernel.lower_gpu_contraction`). CompileError for dtypes cuBLAS lacks."""
     split = split_contraction(group)
     node, a, b = split.node, split.a, split.b
-    if a.dtype not in CUBLAS_DTYPES:
-        raise CompileError(f"kernel {group.name}: cuBLAS has no {a.dtype} products")
     steps: list[GpuStep] = [compile_group(p, target) for p in split.prologues]
+    if a.dtype not in CUBLAS_DTYPES:   # integers: a generated product (lower_gpu_product)
+        product = KernelGroup(f"{group.name}_product", KernelKind.CONTRACTION, (node,),
+                              tuple(dict.fromkeys((a, b))), (node.output,), node,
+                              node.output.shape)
+        steps.append(kernel_step(product, lower_product_gpu(product.name, node, a, b), target))
+        if split.epilogue is not None:
+            steps.append(compile_group(split.epilogue, target))
+        return steps
     ms = matmul_shape(node)
     if ms.b_batched:
         shape = GemmShape(ms.batch_size, ms.m, ms.n, ms.k,
@@ -155,6 +170,42 @@ def _contraction_steps(group: KernelGroup, target: GpuTarget) -> list[GpuStep]:
     return steps
 
 
+def kernel_step(group: KernelGroup, fn: LoopFunction, target: GpuTarget,
+                named_by: KernelGroup | None = None) -> GpuKernel:
+    """``fn`` (a thread an iteration of its parallel loops) as a launch of ``group``'s step;
+    its buffers are bound by name to the values ``kernel_buffers`` gives the inputs and outputs
+    of ``named_by`` (default ``group``): the group ``fn`` was lowered from."""
+    source = group if named_by is None else named_by
+    buffers = kernel_buffers(source.inputs, source.outputs)
+    by_name = {p.name: v for v, p in [*buffers.inputs.items(), *buffers.outputs.items()]}
+    missing = [b.name for b in fn.buffers if b.name not in by_name]
+    if missing:
+        raise CompileError(f"kernel {fn.name}: unbound buffers {missing}")
+    extent = launch_extent(fn)
+    grid = STRIDE_BLOCKS if extent is None else \
+        max(1, min(target.max_blocks, -(-extent // target.block_threads)))
+    return GpuKernel(group, fn, compile_ptx(fn, target), tuple(by_name[b.name]
+                                                               for b in fn.buffers),
+                     grid, target.block_threads)
+
+
+def _scatter_steps(group: KernelGroup, target: GpuTarget) -> list[GpuStep]:
+    """A scatter group's kernels (:mod:`tilefuse.kernel.lower_gpu_scatter`): one for
+    scatter_elements; for scatter_nd the copy of data (the step producing the output) then the
+    rows' writes (a step reading and writing the output, producing nothing new)."""
+    node = scatter_node(group)
+    assert node is not None
+    if node.op.name == "scatter_elements":
+        return [kernel_step(group, lower_scatter_elements_gpu(group), target)]
+    copy, rows = lower_scatter_nd_gpu(group)
+    data = node.inputs[0]
+    first = KernelGroup(f"{group.name}_copy", group.kind, group.nodes, (data,), group.outputs,
+                        group.anchor, group.domain)
+    second = KernelGroup(group.name, group.kind, group.nodes, group.inputs, (), group.anchor,
+                         group.domain)
+    return [kernel_step(first, copy, target, group), kernel_step(second, rows, target, group)]
+
+
 def build_cuda(graph: Graph, dump_dir: Path | str | None = None, *,
                target: Any = "cuda") -> CudaExecutable:
     """The ``cuda`` target's executable of ``graph`` (CudaError without a usable GPU);
@@ -168,4 +219,4 @@ def build_cuda(graph: Graph, dump_dir: Path | str | None = None, *,
     return CudaExecutable(build_gpu_program(graph, gpu, dump_dir), context)
 
 
-__all__ = ["STRIDE_BLOCKS", "build_cuda", "build_gpu_program", "compile_group"]
+__all__ = ["STRIDE_BLOCKS", "build_cuda", "build_gpu_program", "compile_group", "kernel_step"]

@@ -29,6 +29,16 @@ def interleaved_medians(impls: Mapping[str, Callable[[], Any]], rounds: int, *,
                         on_round: Callable[[], None] | None = None) -> dict[str, float]:
     """Median seconds per call of each implementation (module docstring). ``on_round`` is
     called after every round (a progress bar)."""
+    samples = interleaved_samples(impls, rounds, separate=separate, min_sample=min_sample,
+                                  on_round=on_round)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def interleaved_samples(impls: Mapping[str, Callable[[], Any]], rounds: int, *,
+                        separate: Iterable[str] = (), min_sample: float = 2e-3,
+                        on_round: Callable[[], None] | None = None) -> dict[str, list[float]]:
+    """Every round's seconds per call of each implementation, timed as
+    :func:`interleaved_medians` times them (for a minimum beside the median on a busy host)."""
     batch = {name: calls_per_sample(fn, min_sample) for name, fn in impls.items()}
     samples: dict[str, list[float]] = {name: [] for name in impls}
     alone = [name for name in separate if name in impls]
@@ -45,7 +55,7 @@ def interleaved_medians(impls: Mapping[str, Callable[[], Any]], rounds: int, *,
                 samples[name].append((time.perf_counter() - start) / n)
             if on_round is not None:
                 on_round()
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return samples
 
 
 def format_seconds(seconds: float) -> str:
@@ -58,4 +68,5 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
-__all__ = ["calls_per_sample", "format_seconds", "interleaved_medians"]
+__all__ = ["calls_per_sample", "format_seconds", "interleaved_medians",
+           "interleaved_samples"]

@@ -29,7 +29,8 @@ Execution model, written once here and checked by :func:`check_gpu_kernel`:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from functools import cache
 
 import llvmlite.binding as llvm
@@ -483,11 +484,36 @@ def emit_ptx(module: ir.Module, target: GpuTarget, what: str) -> str:
     return tm.emit_assembly(parsed)
 
 
+CANONICAL_NAME = "tf_canonical_kernel"
+"""The entry name PTX is compiled under in :func:`compile_ptx`'s cache (renamed per kernel)."""
+PTX_CACHE_SIZE = 1024
+_PTX_CACHE: dict[tuple[str, GpuTarget, int], str] = {}
+
+
+def entry_pattern(name: str) -> re.Pattern[str]:
+    """Where the kernel ``name`` is named in its PTX: the entry and its ``<name>_param_<i>``
+    parameters (never inside another identifier)."""
+    return re.compile(rf"(?<![\w$.%]){re.escape(name)}(?=_param_|[^\w$]|$)")
+
+
 def compile_ptx(fn: LoopFunction, target: GpuTarget = SM90, simt_width: int = 1) -> str:
-    """PTX text for ``fn``: lowered, then :func:`emit_ptx`."""
-    return emit_ptx(lower_to_nvptx_ir(fn, target, simt_width), target,
-                    f"the NVPTX IR of kernel {fn.name}")
+    """PTX text for ``fn``: lowered, then :func:`emit_ptx`. Identical kernels under other
+    names (a transformer's layers repeat theirs: 90 kernels of the decode step are 28
+    distinct ones) are compiled once: the PTX is kept by the kernel's printed loop IR under
+    a canonical name (the printer shows every field the lowering reads) and renamed."""
+    from tilefuse.loop.printer import format_function
+
+    key = (format_function(replace(fn, name=CANONICAL_NAME)), target, simt_width)
+    ptx = _PTX_CACHE.get(key)
+    if ptx is None:
+        ptx = emit_ptx(lower_to_nvptx_ir(replace(fn, name=CANONICAL_NAME), target, simt_width),
+                       target, f"the NVPTX IR of kernel {fn.name}")
+        if len(_PTX_CACHE) >= PTX_CACHE_SIZE:
+            _PTX_CACHE.pop(next(iter(_PTX_CACHE)))
+        _PTX_CACHE[key] = ptx
+    return entry_pattern(CANONICAL_NAME).sub(fn.name, ptx)
 
 
-__all__ = ["PTX_TRIPLE", "SM90", "GpuTarget", "NvptxLowering", "check_gpu_kernel", "compile_ptx",
-           "emit_ptx", "gpu_target_machine", "launch_extent", "lower_to_nvptx_ir"]
+__all__ = ["CANONICAL_NAME", "PTX_TRIPLE", "SM90", "GpuTarget", "NvptxLowering", "check_gpu_kernel",
+           "compile_ptx", "emit_ptx", "entry_pattern", "gpu_target_machine", "launch_extent",
+           "lower_to_nvptx_ir"]

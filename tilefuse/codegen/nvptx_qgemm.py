@@ -22,12 +22,18 @@ keep the dequantization off the critical path. The schedule:
   ``prmt`` (f16) or through f32 (bf16); fp8: ``cvt.rn.f16x2.e4m3x2`` (sm_89+), exact; the
   per-channel scale of the 8-bit formats multiplies the final sums.
 
-* with ``prefetch`` the next K step's weights and scales are loaded before this step's
-  products (carried round the loop in registers): twice the bytes in flight a warp.
+* how the bytes get there (:class:`QGemmConfig`): ``prefetch`` loads the next 1..4 K steps'
+  codes and scales into registers carried round the loop; ``stages`` copies them into a
+  per-thread ``cp.async`` ring in shared memory instead (each lane reads back only what it
+  copied: no barrier); ``stream`` loads the codes past L1 (``ld.global.nc.L1::no_allocate``),
+  which keeps the activations there; ``nsplit`` makes column groups of a block's warps (they
+  read the same activations); ``min_blocks`` caps the registers for more warps an SM.
 
-Measured on an H200 (docs/PERFORMANCE.md): int4 K = N = 8192 moves 1.8 TB/s of weights (1.74x
-cuBLAS bf16), int8/fp8 2.6–2.7 TB/s: the int4 kernel is bound by latency (a step's loads,
-then its chain of mmas), which ``prefetch`` is meant to hide (not measured yet).
+Measured on an H200 (docs/PERFORMANCE.md, CUDA graph replays): int4 at K = N = 8192 takes
+12.1 µs at M = 1 (2.98 TB/s of weights, 2.78x cuBLAS bf16) and 15.7 µs at M = 16 (2.09x); all
+the ways of loading ahead land within a few per cent of each other, what helped was more warps
+an SM (the profile: half the issue slots idle for want of eligible warps) and keeping the
+activations in L1.
 
 Shapes: N a multiple of 16·tiles, K of the K step (:func:`supports`); any M (blocks of 16
 tokens, each reading the weights again: the prefill case is correct, not fast). sm_80 and
@@ -44,12 +50,13 @@ from llvmlite import ir
 
 from tilefuse.codegen.llvm_nvptx import PTX_TRIPLE, SM90, GpuTarget, emit_ptx, gpu_target_machine
 from tilefuse.codegen.llvm_types import F32, I32, I64, declare, intrinsic
-from tilefuse.codegen.nvptx_prims import I16, PtxBuilder, kernel_function
+from tilefuse.codegen.nvptx_prims import I16, PtxBuilder, kernel_function, shared_array
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
 from tilefuse.ops.quant_gpu import BYTES_PER_K, TILE_N, chunk_lanes
 
 V4 = ir.VectorType(I32, 4)
+V2F = ir.VectorType(F32, 2)
 SHARED = 3
 MAGIC = {"bf16": 0x4300, "f16": 0x6400}
 """16-bit patterns whose mantissa holds a small integer exactly: 128 + q (bf16), 1024 + q."""
@@ -74,9 +81,21 @@ class QGemmConfig:
     """Warps a block, splitting K."""
     loads: int = 2
     """16-byte weight loads per tile and K step (bytes in flight per thread)."""
-    prefetch: bool = False
-    """Load the next K step's weights and scales before this step's products (registers
-    carried round the loop): twice the bytes in flight."""
+    prefetch: int = 0
+    """K steps whose weights and scales are loaded ahead into registers, carried round the
+    loop (0: none; ``True`` counts as 1): ``prefetch + 1`` steps' bytes in flight a warp."""
+    stages: int = 0
+    """Depth of a per-thread ``cp.async`` ring in shared memory (0: off, else 2..8, a power
+    of two): codes and scales copied ``stages - 1`` K steps ahead without holding registers.
+    Each lane reads back only the bytes it copied itself, so the ring needs no barrier."""
+    min_blocks: int = 1
+    """Blocks an SM should hold (``.minnctapersm``): ptxas caps the registers to fit them."""
+    nsplit: int = 1
+    """Warp groups a block splits its columns into (each ``tiles`` tiles); the warps of a group
+    split K. Groups at the same K read the same activations, mostly from L1."""
+    stream: bool = False
+    """Load the codes with ``ld.global.nc.L1::no_allocate`` (read once: they would evict the
+    activations from L1, which every warp of the SM reads again)."""
 
     @property
     def k_per_load(self) -> int:
@@ -92,24 +111,67 @@ class QGemmConfig:
         return 8 if self.m <= 8 else 16
 
     @property
+    def kwarps(self) -> int:
+        """Warps that split K for one group of columns."""
+        return self.warps // self.nsplit
+
+    @property
+    def block_n(self) -> int:
+        """Columns a block computes."""
+        return TILE_N * self.tiles * self.nsplit
+
+    @property
     def grid(self) -> int:
-        return (self.n // (TILE_N * self.tiles)) * -(-self.m // self.tokens)
+        return (self.n // self.block_n) * -(-self.m // self.tokens)
 
     @property
     def block(self) -> int:
         return 32 * self.warps
 
     @property
-    def shared_bytes(self) -> int:
+    def partial_bytes(self) -> int:
+        """Shared memory of the warps' partial sums ([warp][register][lane] f32)."""
+        if self.kwarps == 1:   # each warp stores its own sums
+            return 0
         return 4 * self.warps * 32 * self.tiles * (self.tokens // 8) * 4
+
+    @property
+    def ring_codes(self) -> int:
+        """16-byte code units a thread copies per K step into its ring slot."""
+        return self.tiles * self.loads
+
+    @property
+    def ring_scales(self) -> int:
+        """(group, tile) scale pairs (s_lo, s_hi: 8 bytes) a thread copies per K step."""
+        return self.tiles * (self.k_step // self.group) if self.fmt == "int4" else 0
+
+    @property
+    def ring_bytes(self) -> int:
+        """Shared memory of the cp.async ring (0 without ``stages``)."""
+        per_thread = 16 * self.ring_codes + 8 * self.ring_scales
+        return self.stages * per_thread * self.block
+
+    @property
+    def shared_bytes(self) -> int:
+        """The partial sums reuse the ring's memory once every warp has left its loop."""
+        return max(self.partial_bytes, self.ring_bytes)
 
     @property
     def name(self) -> str:
         zp = "zp" if self.zero_points else ""
         g = f"g{self.group}{zp}_" if self.fmt == "int4" else ""
         return (f"qgemm_{self.fmt}_{g}{self.dtype.value}_{self.m}x{self.n}x{self.k}_"
-                f"t{self.tiles}w{self.warps}l{self.loads}{'p' if self.prefetch else ''}"
+                f"t{self.tiles}w{self.warps}l{self.loads}{self.pipeline_tag}"
                 + (f"_{self.act}" if self.act != "none" else ""))
+
+    @property
+    def pipeline_tag(self) -> str:
+        """``p`` (one step ahead), ``p<n>``, ``s<n>`` (a ring of n), ``b<n>`` (min blocks)."""
+        tag = "" if not self.prefetch else "p" if self.prefetch == 1 else f"p{self.prefetch}"
+        tag += f"s{self.stages}" if self.stages else ""
+        tag += "n" if self.stream else ""
+        tag += f"c{self.nsplit}" if self.nsplit != 1 else ""
+        return tag + (f"b{self.min_blocks}" if self.min_blocks != 1 else "")
 
 
 def supports(cfg: QGemmConfig) -> str | None:
@@ -118,13 +180,25 @@ def supports(cfg: QGemmConfig) -> str | None:
         return f"activations of {cfg.dtype} (bf16, f16 or f32 only)"
     if cfg.act not in ("none", "relu", "gelu"):
         return f"the {cfg.act} epilogue"
-    if cfg.n % (TILE_N * cfg.tiles):
-        return f"N = {cfg.n} is no multiple of {TILE_N * cfg.tiles}"
+    if cfg.nsplit < 1 or cfg.warps % cfg.nsplit:
+        return f"{cfg.warps} warps in {cfg.nsplit} column groups"
+    if cfg.n % cfg.block_n:
+        return f"N = {cfg.n} is no multiple of {cfg.block_n}"
     if cfg.k % cfg.k_step:
         return f"K = {cfg.k} is no multiple of the K step {cfg.k_step}"
     lanes = chunk_lanes(cfg.fmt, cfg.group)
     if cfg.k_step % (4 * lanes) or (cfg.fmt == "int4" and cfg.k_step % cfg.group):
         return f"the K step {cfg.k_step} holds no whole chunks/groups (group {cfg.group})"
+    if cfg.warps > 16 or cfg.warps < 1:
+        return f"{cfg.warps} warps a block (1..16)"
+    if cfg.stream and cfg.stages:
+        return "streaming loads and a cp.async ring (its copies bypass L1 already)"
+    if cfg.prefetch and cfg.stages:
+        return "both a register prefetch and a cp.async ring"
+    if not 0 <= cfg.prefetch <= 4:
+        return f"prefetch {cfg.prefetch} (0..4 steps ahead)"
+    if cfg.stages and (cfg.stages < 2 or cfg.stages > 8 or cfg.stages & (cfg.stages - 1)):
+        return f"a ring of {cfg.stages} stages (2, 4 or 8)"
     if cfg.shared_bytes > 48 * 1024:
         return f"{cfg.shared_bytes} bytes of shared memory"
     return None
@@ -177,19 +251,14 @@ class _Kernel:
         self.cfg = cfg
         self.arch = arch
         self.module = module
-        self.fn = kernel_function(module, cfg.name, 6, cfg.block, 1)
+        self.fn = kernel_function(module, cfg.name, 6, cfg.block, cfg.min_blocks)
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
-        elems = max(1, cfg.shared_bytes // 2)
-        ty = ir.ArrayType(I16, elems)
-        smem = ir.GlobalVariable(module, ty, "partials", addrspace=SHARED)
-        smem.align = 16
-        smem.linkage = "internal"
-        smem.initializer = ir.Constant(ty, ir.Undefined)
-        smem.type = ir.PointerType(addrspace=SHARED)
+        smem = shared_array(module, "partials", max(1, cfg.shared_bytes // 2))
         self.smem = smem
         self.p = PtxBuilder(self.b, smem)
         self.half = "f16" if cfg.dtype is DType.f16 else "bf16"
         self.lanes = chunk_lanes(cfg.fmt, cfg.group)
+        self.ring = smem   # the cp.async ring, then the partial sums
 
     # ---- helpers ---------------------------------------------------------------------------
     def i32(self, v: int) -> ir.Constant:
@@ -223,8 +292,12 @@ class _Kernel:
         warp, lane = b.lshr(tid, self.i32(5)), b.and_(tid, self.i32(31))
         self.lane = lane
         self.g, self.q = b.lshr(lane, self.i32(2)), b.and_(lane, self.i32(3))
-        n_blocks = cfg.n // (TILE_N * cfg.tiles)
-        self.tile0 = b.mul(b.urem(bid, self.i32(n_blocks)), self.i32(cfg.tiles))
+        n_blocks = cfg.n // cfg.block_n
+        self.block_tile0 = b.mul(b.urem(bid, self.i32(n_blocks)), self.i32(cfg.tiles * cfg.nsplit))
+        kw = cfg.kwarps
+        group, warp = b.udiv(warp, self.i32(kw)), b.urem(warp, self.i32(kw))
+        self.tile0 = b.add(self.block_tile0, b.mul(group, self.i32(cfg.tiles)))
+        self.warp_index = b.add(b.mul(group, self.i32(kw)), warp)
         self.m0 = b.mul(b.udiv(bid, self.i32(n_blocks)), self.i32(cfg.tokens))
         self.btiles = cfg.tokens // 8
         self.rows = []   # per B tile: (valid, clamped row)
@@ -234,6 +307,7 @@ class _Kernel:
             self.rows.append((valid, b.select(valid, t, self.i32(cfg.m - 1))))
         regs = cfg.tiles * self.btiles * 4
         steps = cfg.k // cfg.k_step
+        self.tid = tid
         before = b.block
         head = self.fn.append_basic_block("k.head")
         body = self.fn.append_basic_block("k.body")
@@ -245,24 +319,51 @@ class _Kernel:
         accs = [b.phi(F32) for _ in range(regs)]
         for acc in accs:
             acc.add_incoming(ir.Constant(F32, 0.0), before)
-        fetched: list[ir.Value] = []
-        if cfg.prefetch:   # step ``warp``'s operands (clamped: a warp past K loads, unused)
+
+        def clamped(s: ir.Value, fallback: ir.Value) -> ir.Value:
+            """Step ``s``, or ``fallback`` past K (a load whose bytes go unused)."""
+            return b.select(b.icmp_unsigned("<", s, self.i32(steps)), s, fallback)
+
+        sets: list[list[ir.Value]] = []
+        if cfg.prefetch:   # steps warp, warp + W, ... loaded before the loop
             b.position_before(before.terminator)
-            ahead = self.fetch(b.select(b.icmp_unsigned("<", warp, self.i32(steps)), warp,
-                                        self.i32(steps - 1)))
+            last = self.i32(steps - 1)
+            ahead = [self.fetch(clamped(b.add(warp, self.i32(j * kw)), last))
+                     for j in range(cfg.prefetch)]
             b.position_at_end(head)
-            fetched = [b.phi(v.type) for v in ahead]
-            for phi, v in zip(fetched, ahead):
-                phi.add_incoming(v, before)
+            for values in ahead:
+                phis = [b.phi(v.type) for v in values]
+                for phi, v in zip(phis, values):
+                    phi.add_incoming(v, before)
+                sets.append(phis)
+        it = None
+        if cfg.stages:   # the ring's first stages - 1 steps copied before the loop
+            b.position_before(before.terminator)
+            last = self.i32(steps - 1)
+            for j in range(cfg.stages - 1):
+                self.issue(clamped(b.add(warp, self.i32(j * kw)), last), self.i32(j))
+                self.p.cp_async_commit()
+            b.position_at_end(head)
+            it = b.phi(I32, name="it")
+            it.add_incoming(self.i32(0), before)
         b.cbranch(b.icmp_unsigned("<", step, self.i32(steps)), body, done)
         b.position_at_end(body)
-        nxt = b.add(step, self.i32(cfg.warps))
-        if cfg.prefetch:   # the next step's loads in flight during this step's products
-            following = self.fetch(b.select(b.icmp_unsigned("<", nxt, self.i32(steps)), nxt,
-                                            step))
-            new = self.compute(step, list(fetched), list(accs))
-            for phi, v in zip(fetched, following):
-                phi.add_incoming(v, b.block)
+        nxt = b.add(step, self.i32(kw))
+        if cfg.prefetch:   # later steps' loads in flight during this step's products
+            following = self.fetch(clamped(b.add(step, self.i32(cfg.prefetch * kw)),
+                                           step))
+            new = self.compute(step, list(sets[0]), list(accs))
+            for phis, values in zip(sets, [*sets[1:], following]):
+                for phi, v in zip(phis, values):
+                    phi.add_incoming(v, b.block)
+        elif cfg.stages:   # copy step + (S-1)·W into the slot read last time, then read ours
+            mask = self.i32(cfg.stages - 1)
+            ahead = b.add(step, self.i32((cfg.stages - 1) * kw))
+            self.issue(clamped(ahead, step), b.and_(b.add(it, mask), mask))
+            self.p.cp_async_commit()
+            self.p.cp_async_wait(cfg.stages - 1)
+            new = self.compute(step, self.read_slot(b.and_(it, mask), step), list(accs))
+            it.add_incoming(b.add(it, self.i32(1)), b.block)
         else:
             new = self.compute(step, self.fetch(step), list(accs))
         step.add_incoming(nxt, b.block)
@@ -270,23 +371,97 @@ class _Kernel:
             phi.add_incoming(v, b.block)
         b.branch(head)
         b.position_at_end(done)
-        self.reduce_and_store(warp, tid, list(accs), bias, out)
+        if cfg.stages:   # no copy may land after the block has gone
+            self.p.cp_async_wait(0)
+        self.reduce_and_store(self.warp_index, tid, list(accs), bias, out)
         b.ret_void()
+
+    # ---- the cp.async ring: [stage][unit][thread] 16-byte code units, then
+    # [stage][pair][thread] 8-byte scale pairs (s_lo, s_hi); a thread reads its own bytes only
+    def ring_at(self, offset: ir.Value) -> ir.Value:
+        """The ring's byte ``offset`` (i32)."""
+        return self.b.gep(self.ring, [offset], inbounds=True, source_etype=ir.IntType(8))
+
+    def code_slot(self, slot: ir.Value, unit: int) -> ir.Value:
+        cfg, b = self.cfg, self.b
+        row = b.add(b.mul(slot, self.i32(cfg.ring_codes)), self.i32(unit))
+        return self.ring_at(b.mul(b.add(b.mul(row, self.i32(cfg.block)), self.tid),
+                                  self.i32(16)))
+
+    def scale_slot(self, slot: ir.Value, pair: int) -> ir.Value:
+        cfg, b = self.cfg, self.b
+        codes = cfg.stages * cfg.ring_codes * cfg.block * 16
+        row = b.add(b.mul(slot, self.i32(cfg.ring_scales)), self.i32(pair))
+        at = b.add(b.mul(b.add(b.mul(row, self.i32(cfg.block)), self.tid), self.i32(8)),
+                   self.i32(codes))
+        return self.ring_at(at)
+
+    def issue(self, step: ir.Value, slot: ir.Value) -> None:
+        """Copies K step ``step``'s code units and scales into ring slot ``slot``."""
+        cfg, b = self.cfg, self.b
+        for i in range(cfg.tiles):
+            for li in range(cfg.loads):
+                src = b.gep(self.w, [self.code_offset(step, i, li)], inbounds=True,
+                            source_etype=ir.IntType(8))
+                self.p.cp_async16(self.code_slot(slot, i * cfg.loads + li), src)
+        per = cfg.k_step // cfg.group if cfg.fmt == "int4" else 0
+        for gi in range(per):
+            grp = b.add(b.mul(step, self.i32(per)), self.i32(gi))
+            for i in range(cfg.tiles):
+                dst = self.scale_slot(slot, gi * cfg.tiles + i)
+                for upper in (False, True):
+                    src = b.gep(self.scales, [b.mul(self.scale_index(grp, i, upper),
+                                                    self.i64(4))],
+                                inbounds=True, source_etype=ir.IntType(8))
+                    at = b.gep(dst, [self.i32(4 * upper)], inbounds=True,
+                               source_etype=ir.IntType(8))
+                    self.p.asm(ir.VoidType(), [at, src],
+                               "cp.async.ca.shared.global [$0], [$1], 4;", "l,l,~{memory}",
+                               side_effect=True)
+
+    def read_slot(self, slot: ir.Value, step: ir.Value) -> list[ir.Value]:
+        """What :meth:`fetch` returns for ``step``, read from ring slot ``slot``."""
+        cfg, b = self.cfg, self.b
+        found: list[ir.Value] = []
+        for u in range(cfg.ring_codes):
+            found += self.words(b.load(self.code_slot(slot, u), typ=V4, align=16))
+        per = cfg.k_step // cfg.group if cfg.fmt == "int4" else 0
+        for gi in range(per):
+            grp = b.add(b.mul(step, self.i32(per)), self.i32(gi))
+            for i in range(cfg.tiles):
+                pair = b.load(self.scale_slot(slot, gi * cfg.tiles + i), typ=V2F, align=8)
+                found += [b.extract_element(pair, self.i32(0)),
+                          b.extract_element(pair, self.i32(1)),
+                          *self.zero_pairs(grp, i)]
+        return found
+
+    def code_offset(self, step: ir.Value, tile: int, li: int) -> ir.Value:
+        """Byte offset of this lane's 16 bytes of load ``li`` of tile ``tile`` in K step
+        ``step``."""
+        cfg, b = self.cfg, self.b
+        base = b.mul(self.wide(b.add(self.tile0, self.i32(tile))),
+                     self.i64(BYTES_PER_K[cfg.fmt] * cfg.k))
+        index = b.add(b.mul(step, self.i32(cfg.loads)), self.i32(li))
+        return b.add(base, self.wide(b.add(b.mul(index, self.i32(512)),
+                                           b.mul(self.lane, self.i32(16)))))
 
     def fetch(self, step: ir.Value) -> list[ir.Value]:
         """The global loads of K step ``step``: the packed weight words of every tile and load
         ([tile][load][word], flat), then (int4) each group's scales and zero-point pairs
         ([group][tile][s_lo, s_hi, z_lo, z_hi])."""
         cfg, b = self.cfg, self.b
-        tile_bytes = BYTES_PER_K[cfg.fmt] * cfg.k
         found: list[ir.Value] = []
         for i in range(cfg.tiles):
-            base = b.mul(self.wide(b.add(self.tile0, self.i32(i))), self.i64(tile_bytes))
             for li in range(cfg.loads):
-                index = b.add(b.mul(step, self.i32(cfg.loads)), self.i32(li))
-                off = b.add(base, self.wide(b.add(b.mul(index, self.i32(512)),
-                                                  b.mul(self.lane, self.i32(16)))))
-                found += self.words(self.load(self.w, off, V4, 16))
+                at = self.code_offset(step, i, li)
+                if cfg.stream:
+                    ptr = b.gep(self.w, [at], inbounds=True, source_etype=ir.IntType(8))
+                    got = self.asm(ir.LiteralStructType([I32] * 4), [ptr],
+                                   "ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];",
+                                   "=r,=r,=r,=r,l")
+                    found += [b.extract_value(got, e) for e in range(4)]
+                else:
+                    found += self.words(self.load(self.w, at, V4, 16))
         if cfg.fmt == "int4":
             for gi in range(cfg.k_step // cfg.group):
                 grp = b.add(b.mul(step, self.i32(cfg.k_step // cfg.group)), self.i32(gi))
@@ -348,26 +523,34 @@ class _Kernel:
         n = b.add(b.mul(b.add(self.tile0, self.i32(tile)), self.i32(TILE_N)), self.g)
         return b.add(n, self.i32(8)) if upper else n
 
+    def scale_index(self, grp: ir.Value, tile: int, upper: bool) -> ir.Value:
+        """Element index (i64) of group ``grp``'s scale (or zero point) of row g (g + 8)."""
+        b = self.b
+        return b.add(b.mul(self.wide(grp), self.i64(self.cfg.n)),
+                     self.wide(self.column(tile, upper)))
+
     def group_params(self, grp: ir.Value, tile: int) -> tuple[ir.Value, ...]:
         """Scales (f32) and zero-point pairs (the magic pattern of 128 + z twice) of rows g
         and g + 8 for group ``grp``."""
+        found = [self.load(self.scales, self.b.mul(self.scale_index(grp, tile, upper),
+                                                   self.i64(4)), F32, 4)
+                 for upper in (False, True)]
+        return (*found, *self.zero_pairs(grp, tile))
+
+    def zero_pairs(self, grp: ir.Value, tile: int) -> tuple[ir.Value, ir.Value]:
+        """The magic pattern of 128 + z twice for rows g and g + 8 (z loaded, or the fixed
+        8)."""
         b, cfg = self.b, self.cfg
+        magic = MAGIC[self.half]
+        if not cfg.zero_points:
+            return (self.i32((magic | 8) * 0x10001),) * 2
         found = []
         for upper in (False, True):
-            at = b.add(b.mul(self.wide(grp), self.i64(cfg.n)), self.wide(self.column(tile,
-                                                                                    upper)))
-            found.append(self.load(self.scales, b.mul(at, self.i64(4)), F32, 4))
-        magic = MAGIC[self.half]
-        for upper in (False, True):
-            if cfg.zero_points:
-                at = b.add(b.mul(self.wide(grp), self.i64(cfg.n)),
-                           self.wide(self.column(tile, upper)))
-                z = b.zext(self.load(self.zeros, at, ir.IntType(8), 1), I32)
-                one = b.or_(z, self.i32(magic))
-                found.append(b.or_(one, b.shl(one, self.i32(16))))
-            else:
-                found.append(self.i32((magic | 8) * 0x10001))
-        return tuple(found)
+            z = b.zext(self.load(self.zeros, self.scale_index(grp, tile, upper),
+                                 ir.IntType(8), 1), I32)
+            one = b.or_(z, self.i32(magic))
+            found.append(b.or_(one, b.shl(one, self.i32(16))))
+        return found[0], found[1]
 
     def dequant4(self, word: ir.Value, z_lo: ir.Value, z_hi: ir.Value) -> list[ir.Value]:
         """A fragment (a0..a3) of 8 nibbles: ``(nibble | magic) - (magic + z)``, exact."""
@@ -457,29 +640,34 @@ class _Kernel:
         per (column, token) of the block: scale (8-bit formats), bias, relu, store."""
         cfg, b = self.cfg, self.b
         regs = len(accs)
-        if cfg.warps > 1:
+        if cfg.kwarps > 1:
+            if cfg.stages:   # the partial sums overwrite the ring: every warp out of its loop
+                self.p.barrier()
             for r, acc in enumerate(accs):
                 at = b.add(b.mul(b.add(b.mul(warp, self.i32(regs)), self.i32(r)),
                                  self.i32(32)), self.lane)
                 b.store(acc, self.f32_shared(at), align=4)
             self.p.barrier()
-        if cfg.warps == 1:   # each lane stores its own registers
+        if cfg.kwarps == 1:   # each lane stores its own registers
             for r, acc in enumerate(accs):
-                self.store_one(self.i32(r), self.lane, acc, bias, out)
+                self.store_one(self.i32(r), self.lane, acc, bias, out, self.tile0)
             return
-        per = cfg.block
-        for it in range(-(-32 * regs // per)):
+        per, kw, size = cfg.block, cfg.kwarps, 32 * regs
+        for it in range(-(-size * cfg.nsplit // per)):
             e = b.add(tid, self.i32(it * per))
             then = self.fn.append_basic_block(f"red{it}")
             after = self.fn.append_basic_block(f"red{it}.done")
-            b.cbranch(b.icmp_unsigned("<", e, self.i32(32 * regs)), then, after)
+            b.cbranch(b.icmp_unsigned("<", e, self.i32(size * cfg.nsplit)), then, after)
             b.position_at_end(then)
+            group, rest = b.udiv(e, self.i32(size)), b.urem(e, self.i32(size))
+            first = b.add(b.mul(group, self.i32(kw * size)), rest)
             total = ir.Constant(F32, 0.0)
-            for w in range(cfg.warps):
-                total = b.fadd(total, b.load(self.f32_shared(b.add(e, self.i32(w * 32 * regs))),
+            for w in range(kw):
+                total = b.fadd(total, b.load(self.f32_shared(b.add(first, self.i32(w * size))),
                                              typ=F32, align=4))
-            r, ln = b.lshr(e, self.i32(5)), b.and_(e, self.i32(31))
-            self.store_one(r, ln, total, bias, out)
+            r, ln = b.lshr(rest, self.i32(5)), b.and_(rest, self.i32(31))
+            tile0 = b.add(self.block_tile0, b.mul(group, self.i32(cfg.tiles)))
+            self.store_one(r, ln, total, bias, out, tile0)
             b.branch(after)
             b.position_at_end(after)
 
@@ -489,7 +677,7 @@ class _Kernel:
                           inbounds=True, source_etype=self.smem.value_type)
 
     def store_one(self, r: ir.Value, ln: ir.Value, value: ir.Value, bias: ir.Value,
-                  out: ir.Value) -> None:
+                  out: ir.Value, tile0: ir.Value) -> None:
         """Accumulator register ``r`` of lane ``ln``: C[n][t] with n = g (+8 for c >= 2) of
         its tile and t = 2q + (c & 1) of its B tile."""
         cfg, b = self.cfg, self.b
@@ -498,7 +686,7 @@ class _Kernel:
         tt = b.urem(b.lshr(r, self.i32(2)), self.i32(btiles))
         tile = b.udiv(r, self.i32(4 * btiles))
         g, q = b.lshr(ln, self.i32(2)), b.and_(ln, self.i32(3))
-        n = b.add(b.add(b.mul(b.add(self.tile0, tile), self.i32(TILE_N)), g),
+        n = b.add(b.add(b.mul(b.add(tile0, tile), self.i32(TILE_N)), g),
                   b.mul(b.lshr(c, self.i32(1)), self.i32(8)))
         t = b.add(b.add(self.m0, b.mul(tt, self.i32(8))),
                   b.add(b.mul(q, self.i32(2)), b.and_(c, self.i32(1))))

@@ -11,7 +11,7 @@ computes each collective from all ranks' arrays: the oracle that the per-process
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,41 +53,33 @@ class DistributedExecutable:
 
         from tilefuse.distributed.comm import torch_dtype
 
-        program = self.program
-        env: dict[Value, Any] = dict(zip(program.graph.inputs, tensors))
         device = tensors[0].device if tensors else torch.device("cuda")
-        pending: dict[int, tuple[Any, Value]] = {}
-        for step in program.steps:
-            if isinstance(step, Collective):
-                pending[step.index] = (self._start(step, env[step.node.inputs[0]]),
-                                       step.node.outputs[0])
-                continue
-            for c in step.waits:
-                handle, out = pending.pop(c)
-                env[out] = handle.wait()
-            if not step.outputs:
-                continue
-            ins = [env[v].contiguous() for v in step.inputs]
-            outs = [torch.empty(tuple(v.type.shape), dtype=torch_dtype(v.type.dtype),
-                                device=device) for v in step.outputs]
-            stream = torch.cuda.current_stream(device).cuda_stream
-            step.executable.run_device([t.data_ptr() for t in ins],  # type: ignore[attr-defined]
-                                       [t.data_ptr() for t in outs], stream)
-            env.update(zip(step.outputs, outs))
-        for _, (handle, out) in sorted(pending.items()):
-            env[out] = handle.wait()
-        return [env[v] for v in program.graph.outputs]
 
-    def _start(self, step: Collective, x: Any) -> Any:
-        node = step.node
-        if node.op.name == "all_reduce":
-            return self.comm.all_reduce(x)
-        return self.comm.all_gather(x, node.attrs["axis"])
+        def run_segment(seg: Segment, env: dict[Value, Any]) -> None:
+            if not seg.outputs:
+                return
+            ins = [env[v].contiguous() for v in seg.inputs]
+            outs = [torch.empty(tuple(v.type.shape), dtype=torch_dtype(v.type.dtype),
+                                device=device) for v in seg.outputs]
+            stream = torch.cuda.current_stream(device).cuda_stream
+            seg.executable.run_device([t.data_ptr() for t in ins],  # type: ignore[attr-defined]
+                                      [t.data_ptr() for t in outs], stream)
+            env.update(zip(seg.outputs, outs))
+
+        env = self._run_steps(tensors, run_segment)
+        return [env[v] for v in self.program.graph.outputs]
 
     def __call__(self, *arrays: Any) -> list[Any]:
         if len(arrays) != len(self.graph.inputs):
             raise GuardError(f"graph @{self.graph.name} takes {len(self.graph.inputs)} "
                              f"inputs, got {len(arrays)}")
+        env = self._run_steps(arrays, _run_segment)
+        return [_value(v, env, self.program) for v in self.program.graph.outputs]
+
+    def _run_steps(self, arrays: Sequence[Any],
+                   run_segment: Callable[[Segment, dict[Value, Any]], None]) -> dict[Value, Any]:
+        """The step loop shared by both calls: start each collective as soon as its input
+        exists, wait for it only before the first segment that reads it (or at the end)."""
         env: dict[Value, Any] = dict(zip(self.program.graph.inputs, arrays))
         pending: dict[int, tuple[Any, Value]] = {}
         for step in self.program.steps:
@@ -98,10 +90,16 @@ class DistributedExecutable:
             for c in step.waits:
                 handle, out = pending.pop(c)
                 env[out] = handle.wait()
-            _run_segment(step, env)
+            run_segment(step, env)
         for _, (handle, out) in sorted(pending.items()):
             env[out] = handle.wait()
-        return [_value(v, env, self.program) for v in self.program.graph.outputs]
+        return env
+
+    def _start(self, step: Collective, x: Any) -> Any:
+        node = step.node
+        if node.op.name == "all_reduce":
+            return self.comm.all_reduce(x)
+        return self.comm.all_gather(x, node.attrs["axis"])
 
 
 def _run_segment(seg: Segment, env: dict[Value, Any]) -> None:

@@ -49,7 +49,7 @@ from tilefuse.graph.ir import Graph
 from tilefuse.graph.types import Sym
 from tilefuse.log import get_logger
 from tilefuse.passes.quantize import parse_quantize, pipeline_for
-from tilefuse.runtime.device_arrays import device_standins
+from tilefuse.runtime.device_arrays import device_standins, is_device_array
 from tilefuse.runtime.dynamic import DynamicExecutable, SymbolConflict, SymbolGuardError
 from tilefuse.runtime.executable import Executable
 from tilefuse.target import Target
@@ -110,8 +110,8 @@ class _Entry:
     input, in order, none by keyword), which checks contiguity itself
     (:meth:`~tilefuse.runtime.native.NativeExecutable.run_args`); None when it has none."""
 
-    __slots__ = ("captured", "direct", "executable", "key", "keywords", "optimized", "pack",
-                 "positions", "report")
+    __slots__ = ("captured", "direct", "executable", "fast", "key", "keywords", "optimized",
+                 "pack", "positions", "report")
 
     def __init__(self, key: Key, captured: Captured, optimized: Graph, report: Any,
                  executable: Executable):
@@ -125,6 +125,24 @@ class _Entry:
         self.executable = executable
         in_order = self.positions == tuple(range(len(key[1]))) and not self.keywords
         self.direct = getattr(executable, "run_args", None) if in_order else None
+        self.fast: Any = None   # the native builtin for ``pack(direct(args))``: see fast_call
+
+    def fast_call(self) -> Any:
+        """``pack(direct(args))`` as one native builtin taking the arrays positionally
+        (:meth:`~tilefuse.runtime.native.NativeExecutable.fast_call`), when the executable
+        has one and ``pack`` returns its one output as it is; else False. Built on the
+        entry's first fast-path hit (not at compile time: it costs an LLVM module)."""
+        make = getattr(self.executable, "fast_call", None)
+        outputs = getattr(getattr(self.executable, "graph", None), "outputs", ())
+        if self.direct is None or make is None or len(outputs) != 1:
+            return False
+        sentinel = object()
+        try:
+            if self.pack([sentinel]) is not sentinel:
+                return False
+        except (IndexError, TypeError):
+            return False
+        return make() or False
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         arrays = [_contiguous(args[i]) for i in self.positions]
@@ -171,6 +189,8 @@ class JitFunction:
         self._dynamic = DynamicDims(dynamic, self._names)
         self._direct_calls = not self._static_positions and not self._target.is_cuda
         self._last_hit: tuple[tuple[Any, ...] | None, Any] = (None, None)
+        self._device_calls = not self._static_positions and self._target.is_cuda
+        self._last_device: tuple[tuple[Any, ...] | None, Any] = (None, None)
         self._max_recompiles = max(0, int(max_recompiles))
 
     def __repr__(self) -> str:
@@ -201,12 +221,25 @@ class JitFunction:
                         entry = None   # a miss, graph breaks (a Program) or a general entry
                     else:
                         self._last_hit = (key_parts, entry)
+                        if entry.fast is None:
+                            entry.fast = entry.fast_call()
                 if entry is not None:
                     self._hits += 1
+                    if entry.fast:
+                        return entry.fast(*args)
                     try:
                         return entry.pack(entry.direct(args))
                     except (SymbolConflict, SymbolGuardError) as err:
                         return self._guard_failed(err, args, kwargs)
+        if not kwargs and self._device_calls:
+            # a cache hit on the device arrays of the last device call (same types, shapes,
+            # dtypes): no stand-ins, no key; run_arrays still checks device and layout
+            last_sig, entry = self._last_device
+            if last_sig is not None and \
+                    tuple((type(a), a.shape, a.dtype) for a in args) == last_sig \
+                    and all(is_device_array(a) for a in args):
+                self._hits += 1
+                return entry.run_device(args, kwargs)
         device = None
         if self._target.is_cuda and (kwargs or not all(type(a) is np.ndarray for a in args)):
             device = (args, kwargs)   # device arrays: keyed and traced through stand-ins
@@ -229,6 +262,9 @@ class JitFunction:
             if not isinstance(entry, _Entry):
                 raise TraceError(f"{self._qualname} has graph breaks: device arrays are only "
                                  f"taken by functions traced whole (pass NumPy arrays)")
+            if not kwargs and self._device_calls and not self._dynamic.any:
+                self._last_device = (tuple((type(a), a.shape, a.dtype) for a in device[0]),
+                                     entry)
             return entry.run_device(*device)
         try:
             return entry.run(args, kwargs)
@@ -528,6 +564,7 @@ class JitFunction:
         with self._lock:
             self._cache.clear()
             self._last_hit = (None, None)
+            self._last_device = (None, None)
             self._hits = self._misses = self._compiles = 0
 
     # ---- logs ------------------------------------------------------------------------------

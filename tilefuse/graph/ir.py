@@ -38,7 +38,8 @@ class Literal:
         arr = np.array(arr, order="C", copy=True)
         arr.setflags(write=False)
         self.array = arr
-        digest = hashlib.sha1(arr.dtype.str.encode() + repr(arr.shape).encode() + arr.tobytes())
+        digest = hashlib.sha1(arr.dtype.str.encode() + repr(arr.shape).encode())
+        digest.update(memoryview(arr.reshape(-1).view(np.uint8)))  # no copy (tobytes was one)
         self._digest = digest.hexdigest()
 
     @property

@@ -168,6 +168,16 @@ class _ElementwiseSpace(_Space):
         return [Role.DOMAIN] if is_pointwise(node) and numel(node.outputs[0]) == self.size \
             else []
 
+    def edge_ok(self, consumer: Node, c_role: Role, pos: int, producer: Node,
+                p_role: Role) -> bool:
+        if moves_lane_axis(consumer) and op_cost(producer) > 1:
+            # a transpose that moves the lane axis makes the kernel read it one element at a
+            # time: a transcendental behind it would run scalar (the LRN's pow behind the
+            # NCHW -> NHWC transpose in AlexNet: 16 cycles an element), so it is computed
+            # vectorised in a kernel of its own and the transpose reads its result
+            return False
+        return super().edge_ok(consumer, c_role, pos, producer, p_role)
+
     def _edge(self, consumer: Node, c_role: Role, pos: int, producer: Node,
               p_role: Role) -> bool:
         return c_role is Role.DOMAIN and p_role is Role.DOMAIN

@@ -43,6 +43,14 @@ def legalize_matmuls(graph: Graph) -> tuple[Graph, bool]:
     return rewrite_nodes(graph, _rule)
 
 
+def legalize_convs(graph: Graph) -> tuple[Graph, bool]:
+    """``graph`` with only its conv2d nodes rewritten (im2col + einsum, module docstring): the
+    cuda target's preparation for the convolutions its GEMM lowering left (grouped ones with a
+    weight computed at run time), whose matmuls the GPU takes in their own dtypes."""
+    return rewrite_nodes(graph, lambda b, node, inputs: _rule(b, node, inputs)
+                         if node.op.name == "conv2d" else None)
+
+
 def _needs(node: Node, inputs: tuple[Value, ...]) -> bool:
     if node.op.name == "attention":  # the attention kernel is f32/f64
         return node.outputs[0].dtype in (DType.f16, DType.bf16)

@@ -51,20 +51,27 @@ from tilefuse.kernel.fusion import KernelKind
 from tilefuse.kernel.scalar_expr import ElementBuilder, KernelGroupLike, Override
 from tilefuse.kernel.schedule import PARALLEL_MIN_ELEMENTS, SYMBOLIC_DIM_HINT
 from tilefuse.loop.ir import (
+    Block,
     Expr,
+    For,
     Let,
     LoopFunction,
     LoopKind,
     Stmt,
     Store,
+    XOp,
     block,
     const,
+    expr_children,
+    free_vars,
     loop,
     maximum,
     minimum,
+    stmt_children,
     var,
+    walk_expr,
 )
-from tilefuse.loop.simplify import simplify
+from tilefuse.loop.simplify import fold_index, simplify
 
 if TYPE_CHECKING:
     from tilefuse.kernel.schedule import Schedule
@@ -168,10 +175,34 @@ def run_loops(names: Namer, start: int, stop: int, lanes: int, body: Body) -> li
     if split > start:
         i = names.fresh("i")
         stmts.append(loop(i, start, split, body(var(i), lanes), lanes, LoopKind.VECTORIZED))
+        split = _vector_tail(stmts, split, stop, lanes, body)
     if stop > split:
         i = names.fresh("i")
         stmts.append(loop(i, split, stop, body(var(i), 1)))
     return stmts
+
+
+MIN_TAIL_LANES = 4
+"""The narrowest vector a run's remainder is taken in before single elements."""
+
+
+def _vector_tail(stmts: list[Stmt], start: int, stop: int, lanes: int, body: Body) -> int:
+    """Appends to ``stmts`` the remainder ``[start, stop)`` of a vectorised run (fewer than
+    ``lanes`` elements) in halving vectors, ``lanes/2`` down to :data:`MIN_TAIL_LANES`, each
+    straight-line code at a constant offset; returns where single elements start. A run of
+    136 channels was 8 vectors and 8 scalar iterations, as much work as the vectors in
+    ShuffleNet's depthwise convolutions (nine taps each); now 8 vectors and one of 8 lanes.
+    A width whose body does not vectorise leaves the rest to the scalar loop."""
+    width = lanes // 2
+    while width >= MIN_TAIL_LANES and stop > start:
+        if stop - start >= width:
+            try:
+                stmts.append(block(*body(const(start), width)))
+            except NotVectorizable:
+                return start
+            start += width
+        width //= 2
+    return start
 
 
 def outer_loop(names: Namer, count: int, tile: int | Expr | None,
@@ -293,7 +324,125 @@ def _nest(ctx: KernelContext, shape: tuple[int, ...], outputs: list[Value], lane
             continue
         ctx.names.adopt(trial.names)
         return stmts
+    interleaved = _interleaved_nest(ctx, shape, outputs, tile) if lanes > 1 else None
+    if interleaved is not None:
+        return interleaved
     return _block_nest(ctx, shape, outputs, 1, 1, tile)
+
+
+MAX_INTERLEAVE = 16
+"""The largest factor ``g`` :func:`_interleaved_nest` splits the last axis by."""
+
+
+def _interleaved_nest(ctx: KernelContext, shape: tuple[int, ...], outputs: list[Value],
+                      tile: int | None) -> list[Stmt] | None:
+    """The last axis C walked as ``[C/g, g]``: ``for i in 0..C/g`` with the ``g`` stores
+    ``out[.., i*g + j]`` (j = 0..g-1) written out, for the smallest ``g`` (up to
+    :data:`MAX_INTERLEAVE`) where every load, folded, reads element ``i`` of a run (unit
+    stride in ``i``, or does not depend on it); None when no ``g`` does.
+
+    For a kernel that reads through a transpose moving the lane axis by a ``[g, m]`` swap
+    (ShuffleNet's channel shuffle in channels-last layout: C = g·m, out[c'] = in[(c' % g)·m
+    + c' // g]), whose flat loop LLVM vectorised with gathers of the input and of every
+    per-channel parameter (~3 cycles per element): here each of the g loads is contiguous in
+    ``i`` and the g stores form one interleaved group, which LLVM's loop vectoriser turns
+    into contiguous vector loads, shuffles and contiguous stores."""
+    c = shape[-1]
+    if is_extent(c) or any(is_extent(d) for d in shape):
+        return None
+    outer = shape[:-1]
+    count = math.prod(outer)
+    for g in range(2, min(MAX_INTERLEAVE, c // 2) + 1):
+        if c % g:
+            continue
+        trial = replace(ctx, names=ctx.names.fork())
+        i = trial.names.fresh("i")
+
+        def runs(r: Expr, trial: KernelContext = trial, g: int = g, i: str = i) -> list[Stmt]:
+            prefix = unflatten(r, outer)
+            body: list[Stmt] = []
+            for j in range(g):
+                body.extend(trial.store_body(outputs, (*prefix, var(i) * g + j), 1, 1))
+            return [loop(i, 0, c // g, body)]
+
+        stmts = [_fold_addresses(st) for st in
+                 outer_loop(trial.names, count, None if tile is None else 0, runs)]
+        if _unit_stride_loads(stmts, i):
+            ctx.names.adopt(trial.names)
+            return stmts
+    return None
+
+
+def _fold_addresses(s: Stmt) -> Stmt:
+    """``s`` with every load and store index folded by
+    :func:`~tilefuse.loop.simplify.fold_index` (its div/mod rules hold for addresses only)."""
+    if isinstance(s, For):
+        return replace(s, body=_fold_addresses(s.body))
+    if isinstance(s, Block):
+        return replace(s, stmts=tuple(_fold_addresses(c) for c in s.stmts))
+    if isinstance(s, Let):
+        return replace(s, value=_fold_loads(s.value))
+    if isinstance(s, Store):
+        return replace(s, index=fold_index(s.index), value=_fold_loads(s.value))
+    return s
+
+
+def _fold_loads(e: Expr) -> Expr:
+    if e.op is XOp.LOAD:
+        return replace(e, args=(fold_index(e.args[0]), *e.args[1:]))
+    if not e.args:
+        return e
+    args = tuple(_fold_loads(a) for a in e.args)
+    return e if all(n is o for n, o in zip(args, e.args)) else replace(e, args=args)
+
+
+def _unit_stride_loads(stmts: Sequence[Stmt], name: str) -> bool:
+    """Whether every load under ``stmts`` has an index whose coefficient in the loop variable
+    ``name`` is 0 or 1 once folded (an index through a ``let`` that depends on ``name``, or
+    not affine in it, fails)."""
+    dependent = {name}
+    ok = True
+
+    def visit(s: Stmt) -> None:
+        nonlocal ok
+        if isinstance(s, Let) and free_vars(s.value) & dependent and not s.value.dtype.is_float:
+            dependent.add(s.name)
+        for e in expr_children(s):
+            for node in walk_expr(e):
+                if node.op is XOp.LOAD:
+                    index = node.args[0]
+                    used = free_vars(index) & dependent
+                    if used - {name} or _coefficient(index, name) not in (0, 1):
+                        ok = False
+        for child in stmt_children(s):
+            visit(child)
+
+    for s in stmts:
+        visit(s)
+    return ok
+
+
+def _coefficient(e: Expr, name: str) -> int | None:
+    """The coefficient of variable ``name`` in the integer expression ``e`` when ``e`` is
+    affine in it (sums, differences and products by constants); None otherwise."""
+    if name not in free_vars(e):
+        return 0
+    if e.op is XOp.VAR:
+        return 1
+    if e.op in (XOp.ADD, XOp.SUB):
+        a, b = (_coefficient(x, name) for x in e.args)
+        if a is None or b is None:
+            return None
+        return a + b if e.op is XOp.ADD else a - b
+    if e.op is XOp.MUL:
+        x, y = e.args
+        if y.op is XOp.CONST:
+            k = _coefficient(x, name)
+            return None if k is None else k * int(y.arg)  # type: ignore[arg-type]
+        if x.op is XOp.CONST:
+            k = _coefficient(y, name)
+            return None if k is None else k * int(x.arg)  # type: ignore[arg-type]
+    return None
 
 
 def _block_nest(ctx: KernelContext, shape: tuple[int, ...], outputs: list[Value], b: int,

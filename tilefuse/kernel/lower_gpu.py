@@ -13,7 +13,9 @@ The loop IR is the CPU's; what differs is the shape of the nest a GPU wants:
   (:mod:`tilefuse.codegen.simt`): a warp per row, coalesced 16-byte accesses, reductions by
   warp shuffles; values are recomputed rather than stored between passes (softmax's exp costs
   one special-function instruction, a stored row a write and a read of DRAM). Rows whose length
-  is not a multiple of 32 fall back to a thread per row.
+  is not a multiple of 32 (but at least 32) take one element a thread a warp iteration and end
+  in a scalar tail of ``n % 32`` elements that every thread of the warp computes alike (a
+  decode step's softmax over 2049 keys); shorter ones fall back to a thread per row.
 * **movement**: the CPU lowering with the flat domain as the parallel loop, scalar code.
 
 :func:`gpu_schedule` is the schedule data those lowerings take; :func:`lower_group_gpu`
@@ -42,8 +44,11 @@ from tilefuse.loop.ir import (
     LoopKind,
     Stmt,
     XOp,
+    expr_children,
     loop,
     var,
+    walk_expr,
+    walk_stmts,
 )
 from tilefuse.loop.verify import MAX_UNROLL
 from tilefuse.ops.registry import OpKind
@@ -90,8 +95,13 @@ def gpu_schedule(group: KernelGroup, row_unroll: int = 4) -> Schedule:
 
 def _row_vector_width(group: KernelGroup) -> int:
     n = iteration_axes(group).get("n")
-    if not isinstance(n, int) or n % WARP:
+    if not isinstance(n, int) or n < WARP:
         return 1
+    if n % WARP:
+        # one element a thread: rows at odd offsets allow no wider access; the tail of n % 32
+        # elements is scalar (uniform over the warp). A thread per row was 0.26 ms for a
+        # decode step's softmax of 16 x 2049 on an H200.
+        return WARP
     itemsize = min(v.dtype.itemsize for v in group.inputs)
     per_thread = max(1, GPU_VECTOR_BYTES // itemsize)
     while n % (WARP * per_thread):
@@ -109,6 +119,18 @@ loads (and recomputed values such as softmax's ``exp``) into one read of the row
 
 
 LONG_ROW_BLOCK = 128
+
+REGISTER_ROW_DIVISIONS = 64
+"""The most integer divisions (index arithmetic of a movement prologue: a reshape/transpose
+read inside the row) times unrolled trips a register row may hold. Each is per lane of a warp
+vector once unrolled: the whole-tensor min/max of a DynamicQuantizeLinear fused with the
+previous convolution's NCHW dequantize (14 divisions, 32 trips) took 30 s of NVPTX emission
+unrolled, 0.04 s as a loop."""
+
+
+def _index_divisions(fn: LoopFunction) -> int:
+    return sum(1 for s in walk_stmts(fn.body) for c in expr_children(s) for e in walk_expr(c)
+               if e.op in (XOp.DIV, XOp.MOD, XOp.FLOORDIV) and not e.type.dtype.is_float)
 
 
 def unroll_constant_loops(s: Stmt) -> Stmt:
@@ -280,6 +302,11 @@ def lower_group_gpu(group: KernelGroup, row_unroll: int = 4, elementwise_unroll:
         from tilefuse.kernel.lower_gpu_scan import lower_scan_gpu
 
         return GpuLowered(lower_scan_gpu(group))
+    if group.kind is KernelKind.OPAQUE and [n.op.name for n in group.nodes] in (
+            ["max_pool2d"], ["avg_pool2d"]):
+        from tilefuse.kernel.lower_gpu_pool import lower_pool_gpu
+
+        return GpuLowered(lower_pool_gpu(group))
     if group.kind is KernelKind.OPAQUE and [n.op.name for n in group.nodes] == ["topk"]:
         from tilefuse.kernel.lower_gpu_reduce import lower_topk_gpu
 
@@ -291,7 +318,8 @@ def lower_group_gpu(group: KernelGroup, row_unroll: int = 4, elementwise_unroll:
         simt = WARP if schedule.vector_width > 1 else 1
         fn = lower_rows(group, schedule, store_values=False)
         n = iteration_axes(group).get("n")
-        if simt > 1 and isinstance(n, int) and n // WARP <= register_row:
+        if simt > 1 and isinstance(n, int) and n // WARP <= register_row and \
+                _index_divisions(fn) * (n // WARP) <= REGISTER_ROW_DIVISIONS:
             fn = replace(fn, body=unroll_constant_loops(fn.body))
             # a long register row needs ~255 registers a thread: blocks of 128 threads let an
             # SM hold 2 of them instead of 1 of 256 (measured: layer_norm [32768,4096] f32

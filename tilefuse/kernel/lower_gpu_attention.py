@@ -139,7 +139,10 @@ def unfuse_attention(graph: Graph) -> Graph:
 
     if not any(n.op.name == "attention" for n in graph.nodes):
         return graph
-    return rewrite_nodes(graph, rule)[0]
+    from tilefuse.runtime.gpu_grouped import fold_grouped_products
+
+    # an unfused grouped-query attention multiplies each shared K/V once (no broadcast copy)
+    return fold_grouped_products(rewrite_nodes(graph, rule)[0])
 
 
 __all__ = [

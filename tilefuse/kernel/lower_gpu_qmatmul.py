@@ -41,11 +41,45 @@ def config_of(node: Node, **knobs: int | bool) -> QGemmConfig:
     return replace(base, **(knobs or default_knobs(base)))
 
 
+INT4_WIDE = ({"tiles": 2, "warps": 8, "loads": 2, "prefetch": 1, "stream": True},
+             {"tiles": 1, "warps": 16, "loads": 2, "stream": True},
+             {"tiles": 1, "warps": 8, "loads": 2})
+"""int4 launch knobs for N >= 8192 and up to 8 tokens, best first where the shape allows: two
+tiles a warp, the next K step's codes loaded ahead into registers past L1 (12.8 µs at M = 1,
+13.2 µs at M = 4 for K = N = 8192, 10.1 µs for K = 4096, N = 11008, on an H200 timed from CUDA
+graphs: benchmarks/gpu_quant-2026-12-03b.json and -03c.json)."""
+INT4_TWO_WAVES = {"tiles": 2, "warps": 16, "loads": 2, "stream": True, "min_blocks": 2}
+"""Up to 8 tokens where the grid (N / 32 blocks) fits two blocks on each of an H200's 132 SMs
+(N <= 8448), 16-bit activations (f32's two bf16 parts spill under the cap): 16 warps a block
+and registers capped at 64, so 32 warps an SM instead of 16
+(12.1 µs at M = 1, 12.8 µs at M = 4 for K = N = 8192 against 12.8 and 13.3, -03c/d.json; the
+profile of the 16-warp kernel had half its issue slots idle for want of eligible warps)."""
+INT4_WIDE_16 = ({"tiles": 2, "warps": 8, "loads": 2, "stream": True},
+                {"tiles": 1, "warps": 8, "loads": 2, "stream": True},
+                {"tiles": 1, "warps": 8, "loads": 2})
+"""The same for 9..16 tokens (two B tiles: 128 registers, so no prefetch): 15.6 µs at K = N =
+8192."""
+INT4_NARROW = ({"tiles": 1, "warps": 16, "loads": 2, "stream": True},
+               {"tiles": 1, "warps": 8, "loads": 2, "stream": True},
+               {"tiles": 1, "warps": 8, "loads": 2})
+"""int4 launch knobs for narrower products (the decode step's 4096 columns): one tile and 16
+warps a block, K split 16 ways, codes past L1 (4.9 µs for 4096², 9.7 µs for K = 11008)."""
+
+
 def default_knobs(cfg: QGemmConfig) -> dict[str, int | bool]:
-    """Two tiles a warp, two loads a K step and 8 warps a block where the shape allows (the
-    fastest of the configurations timed on an H200 for int4 at M = 1, 4 and 16, K = N =
-    8192: benchmarks/gpu_quant-2026-12-03.json), fewer where K or N is too small; fp8 (timed
-    alone) keeps one tile and 4 loads up to 8 tokens, 4 tiles above."""
+    """int4: :data:`INT4_WIDE` (``_16`` above 8 tokens; :data:`INT4_TWO_WAVES` first where
+    it fits) or :data:`INT4_NARROW` by N, the first the shape takes (K steps for every warp);
+    int8: two tiles a warp, two loads a K step and 8 warps a block where the shape allows;
+    fp8 (timed alone) one tile and 4 loads up to 8 tokens, 4 tiles above; fewer warps where
+    K is too short."""
+    if cfg.fmt == "int4":
+        wide = INT4_WIDE if cfg.m <= 8 else INT4_WIDE_16
+        if cfg.m <= 8 and cfg.n // 32 <= 2 * 132 and cfg.dtype.itemsize == 2:   # f32 spills
+            wide = (INT4_TWO_WAVES, *wide)
+        for knobs in wide if cfg.n >= 8192 else INT4_NARROW:
+            other = replace(cfg, **knobs)
+            if supports(other) is None and cfg.k // other.k_step >= other.kwarps:
+                return dict(knobs)
     tile_counts, load_counts = (2, 1), (2, 1, 4)
     if cfg.fmt == "fp8":   # no alternatives are timed for fp8: what was measured best
         tile_counts, load_counts = ((1,), (4, 2, 1)) if cfg.m <= 8 else ((4, 2, 1), (2, 1, 4))
@@ -62,23 +96,25 @@ def default_knobs(cfg: QGemmConfig) -> dict[str, int | bool]:
 ALTERNATIVE_KNOBS = ({"tiles": 1, "warps": 8, "loads": 4}, {"tiles": 1, "warps": 8, "loads": 2},
                      {"tiles": 4, "warps": 8, "loads": 2},
                      {"tiles": 2, "warps": 8, "loads": 2, "prefetch": True})
-"""Configurations timed against the default one when the executable loads (each won for some
-format and M on the H200; the prefetching one is not measured yet). None for fp8: the
-executable's random timing operands hold e4m3 NaN codes, so no output would agree."""
+"""Configurations timed against the default one when the executable loads, for int8 only
+(each won for some M on the H200). int4 takes its measured default alone: the load-time
+timing (one launch, the weight in L2, Python's launch gap inside the events) chose a kernel
+13 % slower than the best. None for fp8: the executable's random timing operands hold e4m3
+NaN codes, so no output would agree."""
 
 
 def quantized_step(group: KernelGroup, target: GpuTarget = SM90
                    ) -> tuple[QGemmKernel, tuple[Value, ...], tuple[QGemmKernel, ...]]:
     """The kernel of a ``matmul_wq`` group, the values its parameters bind (x, w, scales,
-    zeros, bias, out) and alternative configurations to time (none for fp8, whose random
-    timing operands hold NaN codes)."""
+    zeros, bias, out) and alternative configurations to time (int8 only: int4 takes its
+    measured default, fp8's random timing operands hold NaN codes)."""
     node = quantized_node(group)
     if node is None:
         raise CompileError(f"kernel {group.name}: not a quantized product group")
     cfg = config_of(node)
     kernel = qgemm(cfg, target)
     others: list[QGemmKernel] = []
-    if cfg.fmt != "fp8":
+    if cfg.fmt == "int8":
         for knobs in ALTERNATIVE_KNOBS:
             other = replace(cfg, **knobs)
             if other != cfg and supports(other) is None and cfg.k // other.k_step >= 1:
@@ -168,10 +204,10 @@ def emulate(cfg: QGemmConfig, x: np.ndarray, w: np.ndarray, scales: np.ndarray,
     group = cfg.group if cfg.fmt == "int4" else k
     zp = zeros if cfg.fmt == "int4" and cfg.zero_points else None
     mmas_per_step = cfg.k_step // 16
-    accs = np.zeros((cfg.warps, tiles, 16, xs.shape[0]), np.float32)
+    accs = np.zeros((cfg.kwarps, tiles, 16, xs.shape[0]), np.float32)
     t_index = np.arange(tiles).reshape(-1, 1, 1)
     for step in range(k // cfg.k_step):
-        warp = step % cfg.warps
+        warp = step % cfg.kwarps   # every column group deals its K steps the same way
         part = np.zeros((tiles, 16, xs.shape[0]), np.float32)
         for mi in range(mmas_per_step):
             m = step * mmas_per_step + mi
@@ -195,7 +231,7 @@ def emulate(cfg: QGemmConfig, x: np.ndarray, w: np.ndarray, scales: np.ndarray,
                 accs[warp] = (part * s + accs[warp]).astype(np.float32)
                 part[:] = 0
     total = np.zeros_like(accs[0])
-    for w_ in range(cfg.warps):
+    for w_ in range(cfg.kwarps):
         total = (total + accs[w_]).astype(np.float32)
     out = total.reshape(n, -1).T                                        # [M, N]
     if cfg.fmt != "int4":

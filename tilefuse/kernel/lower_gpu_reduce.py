@@ -1,5 +1,5 @@
 """REDUCTION groups (a reduction over axes that are not trailing rows, pooling windows,
-``argmax`` / ``argmin``) lowered for the GPU: a thread per output element.
+``argmax`` / ``argmin``, ``var``) lowered for the GPU: a thread per output element.
 
 The parallel loop runs over the output's elements; each thread folds the reduced elements in a
 serial loop, its input computed in place by the group's prologue (a ``pad`` and
@@ -8,7 +8,8 @@ builder), then applies the group's epilogue to the result and stores every outpu
 starts from the first reduced element (no identity needed: ``max`` of floats, ``prod``, ...)
 and runs in the accumulator dtype of the CPU's row lowering (f32 for f16/bf16). ``argmax`` keeps
 the first index of the largest value, a NaN counting as largest (NumPy's rule), and ``argmin``
-likewise.
+likewise. ``var`` takes NumPy's two passes (the mean, then the sum of centred squares, divided by
+``max(N - ddof, 0)``).
 
 This is the right shape for many small folds (pooling windows, a channel ``argmax``) and a poor
 one for a few long folds (a full sum of a large tensor is one thread); the CPU keeps every such
@@ -55,10 +56,10 @@ ARGS = {"argmax": XOp.GT, "argmin": XOp.LT}
 
 def lower_reduction_gpu(group: KernelGroup) -> LoopFunction:
     """The loop IR of a REDUCTION group (module docstring); CompileError for anchors it does
-    not fold (``var``, none)."""
+    not fold (none)."""
     anchor = group.anchor
     name = anchor.op.name if anchor is not None else "none"
-    if anchor is None or (name not in FOLDS and name not in ARGS):
+    if anchor is None or (name not in FOLDS and name not in ARGS and name != "var"):
         raise CompileError(f"kernel {group.name}: no GPU lowering for a {name} reduction")
     (x,) = anchor.inputs
     shape = dims(x.shape)
@@ -85,7 +86,24 @@ def lower_reduction_gpu(group: KernelGroup) -> LoopFunction:
         return b.lets, v
 
     body: list[Stmt] = []
-    if name in FOLDS:
+    if name == "var":   # two passes as NumPy: the mean, then the centred squares
+        acc_dtype = work_dtype(out.dtype)
+        acc = Local(ctx.names.fresh("acc"), LType(acc_dtype))
+        r, r2 = ctx.names.fresh("r"), ctx.names.fresh("r")
+        lets, v = term(var(r))
+        body += [acc, LocalStore(acc.name, const(0), const(0, acc_dtype)),
+                 loop(r, 0, count, [*lets, LocalStore(acc.name, const(0), binary(
+                     XOp.ADD, local_load(acc), _as(v, acc_dtype)))])]
+        mean = ctx.names.fresh("mean")
+        body.append(Let(mean, local_load(acc) / float(count)))
+        lets, v = term(var(r2))
+        d = _as(v, acc_dtype) - var(mean, LType(acc_dtype))
+        body += [LocalStore(acc.name, const(0), const(0, acc_dtype)),
+                 loop(r2, 0, count, [*lets, LocalStore(acc.name, const(0), binary(
+                     XOp.ADD, local_load(acc), d * d))])]
+        divisor = float(max(count - int(anchor.attrs["ddof"]), 0))
+        result = _as(local_load(acc) / divisor, out.dtype)
+    elif name in FOLDS:
         acc_dtype = DType.u8 if out.dtype is DType.bool else work_dtype(out.dtype)
         acc = Local(ctx.names.fresh("acc"), LType(acc_dtype))
         lets0, v0 = term(0)

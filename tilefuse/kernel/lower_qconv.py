@@ -3,7 +3,10 @@ windows of an NHWC input read in place (implicit GEMM, no f32 im2col matrix).
 
 ``conv_lowering`` writes a convolution as ``matmul(reshape(window_patches(P)), W)``; the
 quantize pass turns that into ``qconv_i8(P, w, w_scale, bias)`` so the int8 kernel reads P
-itself. One entry, two parallel phases, like ``qmatmul_i8`` (:mod:`tilefuse.kernel.lower_qmatmul`):
+itself. One entry and one parallel region, like ``qmatmul_i8``
+(:mod:`tilefuse.kernel.lower_qmatmul`): a tile first makes sure its block of 6 rows has been
+through the window-row phase (a ready flag per block; unset, the tile runs the phase on the
+block itself), so no thread waits at a phase boundary for one the OS has preempted:
 
 1. **window rows**: output pixel ``m = (n, oh, ow)`` reads KH runs of ``KW·C`` contiguous floats
    of P (unit dilation along W), ``dh·Wp·C`` apart, and writes their u8 codes into the scratch
@@ -32,20 +35,22 @@ from tilefuse.codegen.jit import KernelSignature
 from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.dtypes import DType
 from tilefuse.errors import CompileError
-from tilefuse.kernel.lower_qmatmul import INT8_BUFFERS, Int8Shape, _int8_tiles, pack_int8
+from tilefuse.kernel.lower_qmatmul import (
+    INT8_BUFFERS,
+    Int8Shape,
+    _int8_tiles,
+    one_region,
+    pack_int8,
+)
 from tilefuse.kernel.quant_ir import (
     _DECLS,
     _V16F,
     LANES,
     MAX_K8,
-    MR8,
-    PANEL,
     Compiler,
     QuantKernel,
     _codes,
-    _entry,
     _Fn,
-    _grab_worker,
     _math,
     _padded,
     check_target,
@@ -235,13 +240,12 @@ def qconv_module(name: str, cs: ConvShape, act: str, static: Static | None,
     """The LLVM IR of a ``qconv_i8``; buffers as ``INT8_BUFFERS`` with x the padded input,
     then the epilogue's operands."""
     s = cs.int8
-    tiles = (s.mp // MR8) * (s.np_ // PANEL)
     post = epilogue_ir(steps, operands, s.n, len(INT8_BUFFERS)) if steps else None
-    return "".join([_DECLS, _MASKED, _math(act), _window_rows(f"{name}.rows", cs, static),
-                    _int8_tiles(f"{name}.tiles", s, act, raw, post=post),
-                    _grab_worker(f"{name}.w0", f"{name}.rows", s.m, 4),
-                    _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1),
-                    _entry(name, [f"{name}.w0", f"{name}.w1"])])
+    erf = act == "gelu" or ("gelu",) in steps
+    return "".join([_DECLS, _MASKED, _math("gelu" if erf else act),
+                    _window_rows(f"{name}.rows", cs, static),
+                    _int8_tiles(f"{name}.tiles", s, act, raw, post=post, rows=f"{name}.rows"),
+                    one_region(name, s, f"{name}.rows", f"{name}.tiles")])
 
 
 def build_qconv(name: str, cs: ConvShape, w: np.ndarray, w_scale: np.ndarray,
@@ -284,7 +288,7 @@ def build_qconv(name: str, cs: ConvShape, w: np.ndarray, w_scale: np.ndarray,
     consts = {"w": packed, "comp": _padded(comp, s.n, np.int32),
               "w_scale": _padded(np.asarray(w_scale, np.float32), s.n, np.float32),
               "bias": _padded(np.asarray(bias, np.float32), s.n, np.float32)}
-    scratch = {"aq": (s.mp * s.kp, np.dtype(np.uint8)), "sa": (s.mp * 4, np.dtype(np.float32))}
+    scratch = {"aq": (s.aq_bytes, np.dtype(np.uint8)), "sa": (s.mp * 4, np.dtype(np.float32))}
     inputs = {"x": 0, **{f"e{i}": 4 + i for i in range(len(operands))}}
     return QuantKernel(fn, kernel, text, consts, scratch, inputs)
 

@@ -9,21 +9,27 @@ into 16 i32 lanes), and their data layouts are fixed at build time. They keep th
 calling convention (``void name(ptr buffers, ptr scalars, i32 threads)``, parallel loops
 through ``tilefuse_parallel``), so the native executable launches them like any other kernel.
 
-**int8** (``qmatmul_i8``, AVX-512 VNNI), one entry, two parallel phases:
+**int8** (``qmatmul_i8``, AVX-512 VNNI), one entry, one parallel region over the tiles, each
+tile running the row phase on its block of rows first unless the block's ready flag is set:
 
-1. rows of x in grains: ``amax = max|x|``, ``q = clip(rint(x * 127/amax), -127, 127) + 128``
-   stored as u8 (vpdpbusd's first operand is unsigned) in a scratch ``aq [Mp, Kp]`` (K padded
-   to 4), and the row scale ``amax/127``;
+1. rows of x, a block of 6 at a time: ``amax = max|x|``,
+   ``q = clip(rint(x * 127/amax), -127, 127) + 128`` stored as u8 (vpdpbusd's first operand is
+   unsigned) in a scratch ``aq [Mp, Kp]`` (K padded to 4; the blocks' ready flags follow, and
+   the entry clears them), and the row scale ``amax/127``. Two threads that reach one block
+   at once both quantize it (the same bytes): nobody ever waits on another thread, which a
+   second parallel region did at its start on a busy host;
 2. tiles of MR=6 rows x 64 columns, taken one at a time from an atomic counter (panel-major,
-   so threads share a panel while it is hot): 24 i32 zmm accumulators, per 4 k one 64-byte
-   load of each of the 4 B vectors and one 4-byte broadcast of each row of A. B is packed at
-   build time as [N/64][K/4][64][4] bytes. The +128 offset is removed exactly by the build-time
-   column sums ``comp[n] = 128 * sum_k w[k, n]``. Epilogue on the accumulators:
+   so threads share a panel while it is hot, and the first panel's tiles quantize the rows):
+   24 i32 zmm accumulators, per 4 k one 64-byte load of each of the 4 B vectors and one 4-byte
+   broadcast of each row of A. B is packed at build time as [N/64][K/4][64][4] bytes. The
+   +128 offset is removed exactly by the build-time column sums
+   ``comp[n] = 128 * sum_k w[k, n]``. Epilogue on the accumulators:
    ``f32(acc - comp) * (sa[m] * sw[n]) + bias[n]``, relu or GELU (the generated erf of
    :mod:`tilefuse.codegen.math_lib`), masked store of the N tail.
 
-**u8 x s8** (``matmul_u8s8``, ONNX MatMulInteger): the same tiles on a u8 input copied into
-``aq`` (rows padded to 4), ``comp = a_zero * sum_k w`` at run time, the i32 sums stored.
+**u8 x s8** (``matmul_u8s8``, ONNX MatMulInteger): the same tiles (one region) on a u8 input
+copied into ``aq`` (rows padded to 4) a block at a time, ``comp = a_zero * sum_k w`` at run
+time, the i32 sums stored.
 
 **int4** (``matmul_w4``, AVX-512F, weight-only): tiles of MR (min(M, 4)) rows x 64 columns;
 per group of G rows of K the 64 scales and offsets (``-z*s``) are loaded once; per pair of k,
@@ -59,6 +65,7 @@ from tilefuse.kernel.quant_ir import (
     MR8,
     NV,
     PANEL,
+    STREAM_BYTES,
     Compiler,
     QuantKernel,
     _activate,
@@ -124,6 +131,11 @@ class Int8Shape:
     @property
     def np_(self) -> int:
         return _ceil(max(self.n, 1), PANEL)
+
+    @property
+    def aq_bytes(self) -> int:
+        """The scratch ``aq``: the u8 codes [Mp, Kp], then one ready flag a block of MR8 rows."""
+        return self.mp * self.kp + self.mp // MR8
 
 
 def _quant_rows(name: str, s: Int8Shape) -> str:
@@ -198,11 +210,16 @@ n0..n0+15 (after the activation), returning the value to store."""
 
 
 def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool = False,
-                post: Post | None = None) -> str:
+                post: Post | None = None, rows: str | None = None, stream: bool = False
+                ) -> str:
     """``void name(bufs, lo, hi)``: tiles lo..hi (panel-major) of MR8 rows x 64 columns.
     ``raw``: store acc - comp as i32 (the integer core, for tests) instead of the epilogue.
     ``zero_point`` (``matmul_u8s8``, raw): buffers a, w, colsum, a_zero, out, aq, and comp is
-    ``a_zero * colsum``. ``post``: a fused elementwise epilogue after the activation."""
+    ``a_zero * colsum``. ``post``: a fused elementwise epilogue after the activation.
+    ``rows``: the row phase ``void rows(bufs, lo, hi)``, called by a tile whose block of rows
+    has no ready flag yet (:func:`int8_module`). ``stream`` (N a multiple of 16): a panel of
+    full columns is stored with non-temporal stores when ``out`` is 64-byte aligned
+    (:data:`STREAM_BYTES`)."""
     f = _Fn(f"define internal void @{name}(ptr %bufs, i64 %lo, i64 %hi) nounwind")
     if zero_point:
         w, comp, out, aq = (f.buffer("%bufs", i) for i in (1, 2, 4, 5))
@@ -216,13 +233,22 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
     mblocks = s.mp // MR8
     k4 = s.kp // 4
 
+    if stream:
+        addr = f(f"ptrtoint ptr {out} to i64")
+        aligned = f(f"icmp eq i64 {f(f'and i64 {addr}, 63')}, 0")
+
     def tile(r: str) -> None:
         nb, m0 = _tile_origin(f, r, mblocks, MR8)
+        if stream:
+            full = f(f"icmp sle i64 {f(f'mul i64 {nb}, {PANEL}')}, {s.n - PANEL}")
+            streamed = f(f"and i1 {full}, {aligned}")
+        if rows is not None:
+            _ready_rows(f, r, rows, s, aq, m0)
         panel = f(f"getelementptr i8, ptr {w}, i64 {f(f'mul i64 {nb}, {k4 * PANEL * 4}')}")
-        rows = []
+        arows = []
         for i in range(MR8):
             mi = f(f"add i64 {m0}, {i}")
-            rows.append(f(f"getelementptr i8, ptr {aq}, i64 {f(f'mul i64 {mi}, {s.kp}')}"))
+            arows.append(f(f"getelementptr i8, ptr {aq}, i64 {f(f'mul i64 {mi}, {s.kp}')}"))
         for row in accs:
             for a in row:
                 f.do(f"store {_V16I} zeroinitializer, ptr {a}, align 64")
@@ -234,7 +260,7 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
                 bs.append(f(f"load {_V16I}, ptr {f(f'getelementptr i8, ptr {panel}, i64 {off}')}, "
                             "align 64"))
             for i in range(MR8):
-                a = f(f"load i32, ptr {f(f'getelementptr i32, ptr {rows[i]}, i64 {kk}')}, align 1")
+                a = f(f"load i32, ptr {f(f'getelementptr i32, ptr {arows[i]}, i64 {kk}')}, align 1")
                 av = f.splat(a, "i32")
                 for j in range(NV):
                     old = f(f"load {_V16I}, ptr {accs[i][j]}, align 64")
@@ -277,6 +303,10 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
                 v = f(f"fadd {_V16F} {v}, {biases[j]}")
                 if post is not None:
                     v = post(f, _activate(f, v, act), m, cols[j], masks[j])
+                if stream:
+                    v = _activate(f, v, "none" if post is not None else act)
+                    _stream_store(f, v, dst, masks[j], streamed, f"{label}_{j}")
+                    continue
                 _epilogue_store(f, v, "none" if post is not None else act, dst, masks[j])
             f.do(f"br label %{label}.skip")
             f.label(f"{label}.skip")
@@ -284,6 +314,38 @@ def _int8_tiles(name: str, s: Int8Shape, act: str, raw: bool, zero_point: bool =
     f.counted_loop("tile", f("sub i64 %hi, %lo"), tile)
     f.do("ret void")
     return f.text()
+
+
+def _stream_store(f: _Fn, v: str, dst: str, mask: str, streamed: str, label: str) -> None:
+    """16 floats to ``dst``: a non-temporal store (the line is written without being read
+    first) when ``streamed``, else the masked store."""
+    f.do(f"br i1 {streamed}, label %{label}.nt, label %{label}.m")
+    f.label(f"{label}.nt")
+    f.do(f"store {_V16F} {v}, ptr {dst}, align 64, !nontemporal !{{i32 1}}")
+    f.do(f"br label %{label}.done")
+    f.label(f"{label}.m")
+    f.do(f"call void @llvm.masked.store.v16f32.p0({_V16F} {v}, ptr {dst}, i32 4, "
+         f"<16 x i1> {mask})")
+    f.do(f"br label %{label}.done")
+    f.label(f"{label}.done")
+
+
+def _ready_rows(f: _Fn, r: str, rows: str, s: Int8Shape, aq: str, m0: str) -> None:
+    """Makes sure the tile's block of rows (from ``m0``) is quantized: its flag in ``aq``
+    after the codes is read (acquire); if unset, this thread runs the row phase on the block
+    and sets it (release). Two threads may quantize one block at once: they write the same
+    bytes, and nobody waits on a thread the OS has preempted (one parallel region a call)."""
+    flag = f.at("i8", aq, f(f"add i64 {f(f'udiv i64 {m0}, {MR8}')}, {s.mp * s.kp}"))
+    label = f"q{r[1:]}"
+    ready = f(f"load atomic i8, ptr {flag} acquire, align 1")
+    f.do(f"br i1 {f(f'icmp ne i8 {ready}, 0')}, label %{label}.done, label %{label}.run")
+    f.label(f"{label}.run")
+    end = f(f"add i64 {m0}, {MR8}")
+    end = f(f"select i1 {f(f'icmp slt i64 {end}, {s.m}')}, i64 {end}, i64 {s.m}")
+    f.do(f"call void @{rows}(ptr %bufs, i64 {m0}, i64 {end})")
+    f.do(f"store atomic i8 1, ptr {flag} release, align 1")
+    f.do(f"br label %{label}.done")
+    f.label(f"{label}.done")
 
 
 def _copy_rows(name: str, s: Int8Shape) -> str:
@@ -309,24 +371,44 @@ def u8s8_module(name: str, s: Int8Shape, steps: tuple = (),
                 operands: tuple[int, ...] = ()) -> str:
     """The LLVM IR of ``matmul_u8s8``; buffers: a (u8), w (packed), colsum, a_zero, out (i32;
     f32 with a fused epilogue over the operands that follow), aq (scratch)."""
-    tiles = (s.mp // MR8) * (s.np_ // PANEL)
     post = epilogue_ir(steps, operands, s.n, len(U8S8_BUFFERS)) if steps else None
-    return "".join([_DECLS, _copy_rows(f"{name}.copy", s),
+    return "".join([_DECLS, _math("gelu" if ("gelu",) in steps else "none"),
+                    _copy_rows(f"{name}.copy", s),
                     _int8_tiles(f"{name}.tiles", s, "none", True, zero_point=True,
-                                post=post),
-                    _grab_worker(f"{name}.w0", f"{name}.copy", s.m, 8),
-                    _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1),
-                    _entry(name, [f"{name}.w0", f"{name}.w1"])])
+                                post=post, rows=f"{name}.copy"),
+                    one_region(name, s, f"{name}.copy", f"{name}.tiles", aq=5)])
+
+
+def one_region(name: str, s: Int8Shape, rows: str, tiles: str, aq: int = 6,
+               fence: bool = False) -> str:
+    """The worker and entry of an int8 kernel with one parallel region: the tiles (function
+    ``tiles``, made with ``rows=rows``) quantize their blocks of rows on demand; the entry
+    clears the blocks' ready flags (after the codes in ``aq``, buffer ``aq``) first.
+    ``fence``: each thread ends with an sfence (its non-temporal stores made visible)."""
+    count = (s.mp // MR8) * (s.np_ // PANEL)
+    worker = _grab_worker(f"{name}.w1", tiles, count, 1)
+    if fence:
+        worker = worker.replace("done:\n  ret void", "done:\n  call void @llvm.x86.sse.sfence()"
+                                "\n  ret void")
+    entry = _entry(name, [f"{name}.w1"]).replace(
+        "entry:\n", f"entry:\n  %aq.slot = getelementptr ptr, ptr %bufs, i64 {aq}\n"
+        "  %aq = load ptr, ptr %aq.slot\n"
+        f"  %flags = getelementptr i8, ptr %aq, i64 {s.mp * s.kp}\n"
+        f"  call void @llvm.memset.p0.i64(ptr %flags, i8 0, i64 {s.mp // MR8}, i1 false)\n", 1)
+    return "".join(["declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)\n",
+                    "declare void @llvm.x86.sse.sfence()\n" if fence else "", worker, entry])
 
 
 def int8_module(name: str, s: Int8Shape, act: str = "none", raw: bool = False) -> str:
-    """The LLVM IR of an int8 kernel; buffers: x, w (packed), comp, w_scale, bias, out, aq, sa."""
-    tiles = (s.mp // MR8) * (s.np_ // PANEL)
+    """The LLVM IR of an int8 kernel; buffers: x, w (packed), comp, w_scale, bias, out, aq, sa.
+    One parallel region (:func:`one_region`): two (the row phase, then the tiles) made every
+    thread wait at the end of the first for one the OS had preempted. An f32 output of
+    :data:`STREAM_BYTES` or more is written with non-temporal stores."""
+    stream = not raw and s.n % LANES == 0 and s.m * s.n * 4 >= STREAM_BYTES
     return "".join([_DECLS, _math(act), _quant_rows(f"{name}.qrows", s),
-                    _int8_tiles(f"{name}.tiles", s, act, raw),
-                    _grab_worker(f"{name}.w0", f"{name}.qrows", s.m, 4),
-                    _grab_worker(f"{name}.w1", f"{name}.tiles", tiles, 1),
-                    _entry(name, [f"{name}.w0", f"{name}.w1"])])
+                    _int8_tiles(f"{name}.tiles", s, act, raw, rows=f"{name}.qrows",
+                                stream=stream),
+                    one_region(name, s, f"{name}.qrows", f"{name}.tiles", fence=stream)])
 
 
 # ---- int4 ------------------------------------------------------------------------------------
@@ -468,7 +550,7 @@ def build_int8(name: str, m: int, w: np.ndarray, w_scale: np.ndarray, bias: np.n
     consts = {"w": packed, "comp": _padded(comp, n, np.int32),
               "w_scale": _padded(np.asarray(w_scale, np.float32), n, np.float32),
               "bias": _padded(np.asarray(bias, np.float32), n, np.float32)}
-    scratch = {"aq": (s.mp * s.kp, np.dtype(np.uint8)), "sa": (s.mp * 4, np.dtype(np.float32))}
+    scratch = {"aq": (s.aq_bytes, np.dtype(np.uint8)), "sa": (s.mp * 4, np.dtype(np.float32))}
     return QuantKernel(fn, kernel, text, consts, scratch)
 
 
@@ -500,7 +582,7 @@ def build_u8s8(name: str, m: int, w: np.ndarray, target: CpuTarget | None = None
     kernel = compile_with(compiler, text, KernelSignature(name, fn.buffers, (), True), target)
     packed, comp = pack_int8(np.asarray(w, np.int8))
     consts = {"w": packed, "colsum": _padded(comp // 128, n, np.int32)}
-    return QuantKernel(fn, kernel, text, consts, {"aq": (s.mp * s.kp, np.dtype(np.uint8))},
+    return QuantKernel(fn, kernel, text, consts, {"aq": (s.aq_bytes, np.dtype(np.uint8))},
                        {"a": 0, "a_zero": 1, **{f"e{i}": 3 + i for i in range(len(operands))}})
 
 
@@ -532,7 +614,7 @@ def build_int4(name: str, m: int, wq: np.ndarray, scales: np.ndarray, zeros: np.
 
 __all__ = ["INT4_BUFFERS", "INT8_BUFFERS", "Int4Shape", "Int8Shape", "QuantKernel",
            "build_int4", "build_int8", "check_target", "compile_ir", "int4_module",
-           "int8_module", "pack_int4", "pack_int8"]
+           "int8_module", "one_region", "pack_int4", "pack_int8"]
 
 
 # ---- kernel groups ---------------------------------------------------------------------------
@@ -584,7 +666,8 @@ def lower_quant_group(group: object, constants: dict, target: CpuTarget | None =
         w, scale, bias = arrays[:3]
         operands = tuple(_kind(v) for v in node.inputs[4:])
         return build_qconv(name, conv_shape(node), w, scale, bias, act, static_of(node.attrs),
-                           target=target, compiler=compiler, steps=node.attrs["epilogue"],
+                           raw=bool(node.attrs["raw"]), target=target, compiler=compiler,
+                           steps=node.attrs["epilogue"],
                            operands=operands)
     if node.op is QMATMUL_I8:
         w, scale, bias = arrays

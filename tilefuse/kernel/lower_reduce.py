@@ -25,9 +25,9 @@ once. Accumulation is in the output's working type (f32 for f16/bf16, i64 for in
 f64 for integer means), as the references do. max/min propagate NaN. Arg-reductions keep the
 value and the index of the best element and take a new one only when it is strictly better or
 the first NaN (NumPy's rule: the first maximum, or the first NaN). Along a reduced last axis
-they are one vector pass (:meth:`_Lowering.arg_row_vector`: per lane the best value and the
-start of its vector run; the first index of the best value lies in the earliest such run,
-which is then scanned), or 8 interleaved scalar chains for rows shorter than two vectors;
+they are one vector pass (:meth:`_Lowering.arg_row_vector`: per lane the best value and its
+index; rows holding a NaN or an infinity are done again by the exact scalar rule), or 8
+interleaved scalar chains for rows shorter than two vectors;
 ``prod`` (no horizontal product in the loop IR) runs one element at a time there. The index
 is the flat position over the reduced axes (over all of F for ``axis=None``).
 """
@@ -58,6 +58,7 @@ from tilefuse.kernel.scalar_expr import ElementBuilder, KernelGroupLike, work_dt
 from tilefuse.kernel.schedule import PARALLEL_MIN_ELEMENTS
 from tilefuse.loop.ir import (
     Expr,
+    If,
     Let,
     Local,
     LocalStore,
@@ -68,6 +69,7 @@ from tilefuse.loop.ir import (
     Store,
     XOp,
     binary,
+    block,
     broadcast,
     cast,
     const,
@@ -90,6 +92,10 @@ _HORIZONTAL = {XOp.ADD: XOp.REDUCE_ADD, XOp.MAX: XOp.REDUCE_MAX, XOp.MIN: XOp.RE
 UNROLL = 4
 """Vectors per run in the kept-last-axis walk: independent accumulator chains (an add's
 latency is ~4 cycles) and four cache lines walked down the reduced axes at once."""
+ARG_UNROLL = 2
+"""Vector chains of an arg-reduction's row pass: with 4 (UNROLL) LLVM's full unrolling of a
+512-element row spilled the index vectors; 2 ran argmax over 128x512 in 4.4 µs, 4 in 5.3
+(NumPy 4.4)."""
 ARG_CHAINS = 8
 """Interleaved (value, index) chains of an arg-reduction along a reduced last axis."""
 
@@ -469,14 +475,16 @@ class _Lowering:
                        inner_shape: tuple[int, ...], n: int, width: int
                        ) -> tuple[list[Stmt], Expr]:
         """An arg-reduction over the trailing run in one vector pass. Each lane keeps its best
-        value and that element's index (``bcast(i) + iota``: strictly better, or the first
-        NaN, as the scalar rule), in ``unroll`` chains; each lane holds the first index of its
-        own best, so the answer is the least index among the lanes holding the overall best
-        ``m``. The scalar tail comes after every vector, so it wins only when strictly
-        better."""
+        value and that element's index (``bcast(i) + iota``: strictly better), in ``unroll``
+        chains; each lane holds the first index of its own best, so the answer is the least
+        index among the lanes holding the overall best ``m``. The scalar tail comes after
+        every vector, so it wins only when strictly better. Floats: the lanes also sum
+        ``x - x``, NaN once the row held a NaN or an infinity; such a row is done again
+        element by element with the exact rule (the first NaN wins), so the vector pass
+        needs one ordered compare per vector instead of NumPy's rule's two."""
         rank = len(self.shape)
         whole = n - n % width
-        unroll = max(1, min(UNROLL, n // (2 * width)))
+        unroll = max(1, min(ARG_UNROLL, n // (2 * width)))
         big = n - n % (width * unroll)
         # indices in i32 lanes where they fit: as wide as the values' lanes (one register and
         # one mask per select; i64 lanes took two of each and spilled masks)
@@ -492,16 +500,34 @@ class _Lowering:
         vals = Local(self.fresh("acc"), LType(stage.acc, width), unroll)
         idxs = Local(self.fresh("at"), LType(at, width), unroll)
         stmts: list[Stmt] = [vals, idxs]
+        # floats: the vector pass takes strictly better values only (one ordered compare per
+        # vector, where NumPy's NaN rule took a second one on the accumulator) and sums
+        # x - x per lane, which is NaN once the row held a NaN (or an infinity); such a row
+        # is then done again by the exact rule, element by element (below)
+        poison = Local(self.fresh("nan"), LType(stage.acc, width), unroll) \
+            if stage.acc.is_float else None
+        if poison is not None:
+            stmts.append(poison)
         for j in range(unroll):
             stmts += [LocalStore(vals.name, const(j), _identity(stage, self.largest, width)),
                       LocalStore(idxs.name, const(j), const(0, at, width))]
+            if poison is not None:
+                stmts.append(LocalStore(poison.name, const(j), const(0.0, stage.acc, width)))
 
         def update(j: int, i: Expr) -> list[Stmt]:
             lets, e = term(i, width)
-            take = Let(self.fresh("take"), _better(e, vals.load(j), self.largest))
+            best = vals.load(j)
+            if poison is None:
+                rule = _better(e, best, self.largest)
+            else:
+                rule = binary(XOp.GT if self.largest else XOp.LT, e, best)
+            take = Let(self.fresh("take"), rule)
             where = broadcast(i if at is DType.i64 else cast(i, at), width) + lanes
-            return [*lets, take, LocalStore(vals.name, const(j), select(take.ref, e, vals.load(j))),
-                    LocalStore(idxs.name, const(j), select(take.ref, where, idxs.load(j)))]
+            marks = [] if poison is None else [
+                LocalStore(poison.name, const(j), poison.load(j) + (e - e))]
+            return [*lets, take, LocalStore(vals.name, const(j), select(take.ref, e, best)),
+                    LocalStore(idxs.name, const(j), select(take.ref, where, idxs.load(j))),
+                    *marks]
 
         if unroll > 1:
             i = self.fresh("i")
@@ -514,14 +540,21 @@ class _Lowering:
         combine = XOp.MAX if self.largest else XOp.MIN
         best: Expr = vals.load(0)
         for j in range(1, unroll):
-            best = binary(combine, best, vals.load(j))
+            if poison is None:
+                best = binary(combine, best, vals.load(j))
+            else:   # no lane holds NaN (only strictly better values were taken): one vmaxps
+                rule = binary(XOp.GT if self.largest else XOp.LT, best, vals.load(j))
+                best = select(rule, best, vals.load(j))
+        if poison is not None:   # and LLVM drops the horizontal max's unordered compares
+            best = select(binary(XOp.EQ, best, best), best, _identity(stage, self.largest,
+                                                                      width))
         m = Let(self.fresh("m"), reduce(_HORIZONTAL[combine], best))
         stmts.append(m)
 
         def matches(e: Expr) -> Expr:
             target = m.ref if e.lanes == 1 else broadcast(m.ref, e.lanes)
             eq = binary(XOp.EQ, e, target)
-            if e.dtype.is_float:
+            if e.dtype.is_float and poison is None:
                 eq = binary(XOp.OR, eq, binary(XOp.AND, unary(XOp.ISNAN, e),
                                                unary(XOp.ISNAN, target)))
             return eq
@@ -543,6 +576,17 @@ class _Lowering:
             lets, e = term(var(i), 1)
             stmts.append(loop(i, whole, n, [*lets, *self.fold(stage, tail_v, const(0), tail_i,
                                                              e, var(i))]))
+        if poison is not None and whole:
+            total = poison.load(0)
+            for j in range(1, unroll):
+                total = total + poison.load(j)
+            i = self.fresh("i")
+            lets, e = term(var(i), 1)
+            exact = [LocalStore(tail_v.name, const(0), _identity(stage, self.largest, 1)),
+                     LocalStore(tail_i.name, const(0), const(0)),
+                     loop(i, 0, n, [*lets, *self.fold(stage, tail_v, const(0), tail_i, e,
+                                                      var(i))])]
+            stmts.append(If(unary(XOp.ISNAN, reduce(XOp.REDUCE_ADD, total)), block(*exact)))
         let = Let(self.fresh("s"), tail_i.load(0))
         return [*stmts, let], let.ref
 

@@ -137,6 +137,43 @@ def _arith_identity(e: Expr) -> Expr:
     return e
 
 
+def fold_index(e: Expr) -> Expr:
+    """:func:`fold_expr` for an address (an i64 index that cannot overflow), with two more
+    rules: ``(q*c + k) // c -> q + k // c`` and ``(q*c + k) % c -> k % c`` (floor division,
+    c > 0). Not for values: with wrap-around (a u8 ``x * 4``) they would not hold."""
+    if not e.args or e.dtype is not DType.i64:
+        return e
+    args = tuple(fold_index(a) for a in e.args)
+    if any(n is not o for n, o in zip(args, e.args)):
+        e = replace(e, args=args)
+    e = _fold_node(e)
+    if e.op in (XOp.FLOORDIV, XOp.MOD) and e.lanes == 1 and _is_const(e.args[1]) \
+            and e.args[1].arg > 0:  # type: ignore[operator]
+        c = int(e.args[1].arg)  # type: ignore[arg-type]
+        split = _split_multiple(e.args[0], c)
+        if split is not None:
+            q, k = split
+            if e.op is XOp.MOD:
+                return const(k % c, e.dtype)
+            return _fold_node(replace(e, op=XOp.ADD, args=(q, const(k // c, e.dtype))))
+    return e
+
+
+def _split_multiple(a: Expr, c: int) -> tuple[Expr, int] | None:
+    """``(q, k)`` with ``a == q * c + k`` and ``k`` a constant, when ``a`` is ``x * m`` or
+    ``x * m + k`` with ``m`` a multiple of ``c`` (an interleaved index ``i*g + j`` seen
+    through a ``[g, m]`` transpose); None otherwise."""
+    k = 0
+    if a.op is XOp.ADD and _is_const(a.args[1]):
+        a, k = a.args[0], a.args[1].arg  # type: ignore[assignment]
+    if a.op is XOp.MUL and _is_const(a.args[1]) and a.args[1].arg % c == 0:  # type: ignore[operator]
+        x, m = a.args
+        factor = m.arg // c  # type: ignore[operator]
+        q = x if factor == 1 else _fold_node(replace(a, args=(x, const(factor, a.dtype))))
+        return q, k
+    return None
+
+
 def _neg_const(c: Expr) -> Expr:
     return const(_wrap(-c.arg, c.dtype), c.dtype, c.lanes)  # type: ignore[operator]
 

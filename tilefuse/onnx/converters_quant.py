@@ -8,8 +8,10 @@ Quantizing rounds half to even (``round``), adds the zero point and saturates; i
 accumulate exactly in i32 (i8 and u8 products of any realistic K fit); integer convolutions run
 tilefuse's float conv2d in f64 on the centred operands, which is exact while the sums stay below
 2^53 (zero padding of ``x - x_zero`` is padding ``x`` with its zero point, as the operators
-define it). The QLinear ops then rescale by ``a_scale · b_scale / y_scale`` in f32 and
-requantize.
+define it); a 2-D ConvInteger with a constant weight runs on ``qconv_i8``'s raw i32 sums
+instead (VNNI, exact; x's zero point computed at run time, as DynamicQuantizeLinear makes it,
+is a correction: :mod:`tilefuse.onnx.conv_integer`). The QLinear ops then rescale by
+``a_scale · b_scale / y_scale`` in f32 and requantize.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from tilefuse.dtypes import DType
 from tilefuse.log import get_logger
 from tilefuse.onnx.context import NodeContext, Tensor
+from tilefuse.onnx.converters_nn import _geometry as conv_geometry
 from tilefuse.onnx.converters_nn import conv_with
 from tilefuse.onnx.model import ModelInfo
 from tilefuse.onnx.tensors import to_dtype
@@ -198,9 +201,65 @@ def _conv_centred(ctx: NodeContext, x: Tensor, x_zero: Tensor | None, w: Tensor,
     return conv_with(ctx, xc, wc, None)
 
 
+def _conv_integer_codes(ctx: NodeContext, x: Tensor, x_zero: Tensor | None, w: Tensor,
+                        w_zero: Tensor | None) -> np.ndarray | str:
+    """The centred weight codes ``w - w_zero`` as i8 [O, C, KH, KW] when ``qconv_i8`` can run
+    this ConvInteger exactly, else why not."""
+    if x.rank != 4 or int(ctx.attr("group", 1)) != 1:
+        return f"only 2-D convolutions with group 1 are mapped (rank {x.rank})"
+    if x.dtype not in (DType.u8, DType.i8) or not all(isinstance(d, int) for d in x.shape):
+        return f"x is {x.dtype.value} of shape {list(x.shape)}, not a static u8 or i8 tensor"
+    if x_zero is not None and (x_zero.const is None or x_zero.const.size != 1):
+        return "x's zero point is not a constant scalar"
+    if w.const is None or w.rank != 4 or (w_zero is not None and w_zero.const is None):
+        return "the weight or its zero point is not a constant"
+    wz = np.zeros(1, np.int32) if w_zero is None else w_zero.const.astype(np.int32)
+    wc = w.const.astype(np.int32) - wz.reshape(-1, *(1,) * (w.rank - 1) if wz.size > 1 else ())
+    if wc.size and (wc.min() < -128 or wc.max() > 127):
+        return "the centred weight w - w_zero does not fit i8"
+    if tuple(_ints_attr(ctx, "dilations"))[1:] not in ((), (1,)):
+        return "a dilation along W (qconv_i8 reads runs along W)"
+    return wc.astype(np.int8)
+
+
+def _ints_attr(ctx: NodeContext, name: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in (ctx.attr(name) or (1, 1)))
+
+
 def _conv_integer(ctx: NodeContext) -> list[Tensor]:
-    acc = _conv_centred(ctx, ctx.input(0), ctx.optional(2), ctx.input(1), ctx.optional(3))
-    return [ctx.cast(acc, DType.i32)]
+    """(x - x_zero) * (w - w_zero) in exact i32: on ``qconv_i8`` (VNNI, u8 codes read in place
+    from the NHWC input, raw i32 sums) when the weight is a constant whose centred codes fit
+    i8, else tilefuse's conv2d in f64 on the centred operands (exact below 2^53)."""
+    x, x_zero, w, w_zero = ctx.input(0), ctx.optional(2), ctx.input(1), ctx.optional(3)
+    codes = _conv_integer_codes(ctx, x, x_zero, w, w_zero)
+    if isinstance(codes, str):   # a zero point computed at run time: a correction
+        from tilefuse.onnx.conv_integer import conv_integer_runtime_zero
+
+        native = conv_integer_runtime_zero(ctx, x, x_zero, w, w_zero)
+        if not isinstance(native, str):
+            return [native]
+        _LOG.info("%s stays on the exact f64 path: %s", ctx.label, codes)
+        return [ctx.cast(_conv_centred(ctx, x, x_zero, w, w_zero), DType.i32)]
+    o, c, kh, kw = codes.shape
+    stride, dilation, (top, left, bottom, right) = conv_geometry(ctx, x, (kh, kw))
+    z = 0 if x_zero is None else int(x_zero.const.reshape(()))
+    lo, hi = _RANGES[x.dtype]
+    # the centred input x - z in f32 (exact): its zero padding is x's zero point, and with
+    # scale 1 and zero point z the row phase's codes are x's own
+    xc = ctx.cast(x, DType.f32)
+    if z:
+        xc = ctx.op("sub", xc, ctx.scalar(z, DType.f32))
+    p = ctx.op("transpose", xc, perm=(0, 2, 3, 1))
+    wk = ctx.const(np.ascontiguousarray(codes.transpose(2, 3, 1, 0).reshape(kh * kw * c, o)))
+    y = ctx.op("qconv_i8", p, wk, ctx.const(np.ones(o, np.float32)),
+               ctx.const(np.zeros(o, np.float32)), kernel=(kh, kw), strides=stride,
+               dilations=dilation, pads=(top, bottom, left, right), x_scale=1.0, x_zero=z,
+               x_min=lo, x_max=hi, raw=True)
+    n, _, h, wd = x.shape
+    oh = (h + top + bottom - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + left + right - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    y = ctx.op("reshape", y, shape=(n, oh, ow, o))
+    return [ctx.op("transpose", y, perm=(0, 3, 1, 2))]
 
 
 def _scalar_const(t: Tensor | None) -> bool:

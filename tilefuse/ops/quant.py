@@ -25,6 +25,8 @@ Their references are the exact semantics the kernels are held to:
   then an optional fused elementwise ``epilogue`` (steps over scalars and extra f32 operands
   of shape [O] or [N*OH*OW, O]: what follows a QDQ model's convolution, its batch norm, the
   next QuantizeLinear/DequantizeLinear, a residual add and relu; :func:`run_epilogue`).
+  With ``raw`` the output is the exact i32 sums alone (ONNX ConvInteger: scale 1 and zero
+  point x_zero on the centred input ``x - x_zero``, whose codes are then the input's own).
 """
 
 from __future__ import annotations
@@ -199,6 +201,8 @@ def _conv_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
             raise ShapeError(f"qconv_i8: an epilogue operand must be a scalar, [{w[1]}] or "
                              f"{format_shape(out)}, got {format_shape(extra)}")
     check_epilogue(attrs["epilogue"], len(shapes) - 4)
+    if attrs["raw"] and (attrs["act"] != "none" or attrs["epilogue"]):
+        raise ShapeError("qconv_i8 with raw i32 sums takes no activation or epilogue")
     return (out,)
 
 
@@ -207,10 +211,11 @@ EPILOGUE_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
 
 def check_epilogue(steps: tuple, operands: int) -> None:
     """ShapeError unless ``steps`` is a well-formed fused epilogue over ``operands`` inputs:
-    ``("round",)``, ``("relu",)``, ``("clip", lo, hi)`` or ``(op, kind, x, swapped)`` with op
-    one of :data:`EPILOGUE_BINARY`, kind "s" (x a float) or "t" (x an operand index)."""
+    ``("round",)``, ``("relu",)``, ``("gelu",)`` (exact, erf), ``("clip", lo, hi)`` or
+    ``(op, kind, x, swapped)`` with op one of :data:`EPILOGUE_BINARY`, kind "s" (x a float) or
+    "t" (x an operand index)."""
     for step in steps:
-        ok = (step in (("round",), ("relu",))
+        ok = (step in (("round",), ("relu",), ("gelu",))
               or (len(step) == 3 and step[0] == "clip")
               or (len(step) == 4 and step[0] in EPILOGUE_BINARY
                   and (step[1] == "s" or (step[1] == "t" and 0 <= step[2] < operands))))
@@ -226,6 +231,8 @@ def run_epilogue(v: np.ndarray, steps: tuple, operands: tuple[np.ndarray, ...]) 
         for step in steps:
             if step[0] == "round":
                 v = np.rint(v)
+            elif step[0] == "gelu":
+                v = epilogue(v, "gelu")
             elif step[0] == "relu":
                 v = np.maximum(v, _F32(0))
             elif step[0] == "clip":
@@ -241,7 +248,8 @@ def _conv_dtypes(dtypes: tuple[DType, ...], attrs: Attrs) -> tuple[DType, ...]:
     if any(d is not DType.f32 for d in dtypes[4:]):
         raise DTypeError("qconv_i8's epilogue operands must be f32, got "
                          f"({', '.join(d.value for d in dtypes[4:])})")
-    return _i8_dtypes(dtypes[:4], attrs)
+    out = _i8_dtypes(dtypes[:4], attrs)
+    return (DType.i32,) if attrs["raw"] else out
 
 
 def _conv_reference(p: np.ndarray, w: np.ndarray, w_scale: np.ndarray, bias: np.ndarray,
@@ -249,7 +257,7 @@ def _conv_reference(p: np.ndarray, w: np.ndarray, w_scale: np.ndarray, bias: np.
                     dilations: tuple[int, ...], act: str, x_scale: float, x_zero: int,
                     x_min: int, x_max: int, epilogue: tuple = (),
                     nhwc: tuple[int, ...] | None = None,
-                    pads: tuple[int, ...] = (0, 0, 0, 0)) -> np.ndarray:
+                    pads: tuple[int, ...] = (0, 0, 0, 0), raw: bool = False) -> np.ndarray:
     from tilefuse.ops.movement import _window_ref
 
     p = np.asarray(p, _F32) if nhwc is None else np.asarray(p, _F32).reshape(nhwc)
@@ -258,6 +266,8 @@ def _conv_reference(p: np.ndarray, w: np.ndarray, w_scale: np.ndarray, bias: np.
     a = a.reshape(-1, w.shape[0])
     q, sa = window_codes(a, x_scale, x_zero, x_min, x_max)
     acc = (q.astype(np.int64) @ w.astype(np.int64)).astype(np.int32)
+    if raw:
+        return acc
     out = acc.astype(_F32) * (sa[:, None] * w_scale[None, :].astype(_F32)) + bias.astype(_F32)
     return run_epilogue(_ACT(out.astype(_F32), act), epilogue, operands)
 
@@ -300,12 +310,13 @@ QCONV_I8 = OpDef(
            attr("x_scale", AttrType.FLOAT, 0.0), attr("x_zero", AttrType.INT, 0),
            attr("x_min", AttrType.INT, -128), attr("x_max", AttrType.INT, 127),
            attr("epilogue", AttrType.ANY, ()), attr("nhwc", AttrType.OPT_INTS, None),
-           attr("pads", AttrType.INTS, (0, 0, 0, 0))),
+           attr("pads", AttrType.INTS, (0, 0, 0, 0)), attr("raw", AttrType.BOOL, False)),
     accepts=frozenset({DType.f32, DType.i8}),
     doc="a convolution as an int8 product over the KHxKW windows of an NHWC input read in "
         "place: rows quantized per row (x_scale 0) or by a static QuantizeLinear (x_scale, "
         "x_zero, [x_min, x_max]), exact i32 sums, out [N*OH*OW, O] = f32(acc) * (sa * "
-        "w_scale) + bias, act, then the fused elementwise epilogue on its extra operands")
+        "w_scale) + bias, act, then the fused elementwise epilogue on its extra operands; "
+        "raw: the i32 sums alone (ONNX ConvInteger)")
 
 def _u8s8_rule(shapes: tuple[Shape, ...], attrs: Attrs) -> tuple[Shape, ...]:
     if len(shapes) < 3:

@@ -247,15 +247,16 @@ _SQRT2 = float(np.float32(np.sqrt(2.0)))
 def _gelu_chain(value: Value, readers: dict[Value, list[Node]],
                 producers: dict[Value, Node], graph: Graph) -> list[Node] | None:
     """The nodes of ``0.5*v * (1 + erf(v / sqrt 2))`` written out (NumPy's GELU, the
-    reference's order), when they read ``v`` and each other only; None otherwise."""
+    reference's order), or of ``(v * (1 + erf(v / sqrt 2))) * 0.5`` (torch's ONNX export:
+    the same value, a product by 0.5 being exact but for subnormals), when they read ``v`` and
+    each other only; None otherwise. The last node (a mul) writes the result."""
     found = readers.get(value, [])
     if len(found) != 2 or value in graph.outputs:
         return None
-    half = next((n for n in found if n.op.name == "mul"
-                 and _scalar(_other(n, value) or value, producers) == 0.5), None)
     div = next((n for n in found if n.op.name == "div" and n.inputs[0] is value
                 and _scalar(n.inputs[1], producers) == _SQRT2), None)
-    if half is None or div is None:
+    other = next((n for n in found if n is not div), None)
+    if div is None or other is None or other.op.name != "mul":
         return None
     erf = _only_user(div.outputs[0], readers, graph)
     if erf is None or erf.op.name != "erf":
@@ -265,10 +266,21 @@ def _gelu_chain(value: Value, readers: dict[Value, list[Node]],
             _scalar(_other(plus, erf.outputs[0]) or value, producers) != 1.0:
         return None
     last = _only_user(plus.outputs[0], readers, graph)
-    if last is None or last.op.name != "mul" or _other(last, plus.outputs[0]) \
-            is not half.outputs[0] or _only_user(half.outputs[0], readers, graph) is not last:
+    if last is None or last.op.name != "mul":
         return None
-    chain = [half, div, erf, plus, last]
+    if _scalar(_other(other, value) or value, producers) == 0.5:   # 0.5*v first
+        if _other(last, plus.outputs[0]) is not other.outputs[0] \
+                or _only_user(other.outputs[0], readers, graph) is not last:
+            return None
+        chain = [other, div, erf, plus, last]
+    elif other is last and _other(last, value) is plus.outputs[0]:   # v * (1 + erf), * 0.5
+        half = _only_user(last.outputs[0], readers, graph)
+        if half is None or half.op.name != "mul" or \
+                _scalar(_other(half, last.outputs[0]) or value, producers) != 0.5:
+            return None
+        chain = [div, erf, plus, last, half]
+    else:
+        return None
     if any(n.outputs[0].type != value.type for n in chain):
         return None
     return chain

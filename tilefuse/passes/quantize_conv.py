@@ -198,11 +198,15 @@ def _step(node: Node, t: Value, producers: dict[Value, Node], out: Value
 
 
 def _chain(q: Node, readers: dict[Value, list[Node]], producers: dict[Value, Node],
-           outputs: set[Value], taken: set[Node]) -> tuple[list[Node], tuple, list[Value]]:
+           graph: Graph, taken: set[Node]) -> tuple[list[Node], tuple, list[Value]]:
     """The elementwise nodes after ``q`` that its epilogue can take: a chain in which each
     value has one reader, the next node, none ``taken`` by another chain and none reading a
     value that another chain keeps in registers. After ``matmul_u8s8`` (i32) the chain starts
-    with its cast to f32, and its operands are scalars or [N] vectors."""
+    with its cast to f32, and its operands are scalars or [N] vectors. An exact GELU written
+    out (``0.5*v * (1 + erf(v / sqrt 2))``, which reads v twice) may end the chain."""
+    from tilefuse.passes.quantize import _gelu_chain
+
+    outputs = set(graph.outputs)
     out = q.outputs[0]
     t, nodes, steps, operands = out, [], [], []
     if q.op.name == "matmul_u8s8":
@@ -240,6 +244,11 @@ def _chain(q: Node, readers: dict[Value, list[Node]], producers: dict[Value, Nod
         steps.append(step)
         nodes.append(node)
         t = node.outputs[0]
+    gelu = _gelu_chain(t, readers, producers, graph) if nodes and nodes[-1].op.name != "cast" \
+        else None
+    if gelu is not None and not any(n in taken for n in gelu):
+        steps.append(("gelu",))
+        nodes += gelu      # its last node (the final mul) writes the value
     while len(nodes) > 1 and nodes[-1].op.name == "cast" and nodes[-2].op.name == "cast":
         nodes = nodes[:-2]   # never end on the codes' round trip
     return nodes, _simplified(steps), operands
@@ -265,13 +274,13 @@ def fuse_epilogues(graph: Graph) -> tuple[Graph, bool]:
     writes the chain's last value, and the product never goes through memory."""
     producers = graph.producers()
     readers = users(graph)
-    outputs = set(graph.outputs)
     plans: dict[Node, tuple[Node, tuple, list[Value]]] = {}   # tail -> (qconv, steps, ops)
     skipped: set[Node] = set()
     for node in graph.nodes:
-        if node.op.name not in ("qconv_i8", "matmul_u8s8") or node.attrs["epilogue"]:
+        if node.op.name not in ("qconv_i8", "matmul_u8s8") or node.attrs["epilogue"] \
+                or (node.op.name == "qconv_i8" and node.attrs["raw"]):   # ConvInteger's i32
             continue
-        nodes, steps, operands = _chain(node, readers, producers, outputs, skipped | set(plans))
+        nodes, steps, operands = _chain(node, readers, producers, graph, skipped | set(plans))
         if not steps:
             continue
         plans[nodes[-1]] = (node, steps, operands)

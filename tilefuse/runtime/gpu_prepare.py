@@ -15,6 +15,11 @@ the bytes, no half tensor cores).
 A ``matmul`` with a 1-D operand (a vector times a matrix, NumPy's rule) becomes the 2-D product
 of the vector as a row (``[1, K]``) or a column (``[K, 1]``) reshaped back to the result's
 shape, so it is a cuBLAS product too instead of a host step (found by the GPU fuzzer).
+
+Grouped-query products (a key/value cache repeated over the heads sharing it) multiply the
+shared tensor once with the heads' rows stacked (:mod:`tilefuse.runtime.gpu_grouped`);
+transposes of size-1 axes are reshapes and RoPE's ``rotate_half`` one gather
+(:mod:`tilefuse.runtime.gpu_views`).
 """
 
 from __future__ import annotations
@@ -34,7 +39,19 @@ def prepare_for_gpu(graph: Graph) -> Graph:
     ones) as GEMMs in their dtype (module docstring); the same graph when none is left."""
     lowered, changed = conv_to_matmul(graph, GPU_CONV_DTYPES)
     graph = dce(lowered)[0] if changed else graph
-    return _matrix_products(graph)
+    if any(n.op.name == "conv2d" for n in graph.nodes):   # grouped, weight computed at run time
+        from tilefuse.kernel.legalize import legalize_convs
+
+        graph = legalize_convs(graph)[0]
+    if any(n.op.name in ("qconv_i8", "matmul_u8s8", "dynamic_quantize_u8", "matmul_w4")
+           for n in graph.nodes):   # ONNX's integer ops: no VNNI kernels here
+        from tilefuse.kernel.legalize_int8 import legalize_int8
+
+        graph = dce(legalize_int8(graph)[0])[0]
+    from tilefuse.runtime.gpu_grouped import fold_grouped_products
+    from tilefuse.runtime.gpu_views import gpu_views
+
+    return fold_grouped_products(gpu_views(_matrix_products(graph)))
 
 
 def _vector_product(node: Node) -> bool:

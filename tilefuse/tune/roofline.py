@@ -6,10 +6,13 @@ least ``max(flops / peak_flops, bytes / bandwidth)`` seconds. The tuner stops a 
 margin of that time, and a user can see whether a kernel is slow by design.
 
 - :class:`NoRoofline` (trivial): a bound of 0 s, so the tuner never stops early.
-- :class:`MeasuredRoofline`: peaks measured once per target (FLOP/s: the fastest of NumPy's
-  sgemm and tilefuse's own matmul kernel on the :data:`PROBE_SHAPES` products; bytes/s: a
-  large copy into a reused buffer; the best of :data:`STORED_REPEATS` runs) and kept in the tuning
-  database. A
+- :class:`MeasuredRoofline`: peaks measured once per target (FLOP/s: the cores' FMA roof,
+  a register-only FMA loop on every core (:mod:`~tilefuse.tune.fma_peak`), or the fastest of
+  NumPy's sgemm and tilefuse's own matmul kernel on the :data:`PROBE_SHAPES` products if that
+  is faster; bytes/s: a large copy into a reused buffer; the best of :data:`STORED_REPEATS`
+  runs) and kept in the tuning database. A database written before the FMA roof existed
+  (its compute peak a matmul's rate, half the roof when measured on a busy host) gets the FMA
+  roof measured and stored beside it (``flops_fma``); the larger of the two is the roof. A
   kernel measured faster than a peak allows proves the peak low (it was measured on a busy
   machine, or BLAS is slower than tilefuse's kernel): :meth:`Roofline.observe` raises the
   stored peak to what was achieved, so a bound is never above 100% of reach. Its
@@ -38,6 +41,7 @@ import numpy as np
 from tilefuse.dtypes import DType
 from tilefuse.schedules.database import TuningDatabase
 from tilefuse.tune.bandwidth import Level, StreamProbe, cache_sizes
+from tilefuse.tune.fma_peak import FmaProbe
 
 
 @dataclass(frozen=True)
@@ -115,9 +119,10 @@ different rates here, and 1024³ alone was beaten by ResNet-50's 3x3 convolution
 
 class PeakProbe:
     """The measurements behind the peaks, set up once: f32 matmuls of ``shapes`` (each by
-    NumPy's BLAS and by tilefuse's kernel with its default schedule; the fastest FLOP rate
-    counts), a copy of ``copy_bytes`` into a buffer already touched (read + write:
-    2 × 256 MiB, more than the 32-300 MiB of L3 of the hosts here) and a native read of it
+    NumPy's BLAS and by tilefuse's kernel with its default schedule) and the FMA loop of
+    :class:`~tilefuse.tune.fma_peak.FmaProbe` (the fastest FLOP rate counts), a copy of
+    ``copy_bytes`` into a buffer already touched (read + write: 2 × 256 MiB, more than the
+    32-300 MiB of L3 of the hosts here) and a native read of it
     (DRAM: the faster of the two), and the cache levels' streams
     (:class:`~tilefuse.tune.bandwidth.StreamProbe`) sized by ``sizes`` (default: sysfs)."""
 
@@ -138,6 +143,7 @@ class PeakProbe:
         self.src = src
         self.sizes = cache_sizes() if sizes is None else sizes
         self.streams = StreamProbe()
+        self.fma = FmaProbe()
 
     def levels(self, repeats: int) -> tuple[Level, ...]:
         """The cache levels' roofs, the best of ``repeats`` runs of each stream."""
@@ -147,10 +153,16 @@ class PeakProbe:
               ) -> Peaks:
         """Peaks from ``statistic`` (e.g. the best time) of ``repeats`` runs each (the
         streams: the best)."""
-        flops = max(work / statistic(fn, repeats) for work, fn in self.matmuls)
+        flops = max([self.fma.flops_per_second(repeats),
+                     *(work / statistic(fn, repeats) for work, fn in self.matmuls)])
         dram = max(self.copied / statistic(self.copy, repeats),
                    self.streams.read_bandwidth(self.src, repeats))
         return Peaks(flops, dram, self.levels(repeats))
+
+
+FMA_KEY = "flops_fma"
+"""The database's name for the FMA roof (:mod:`~tilefuse.tune.fma_peak`), stored beside
+``flops`` so that a database written before it existed gets it measured once."""
 
 
 STORED_REPEATS = 8
@@ -201,9 +213,16 @@ class MeasuredRoofline(Roofline):
                 flops, nbytes = peaks.flops, peaks.bytes
                 db.set_peak(target, "flops", flops)
                 db.set_peak(target, "bytes", nbytes)
+                db.set_peak(target, FMA_KEY, flops)   # measured with the FMA roof (or given)
             levels = peaks.levels
             _store_levels(db, target, levels)
-        self.peaks = Peaks(flops, nbytes, levels)
+        fma = db.peak(target, FMA_KEY)
+        if fma is None:
+            # stored by a tilefuse whose compute peak was a matmul's rate only
+            probe = self._probe.fma if self._probe is not None else FmaProbe()
+            fma = probe.flops_per_second(STORED_REPEATS) if measure is None else flops
+            db.set_peak(target, FMA_KEY, fma)
+        self.peaks = Peaks(max(flops, fma), nbytes, levels)
 
     def _get_probe(self) -> PeakProbe:
         if self._probe is None:

@@ -26,6 +26,7 @@ from torch import fx
 from tilefuse.dtypes import DType
 from tilefuse.frontend.torch.aten_attention import sdpa_converters
 from tilefuse.frontend.torch.aten_index import index_converters
+from tilefuse.frontend.torch.aten_scatter import scatter_converters
 from tilefuse.frontend.torch.aten_training import training_converters
 from tilefuse.frontend.torch.convert import (
     Converter,
@@ -599,6 +600,7 @@ def _table() -> Mapping[Any, Converter]:
     })
     table.update(sdpa_converters())   # the fused SDPA ops of traced CUDA tensors
     table.update(index_converters())  # bitwise, index, gather, cumsum, topk
+    table.update(scatter_converters())  # scatter, scatter_add, scatter_reduce, index_put
     table.update(training_converters())   # backward ops of training graphs
     for view in (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
                  aten.unsqueeze.default, aten.squeeze.dims, aten.squeeze.dim,
