@@ -139,17 +139,21 @@ class _Recording:
         return self.made[-1]
 
 
-def _held(made: list[Any]) -> int:
-    """Bytes the compiled training graphs hold between steps (arenas, output buffers), which
-    a step's resident growth does not show."""
+def _held(made: list[Any], show: bool = False) -> int:
+    """Bytes the compiled training graphs hold between steps, resident before a step starts
+    and so missing from its resident growth: their arenas (the one all training graphs share,
+    once, and any of their own). Their outputs (saved activations, gradients) are not kept
+    between steps: they are allocated in the step, and its resident growth shows them."""
     from tilefuse.frontend.torch.training import step_memory
-    total = 0
+    shared = own = 0
     for graph in made:
         memory = step_memory(graph)
         if memory is not None:
-            total += memory.peak
-            print(f"  tilefuse graph {getattr(graph, 'name', '?')}: {memory}", flush=True)
-    return total
+            shared = max(shared, memory.shared)
+            own += memory.forward_arena + memory.backward_arena
+            if show:
+                print(f"  tilefuse graph {getattr(graph, 'name', '?')}: {memory}", flush=True)
+    return shared + own
 
 
 def run(name: str, steps: int, inductor: bool, autocast: str | None = None,
@@ -159,7 +163,12 @@ def run(name: str, steps: int, inductor: bool, autocast: str | None = None,
     and workspaces; the weights and optimizer state, alike in every variant, are left out.
     On CUDA ``max_memory_allocated``; on the CPU the resident high-water mark over the
     resident size before the step (glibc set to map and unmap every large block), plus, for
-    tilefuse, the arenas and output buffers its executables hold between steps."""
+    tilefuse, the arenas its executables hold between steps (resident before the step)."""
+    from tilefuse.frontend.torch import training
+    from tilefuse.frontend.torch.training import device_bytes
+    from tilefuse.runtime.arena_space import ArenaSpace
+    # each model's graphs their own shared arena (one process trains several models here)
+    training.TRAINING_ARENA = ArenaSpace(name)
     torch.manual_seed(0)
     model, step = MODELS[name]()
     model = model.to(DEVICE)
@@ -171,6 +180,7 @@ def run(name: str, steps: int, inductor: bool, autocast: str | None = None,
     if inductor:
         variants["inductor"] = (copy.deepcopy(model), "inductor")
     runners = {}
+    backend_of = {label: backend for label, (_, backend) in variants.items()}
     recording = _Recording()
     for label, (m, backend) in variants.items():
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
@@ -190,7 +200,8 @@ def run(name: str, steps: int, inductor: bool, autocast: str | None = None,
                 torch.cuda.reset_peak_memory_stats()
                 before = torch.cuda.memory_allocated()
             else:
-                before = _rss(reset=True)
+                before = _rss(reset=True) - (_held(recording.made) if backend_of[label]
+                                             == "tilefuse" else 0)
             t0 = time.perf_counter()
             with torch.autocast(DEVICE, dtype=dtype, enabled=dtype is not None):
                 loss = step(fn, i)
@@ -200,11 +211,17 @@ def run(name: str, steps: int, inductor: bool, autocast: str | None = None,
             _sync()
             times[label].append(time.perf_counter() - t0)
             losses[label].append(loss.item())
+            if i == 0:
+                print(f"  ({name} {label}: first step {times[label][0]:.1f} s, loss "
+                      f"{losses[label][0]:.4f})", flush=True)
             if DEVICE == "cuda":
-                peaks[label] = max(peaks[label], torch.cuda.max_memory_allocated() - before)
+                outside = sum(device_bytes(g) for g in recording.made) \
+                    if backend_of[label] == "tilefuse" else 0
+                peaks[label] = max(peaks[label],
+                                   torch.cuda.max_memory_allocated() - before + outside)
             elif i >= WARMUP:   # past the compiling steps
                 peaks[label] = max(peaks[label], _hwm() - before)
-    held = _held(recording.made) if tilefuse and DEVICE == "cpu" else 0
+    held = _held(recording.made, show=True) if tilefuse and DEVICE == "cpu" else 0
     warm = min(WARMUP, steps - 1)
     med = {k: statistics.median(v[warm:]) for k, v in times.items()}
     print(f"{name}: {steps} AdamW steps, {autocast or 'f32'}, {DEVICE} "
@@ -217,10 +234,12 @@ def run(name: str, steps: int, inductor: bool, autocast: str | None = None,
         if "inductor" in med:
             ratio += f", {med[label] / med['inductor']:.2f}x inductor"
         memory = f"  step peak +{peaks[label] / 2**20:.0f} MiB"
+        if label == "tilefuse" and DEVICE == "cuda":
+            outside = sum(device_bytes(g) for g in recording.made)
+            memory += f" (of which {outside / 2**20:.0f} MiB tilefuse's own device buffers: " \
+                "arenas, input buffers, constants)"
         if label == "tilefuse" and held:
-            memory = f"  step peak +{(peaks[label] + held) / 2**20:.0f} MiB (+" \
-                f"{peaks[label] / 2**20:.0f} resident growth, {held / 2**20:.0f} arenas, saved " \
-                "activations and outputs held in tilefuse buffers)"
+            memory += f" (of which {held / 2**20:.0f} MiB the arena tilefuse holds between steps)"
         print(f"  {label:9s} step {med[label] * 1e3:8.1f} ms  ({ratio.strip(', ')})  first step "
               f"{times[label][0]:6.1f} s{memory}{err}  last loss {losses[label][-1]:.4f}",
               flush=True)

@@ -209,7 +209,48 @@ def test_step_memory_counts_saved_activations_and_arenas() -> None:
     fn(x).sum().backward()
     memory = step_memory(made[0])
     assert memory is not None and memory.saved == made[0].choice.saved_bytes > 0
-    assert memory.outputs >= 33 * 2 * 4 and memory.peak == (memory.forward_arena + memory.saved
-                                                           + memory.backward_arena
+    assert memory.outputs >= 33 * 2 * 4 and memory.peak == (memory.arenas + memory.saved
                                                            + memory.outputs)
+    # every region's arena is in the one shared space: none of its own
+    assert memory.forward_arena == memory.backward_arena == 0 and memory.shared > 0
     assert "saved activations" in str(memory)
+
+
+def _region_executables(half) -> list:
+    return [m.executable for traced in half.traced.values() for m in traced.modules()
+            if hasattr(m, "executable")]
+
+
+def test_forward_and_backward_share_one_arena() -> None:
+    """The forward's and the backward's regions place their arenas at one address and take
+    one lock; results stay those of eager over several steps (a region's intermediates are
+    dead once its call returns, so sharing the bytes cannot change them), and the outputs
+    (saved activations) are not kept by the executables after the step."""
+    from tilefuse.frontend.torch.training import TRAINING_ARENA
+    torch.manual_seed(11)
+    model = nn.Sequential(nn.Linear(12, 96), nn.Tanh(), nn.Linear(96, 80), nn.GELU(),
+                          nn.LayerNorm(80), nn.Linear(80, 3))
+    twin = copy.deepcopy(model)
+    made = []
+
+    def backend(gm, example_inputs):
+        made.append(tt.backend(gm, example_inputs))
+        return made[-1]
+
+    fn = torch.compile(twin, backend=backend, dynamic=False)
+    for _ in range(4):
+        x = torch.randn(37, 12)
+        model(x).square().mean().backward()
+        fn(x).square().mean().backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
+            p.grad = q.grad = None
+    graph = made[0]
+    executables = _region_executables(graph.forward) + _region_executables(graph.backward)
+    assert len(executables) >= 2
+    bases = {e.parts().arena.ctypes.data for e in executables}
+    assert len(bases) == 1 and all(TRAINING_ARENA.owns(e.parts().arena) for e in executables)
+    assert {id(e._lock) for e in executables} == {id(TRAINING_ARENA.lock)}
+    assert TRAINING_ARENA.peak >= max(e.memory_plan.arena_bytes for e in executables)
+    for e in executables:   # no buffer kept for the next call
+        assert all(r is None for r in e._returned), e

@@ -113,3 +113,14 @@ def test_every_objective_ranks_held_out_candidates(objective):
     assert len(recalls) == 5
     chance = np.mean(cross_validated_recall(x, times, k=5, folds=5, make=RandomModel))
     assert np.mean(recalls) >= 0.5 > chance
+
+
+def test_float_constants_of_any_value_are_not_index_values() -> None:
+    # a row kernel's -inf max identity inside an expression the feature walk evaluates
+    from tilefuse.dtypes import DType
+    from tilefuse.loop.ir import const
+    from tilefuse.tune.features import _value
+
+    assert _value(const(float("-inf"), DType.f32, 16), {}) is None
+    assert _value(const(float("nan"), DType.f32), {}) is None
+    assert _value(const(7), {}) == 7

@@ -52,6 +52,7 @@ from tilefuse.kernel.access import (
 )
 from tilefuse.kernel.expr_printer import format_group_expr
 from tilefuse.kernel.fusion import (
+    ORDER_PRESERVING,
     KernelGroup,
     KernelKind,
     KernelPlan,
@@ -72,6 +73,7 @@ from tilefuse.log import get_logger
 from tilefuse.loop.ir import Expr, LoopFunction
 from tilefuse.passes.quantize import quantization_summary
 from tilefuse.progress import BuildProgress
+from tilefuse.runtime import arena_space
 from tilefuse.runtime.kernel_cache import KernelArtifact, KernelCache
 from tilefuse.runtime.launch import HostStep, KernelLaunch, NativeStep, Slot, Step
 from tilefuse.runtime.memory import BufferRequest, MemoryPlan, plan_memory
@@ -366,11 +368,13 @@ class CpuBuild:
         return [(fn, bindings) for fn in lowered.functions]
 
     # ---------------------------------------------------------------- buffers
-    def place(self, pendings: Sequence[PendingGroup] | None = None, sizes: Sizes = {}  # noqa: B006
+    def place(self, pendings: Sequence[PendingGroup] | None = None, sizes: Sizes = {},  # noqa: B006
+              aliases: Mapping[Value, Value] | None = None
               ) -> tuple[MemoryPlan, dict[object, Slot], np.ndarray]:
         """Slots for every value and scratch buffer: graph inputs and outputs index the call's
         table, constants are themselves, the rest are views into one planned arena (sized for
-        the binding ``sizes`` in a symbolic build)."""
+        the binding ``sizes`` in a symbolic build). ``aliases`` maps a value to the graph
+        output it is byte for byte (:func:`output_reshapes`): it takes that output's slot."""
         graph = self.graph
         slots: dict[object, Slot] = {}
         for i, v in enumerate(graph.inputs):
@@ -378,10 +382,15 @@ class CpuBuild:
         slots.update(self.constants)
         for j, v in enumerate(graph.outputs):
             slots.setdefault(v, len(graph.inputs) + j)
+        for value, output in (aliases or {}).items():
+            slots[value] = slots[output]
         requests, keys = self.requests(slots, pendings, sizes)
         memory = plan_memory(requests)
+        space = arena_space.active()   # a training step's executables share one arena
+        shared = None if space is None else space.arena(memory.arena_bytes)
         try:
-            arena = aligned_empty(max(memory.arena_bytes, 1), np.uint8)
+            arena = shared if shared is not None else \
+                aligned_empty(max(memory.arena_bytes, 1), np.uint8)
         except MemoryError:
             raise CompileError(f"@{self.graph.name}: out of memory allocating the "
                                f"{memory.arena_bytes}-byte arena of intermediates") from None
@@ -544,17 +553,61 @@ def assemble(graph: Graph, build: CpuBuild, pendings: Sequence[PendingGroup],
     """The executable of ``build``'s groups ``pendings`` for the size binding ``sizes`` (empty
     for a static build; ``graph`` is the graph specialised to it, whose signature the call's
     guard checks): the arena placed, the launches made, the launcher compiled."""
-    memory_plan, slots, arena = build.place(pendings, sizes)
+    aliases: dict[Value, Value] = {}
+    if not sizes:   # a result only reshaped into a graph output is written there directly
+        pendings, aliases = output_reshapes(build.graph, pendings)
+    memory_plan, slots, arena = build.place(pendings, sizes, aliases)
     steps = tuple(build.steps(slots, pendings, sizes))
     first = len(graph.inputs)
     copies = tuple((j, slots[v]) for j, v in enumerate(build.graph.outputs)
                    if not _is_index(slots[v], first + j))
     parts = ExecutableParts(graph, memory_plan, arena, steps, build.aligned_inputs(pendings),
                             copies)
-    return NativeExecutable.from_parts(
+    made = NativeExecutable.from_parts(
         parts, _launcher(steps, len(graph.inputs) + len(graph.outputs), graph.name),
         cache_stats=build.cache.stats, kernel_plan=build.plan,
         index_checks=tuple(c for p in pendings for c in p.checks))
+    space = arena_space.active()
+    if space is not None and space.owns(arena):
+        made._lock = space.lock   # its arena is shared: one executable of the space at a time
+    return made
+
+
+def output_reshapes(graph: Graph, pendings: Sequence[PendingGroup]
+                    ) -> tuple[list[PendingGroup], dict[Value, Value]]:
+    """The groups less each movement group that only reshapes (row-major order kept) one
+    kernel result into a graph output, and those results -> the outputs: the result is the
+    output's bytes, so its kernel writes the output buffer and no arena buffer or copy is
+    needed (the logits of a language model reshaped from [B·S, V] to [B, S, V]: 98 MiB of
+    arena and a 98 MiB copy per call for GPT-2's loss gradient). Only where every group that
+    writes or reads the result runs native kernels (a host step sees the slot's array, whose
+    shape would be the output's)."""
+    outputs = set(graph.outputs)
+    blocked = set(graph.inputs) | outputs
+    native: dict[Value, bool] = {}
+    readers: dict[Value, list[PendingGroup]] = {}
+    for pending in pendings:
+        for v in pending.group.outputs:
+            native[v] = pending.reason is None
+        for v in pending.group.inputs:
+            readers.setdefault(v, []).append(pending)
+    kept: list[PendingGroup] = []
+    aliases: dict[Value, Value] = {}
+    for pending in pendings:
+        group = pending.group
+        if group.kind is KernelKind.MOVEMENT and pending.reason is None \
+                and len(group.inputs) == 1 and len(group.outputs) == 1 \
+                and all(n.op.name in ORDER_PRESERVING for n in group.nodes):
+            (source,), (out,) = group.inputs, group.outputs
+            if out in outputs and source not in blocked and source not in aliases \
+                    and native.get(source) and out not in aliases.values() \
+                    and graph.outputs.count(out) == 1 \
+                    and all(r.reason is None for r in readers.get(source, ())) \
+                    and _nbytes(source) == _nbytes(out):
+                aliases[source] = out
+                continue
+        kept.append(pending)
+    return kept, aliases
 
 
 def _launcher(steps: Sequence[Step], io_count: int, name: str) -> CompiledLauncher | None:

@@ -29,6 +29,7 @@ from tilefuse.graph.builder import GraphBuilder
 from tilefuse.graph.ir import Graph, Node, Value
 from tilefuse.passes.conv_lowering import conv_to_matmul
 from tilefuse.passes.dce import dce
+from tilefuse.passes.split_reduce import split_long_sums
 
 HALF = frozenset({DType.f16, DType.bf16})
 GPU_CONV_DTYPES = HALF | {DType.f32}
@@ -51,7 +52,8 @@ def prepare_for_gpu(graph: Graph) -> Graph:
     from tilefuse.runtime.gpu_grouped import fold_grouped_products
     from tilefuse.runtime.gpu_views import gpu_views
 
-    return fold_grouped_products(gpu_views(_matrix_products(graph)))
+    # column sums: two kernels, more threads (split_long_sums)
+    return split_long_sums(fold_grouped_products(gpu_views(_matrix_products(graph))))
 
 
 def _vector_product(node: Node) -> bool:

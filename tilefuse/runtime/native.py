@@ -255,6 +255,21 @@ class NativeExecutable:
                 self._returned[j] = None   # the caller's array: never reused as ours
         return outputs
 
+    def forget_outputs(self) -> int:
+        """Drops this executable's references to the buffers it returned last, so that each is
+        freed once its caller releases it rather than kept for the next call; returns the bytes
+        of those no one else held (freed now). A training step calls it after each half: an
+        output the step released early (the logits once the loss's backward read them) would
+        otherwise stay resident through the rest of the step."""
+        freed = 0
+        with self._lock:
+            for j in range(len(self._returned)):
+                last = self._returned[j]
+                if last is not None and _released(last):
+                    freed += last.nbytes
+                self._returned[j] = None
+        return freed
+
     def _output(self, j: int) -> np.ndarray:
         """Output ``j``'s buffer: the one returned last time when the caller has released it
         (nothing but this executable refers to it, not even a view), else a fresh one; its

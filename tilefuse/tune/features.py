@@ -72,7 +72,7 @@ def _value(e: Expr, env: Mapping[str, int]) -> int | None:
     """An integer expression's value with loop variables at their first iteration."""
     if e.op is XOp.CONST:
         if isinstance(e.arg, float) and not math.isfinite(e.arg):
-            return None   # a row kernel's -inf start: not an integer
+            return None                  # a float constant (a -inf max identity): no index
         return int(e.arg) if isinstance(e.arg, int | float) else None  # type: ignore[arg-type]
     if e.op is XOp.VAR:
         return env.get(str(e.arg), 0)

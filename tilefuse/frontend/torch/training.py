@@ -34,6 +34,7 @@ from torch import fx
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tilefuse.log import get_logger
+from tilefuse.runtime.arena_space import ArenaSpace, using
 
 _warned: set[str] = set()
 WRITE_BACKS = ("aten.copy_.default",)
@@ -161,6 +162,8 @@ class TrainingGraph:
         self.forward: Any = None
         self.backward: Any = None
         self.choice: PartitionChoice | None = None
+        self.arena_space = TRAINING_ARENA
+        """The one arena the CPU executables of the forward and the backward share."""
         # the math attention (matmuls and a softmax), differentiated by autograd, rather than
         # the fused CPU flash kernel whose backward op tilefuse does not convert
         with sdpa_kernel([SDPBackend.MATH]):
@@ -199,38 +202,77 @@ class TrainingGraph:
                 options = dataclasses.replace(options, dump=Path(options.dump) / self.name / half)
             compiled = SpecializedGraph(gm, {}, options)
             setattr(self, half, compiled)
-            return make_boxed_func(compiled)
+            space = self.arena_space
+
+            def run(*args: Any) -> Any:
+                with using(space):   # regions built on a first call place their arena there
+                    outs = compiled(*args)
+                for executable in _executables(compiled):
+                    executable.forget_outputs()
+                return outs
+            return make_boxed_func(run)
         return compile_half
+
+
+TRAINING_ARENA = ArenaSpace("training")
+"""The arena every compiled training graph's CPU regions share: a step runs them one after
+another (a model's forward, its loss's forward and backward, its backward), so it holds the
+largest, not their sum (:mod:`~tilefuse.runtime.arena_space`)."""
+
+
+def _executables(graph: Any) -> list[Any]:
+    """The executables of a SpecializedGraph's compiled regions that can forget their
+    outputs: a training step keeps no output buffer for the next call, so an output released
+    early in the step (the logits, once the loss's backward read them) is freed then."""
+    found = []
+    for traced in getattr(graph, "traced", {}).values():
+        for module in traced.modules():
+            executable = getattr(module, "executable", None)
+            if hasattr(executable, "forget_outputs"):
+                found.append(executable)
+    return found
 
 
 @dataclass(frozen=True)
 class StepMemory:
     """The memory a compiled training step holds on the CPU, in bytes: the arenas of the
     forward's and the backward's compiled regions (allocated once, held for the executable's
-    life, so both count at every moment of a step), the activations the forward saves for
-    the backward, and the forward's and backward's outputs (loss, gradients, as torch tensors
-    over NumPy buffers). ``peak`` is their sum: an upper bound of the step's peak, since the
-    saved activations are freed as the backward runs."""
+    life), the activations the forward saves for the backward, and the forward's and
+    backward's outputs (loss, gradients, as torch tensors over NumPy buffers).
+
+    The regions' arenas are placed in the graph's one :class:`ArenaSpace`, so the step holds
+    only the largest of them (``shared``); an arena that did not fit there (``forward_arena``
+    and ``backward_arena`` count those alone) is held besides. ``peak`` is the sum: an upper
+    bound of the step's peak, since the saved activations are freed as the backward runs."""
 
     forward_arena: int
     backward_arena: int
     saved: int
     outputs: int
+    shared: int = 0
+
+    @property
+    def arenas(self) -> int:
+        """The arena bytes the step holds."""
+        return self.shared + self.forward_arena + self.backward_arena
 
     @property
     def peak(self) -> int:
-        return self.forward_arena + self.backward_arena + self.saved + self.outputs
+        return self.arenas + self.saved + self.outputs
 
     def __str__(self) -> str:
         mib = 2.0 ** 20
-        return (f"peak <= {self.peak / mib:.2f} MiB: arenas {self.forward_arena / mib:.2f} "
-                f"(forward) + {self.backward_arena / mib:.2f} (backward), saved activations "
-                f"{self.saved / mib:.2f}, outputs {self.outputs / mib:.2f}")
+        own = "" if not self.forward_arena + self.backward_arena else \
+            f" + own arenas {self.forward_arena / mib:.2f} (forward), " \
+            f"{self.backward_arena / mib:.2f} (backward)"
+        return (f"peak <= {self.peak / mib:.2f} MiB: shared arena {self.shared / mib:.2f}"
+                f"{own}, saved activations {self.saved / mib:.2f}, outputs "
+                f"{self.outputs / mib:.2f}")
 
 
-def _arenas_and_outputs(graph: Any) -> tuple[int, int]:
-    """(arena bytes, output bytes) of the compiled regions of a SpecializedGraph's latest
-    signature."""
+def _arenas_and_outputs(graph: Any, space: ArenaSpace | None = None) -> tuple[int, int]:
+    """(bytes of arenas outside ``space``, output bytes) of the compiled regions of a
+    SpecializedGraph's latest signature."""
     traced = list(getattr(graph, "traced", {}).values())
     if not traced:
         return 0, 0
@@ -240,7 +282,9 @@ def _arenas_and_outputs(graph: Any) -> tuple[int, int]:
         plan = getattr(executable, "memory_plan", None)
         if plan is None:
             continue
-        arena += int(getattr(plan, "arena_bytes", 0))
+        own = getattr(executable, "_arena", None)
+        if space is None or own is None or not space.owns(own):
+            arena += int(getattr(plan, "arena_bytes", 0))
         for v in executable.graph.outputs:
             out += int(np.prod(v.type.shape, dtype=np.int64)) * v.type.dtype.np.itemsize
     return arena, out
@@ -252,9 +296,38 @@ def step_memory(graph: Any) -> StepMemory | None:
     graph = getattr(graph, "graph", graph)
     if not isinstance(graph, TrainingGraph) or graph.backward is None or graph.choice is None:
         return None
-    fa, fo = _arenas_and_outputs(graph.forward)
-    ba, bo = _arenas_and_outputs(graph.backward)
-    return StepMemory(fa, ba, graph.choice.saved_bytes, fo - graph.choice.saved_bytes + bo)
+    space = graph.arena_space
+    fa, fo = _arenas_and_outputs(graph.forward, space)
+    ba, bo = _arenas_and_outputs(graph.backward, space)
+    return StepMemory(fa, ba, graph.choice.saved_bytes, fo - graph.choice.saved_bytes + bo,
+                      space.peak)
+
+
+def device_bytes(graph: Any) -> int:
+    """Bytes of device memory the cuda executables of a compiled training graph hold outside
+    torch's allocator (their arenas, input buffers and constants: ``cuMemAlloc`` blocks that
+    ``torch.cuda.max_memory_allocated`` does not see); 0 for a CPU graph."""
+    graph = getattr(graph, "graph", graph)
+    if not isinstance(graph, TrainingGraph):
+        return 0
+    total = 0
+    seen: set[int] = set()
+    for half in (graph.forward, graph.backward):
+        for traced in getattr(half, "traced", {}).values():
+            for module in traced.modules():
+                executable = getattr(module, "executable", None)
+                if getattr(executable, "device", "cpu") != "cuda":
+                    continue
+                buffers = [getattr(executable, "arena", None),
+                           *getattr(executable, "_buffers", {}).values(),
+                           *getattr(executable, "_constants", {}).values()]
+                for buffer in buffers:
+                    if buffer is None or getattr(buffer, "owner", None) is not None \
+                            or id(buffer) in seen:
+                        continue
+                    seen.add(id(buffer))
+                    total += int(getattr(buffer, "nbytes", 0))
+    return total
 
 
 def needs_training(example_inputs: Sequence[Any]) -> bool:
@@ -270,6 +343,6 @@ def compile_training(gm: fx.GraphModule, example_inputs: Sequence[Any], options:
     return TrainingGraph(gm, example_inputs, options, name)
 
 
-__all__ = ["PartitionChoice", "StepMemory", "TrainingGraph", "compile_training",
-           "needs_training", "step_memory", "warn_fallbacks", "warn_host_steps",
-           "warn_whole_graph"]
+__all__ = ["TRAINING_ARENA", "PartitionChoice", "StepMemory", "TrainingGraph",
+           "compile_training", "device_bytes", "needs_training", "step_memory",
+           "warn_fallbacks", "warn_host_steps", "warn_whole_graph"]
