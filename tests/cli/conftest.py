@@ -18,6 +18,18 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return cache
 
 
+@pytest.fixture(autouse=True)
+def _small_default_peak_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tilefuse tune`` in this process probes the machine's peaks with a small
+    ``PeakProbe`` (one 96x80x64 matmul, a 1 MiB copy, small cache levels), as the tuning tests
+    do (tests/tune/conftest.py): the real probe, measured around each confirmation pass, took
+    most of a tuning command's CPU time, for bounds these tests do not check."""
+    from tilefuse.tune.roofline import PeakProbe
+
+    monkeypatch.setattr(PeakProbe.__init__, "__defaults__", (
+        ((96, 80, 64),), 1 << 20, {"L1": 32 << 10, "L2": 1 << 20, "L3": 4 << 20}))
+
+
 @pytest.fixture
 def weights() -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(7)

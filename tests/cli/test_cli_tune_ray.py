@@ -35,6 +35,7 @@ def test_tune_measures_on_the_ray_cluster_at_an_address(local_cluster, small_onn
                                                          tmp_path):
     from tilefuse.codegen.target import host_target
     from tilefuse.tune.api import open_database
+    from tilefuse.tune.roofline import PeakProbe
     from tilefuse.tune.tuner import target_string
 
     db_path = tmp_path / "tune.sqlite"
@@ -46,7 +47,9 @@ def test_tune_measures_on_the_ray_cluster_at_an_address(local_cluster, small_onn
     argv = ["tune", str(small_onnx), "--input", f"x={path}", "--trials", "3", "--db",
             str(db_path), "--time-budget", "300", "--ray", local_cluster]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", "import sys; from tilefuse.cli import main; "
+    small_probe = ("from tilefuse.tune.roofline import PeakProbe; PeakProbe.__init__.__defaults__"
+                   f" = {PeakProbe.__init__.__defaults__!r}; ")   # tests/cli/conftest.py's
+    done = subprocess.run([sys.executable, "-c", small_probe + "from tilefuse.cli import main; "
                            f"raise SystemExit(main({argv!r}))"], capture_output=True, text=True,
                           timeout=600, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -4,8 +4,6 @@ per array object, without mistaking a new array for an old one."""
 
 from __future__ import annotations
 
-import gc
-
 import numpy as np
 import pytest
 
@@ -63,8 +61,8 @@ def test_addresses_follow_the_arrays_not_their_ids():
     assert cache.addresses([a, b]) == [a.ctypes.data, b.ctypes.data]   # remembered
     assert cache.addresses([b, a]) == [b.ctypes.data, a.ctypes.data]   # slots swapped
     for _ in range(20):   # new arrays, often at a dead one's id
-        del a
-        gc.collect()
+        del a   # freed here (no cycle holds an array; the cache's weak reference dies with it):
+        # no gc.collect(), which took ~4 s a call in a suite worker's grown heap
         a = np.full(8, 2.0, np.float32)
         assert cache.addresses([a, b])[0] == a.ctypes.data
     c = np.ones(8, np.float32)

@@ -76,3 +76,18 @@ def matmul_candidates(count: int) -> tuple[Any, list[Any]]:
         if s not in found:
             found.append(s)
     return task, found
+
+
+def small_probe() -> Any:
+    """A peak probe that measures in milliseconds: one small matmul, a 1 MiB copy and small
+    cache levels. The tuner's confirmation measures the peaks again around each pass
+    (``measure_now``); with the real probe (1024³ matmuls, 256 MiB copies, half of L3
+    streamed) that was ~60 % of a tuning test's CPU time, for a bound these tests do not
+    check."""
+    from tilefuse.tune.roofline import PeakProbe
+
+    return PeakProbe(*SMALL_PROBE)
+
+
+SMALL_PROBE = (((96, 80, 64),), 1 << 20, {"L1": 32 << 10, "L2": 1 << 20, "L3": 4 << 20})
+""":class:`PeakProbe`'s arguments for :func:`small_probe`: shapes, copy bytes, cache sizes."""

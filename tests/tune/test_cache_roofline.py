@@ -103,7 +103,8 @@ def test_no_kernel_of_a_small_model_is_above_its_cache_bound(tmp_path, monkeypat
     sizes = cache_sizes()
     db = SQLiteDatabase(tmp_path / "t.sqlite")
     target = target_string(host_target())
-    MeasuredRoofline(db, target, probe=lambda: PeakProbe(((96, 80, 64),), copy_bytes=64 << 20))
+    MeasuredRoofline(db, target, probe=lambda: PeakProbe(((96, 80, 64),), copy_bytes=64 << 20,
+                                                         sizes=sizes))   # the real levels
     db.set_peak(target, "flops", 1e15)   # the tiny probe matmul's rate would bound by compute
     db.close()
     (tmp_path / "smallmodel.py").write_text(MODEL)

@@ -8,6 +8,7 @@ import stat
 
 import numpy as np
 import pytest
+from helpers_tune import small_probe
 
 import tilefuse
 from tilefuse.testing import assert_close
@@ -28,7 +29,8 @@ def two_kernels(x):
 
 
 def _far_roofline() -> MeasuredRoofline:
-    return MeasuredRoofline(MemoryDatabase(), "t", lambda: Peaks(1e15, 1e15))  # never reached
+    return MeasuredRoofline(MemoryDatabase(), "t", lambda: Peaks(1e15, 1e15),  # never reached
+                            probe=small_probe)
 
 
 def _x() -> np.ndarray:

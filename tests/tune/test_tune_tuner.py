@@ -9,7 +9,7 @@ import statistics
 
 import numpy as np
 import pytest
-from helpers_tune import matmul_candidates, matmul_graph
+from helpers_tune import matmul_candidates, matmul_graph, small_probe
 
 from tilefuse.graph.interpreter import interpret
 from tilefuse.kernel.fusion import form_kernels
@@ -30,7 +30,8 @@ def test_short_tuning_run_matches_the_reference(tmp_path):
     graph = matmul_graph(48, 40, 72)
     [task] = tasks_from_graph(graph)
     db = SQLiteDatabase(tmp_path / "tune.db")
-    roofline = MeasuredRoofline(db, target_string(), lambda: Peaks(1e15, 1e15))  # unreachable
+    roofline = MeasuredRoofline(db, target_string(), lambda: Peaks(1e15, 1e15),  # unreachable
+                                probe=small_probe)
     with LocalRunner(OPTIONS) as runner:
         result = tune_task(task, Budget(trials=8, seconds=60, per_round=4), db, runner,
                            best_model(), EvolutionarySearch(pool=24), roofline=roofline)
@@ -68,7 +69,7 @@ def test_a_kernel_faster_than_the_stored_peaks_keeps_searching(tmp_path):
     speed, and that bound, the kernel's own time, does not stop its search."""
     [task] = tasks_from_graph(matmul_graph(16, 16, 16))
     db = SQLiteDatabase(tmp_path / "tune.db")
-    roofline = MeasuredRoofline(db, "t", lambda: Peaks(1.0, 1.0))
+    roofline = MeasuredRoofline(db, "t", lambda: Peaks(1.0, 1.0), probe=small_probe)
     again = MeasuredRoofline(db, "t", lambda: Peaks(2.0, 2.0))
     assert again.peaks == roofline.peaks == Peaks(1.0, 1.0)  # stored once, not re-measured
     with LocalRunner(OPTIONS) as runner:

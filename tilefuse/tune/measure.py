@@ -23,7 +23,7 @@ from tilefuse.graph.ir import Value
 from tilefuse.kernel.plan import KernelKind
 from tilefuse.kernel.schedule import Schedule, ScheduleError, validate
 from tilefuse.testing import assert_close
-from tilefuse.tune.task import BuiltKernel, TuneTask
+from tilefuse.tune.task import BuiltKernel, SessionKernels, TuneTask
 
 OK, INVALID, BUILD_ERROR, WRONG, CRASH, TIMEOUT = ("ok", "invalid", "build_error", "wrong",
                                                    "crash", "timeout")
@@ -96,12 +96,16 @@ class PlantedFault:
 @dataclass
 class Session:
     """What measuring one task needs once: the inputs, the reference outputs and the scratch
-    buffer the timings flush the caches with (:func:`flush_scratch`)."""
+    buffer the timings flush the caches with (:func:`flush_scratch`), and the kernels its
+    builds compiled."""
 
     task: TuneTask
     inputs: dict[Value, np.ndarray]
     reference: list[np.ndarray]
     scratch: np.ndarray | None = None
+    kernels: SessionKernels = field(default_factory=SessionKernels)
+    """The kernels its builds compiled, by loop IR: a candidate measured again, or another
+    that lowers to the same loops, is not compiled again."""
 
     @staticmethod
     def start(task: TuneTask, options: MeasureOptions) -> Session:
@@ -119,7 +123,7 @@ def build_checked(session: Session, schedule: Schedule, options: MeasureOptions,
     except ScheduleError as err:
         return MeasureResult(schedule, math.inf, INVALID, str(err))
     try:
-        built = task.build(schedule, session.inputs)
+        built = task.build(schedule, session.inputs, kernels=session.kernels)
         if fault is not None:
             fault.before_run(schedule)
         built.run()

@@ -20,15 +20,15 @@ look up) and its reference outputs (the ops' NumPy references, node by node).
 
 from __future__ import annotations
 
-from collections import ChainMap
+from collections import ChainMap, OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from tilefuse.codegen.jit import aligned_empty
-from tilefuse.codegen.target import host_target
+from tilefuse.codegen.target import CpuTarget, host_target
 from tilefuse.driver import CompileOptions, compile, plan_kernels
 from tilefuse.errors import TilefuseError
 from tilefuse.graph.builder import GraphBuilder
@@ -41,7 +41,7 @@ from tilefuse.kernel.lower_elementwise import lower_group
 from tilefuse.kernel.lower_matmul import lower_matmul, matmul_node, operand_cone
 from tilefuse.kernel.schedule import Schedule, iteration_axes, validate
 from tilefuse.loop.ir import LoopFunction
-from tilefuse.runtime.kernel_cache import KernelCache
+from tilefuse.runtime.kernel_cache import KernelArtifact, KernelCache
 from tilefuse.runtime.native import NativeExecutable
 from tilefuse.runtime.profile import group_work
 from tilefuse.runtime.schedules import ForcedSchedules
@@ -197,21 +197,84 @@ class TuneTask:
         return (lower_group(self.group, schedule),)
 
     def build(self, schedule: Schedule, inputs: Mapping[Value, np.ndarray],
-              target: Target | str = "cpu") -> BuiltKernel:
+              target: Target | str = "cpu", kernels: SessionKernels | None = None
+              ) -> BuiltKernel:
         """The runtime's build of the task's graph with ``schedule`` for the kernel (module
         docstring), bound to aligned copies of ``inputs``. TuneError when the build did not run
         the kernel natively with that schedule (a lowering that failed falls back to the host
-        in a build; here that is the candidate's failure)."""
+        in a build; here that is the candidate's failure). ``kernels``: the measuring
+        session's compiled kernels, looked up and added to (None: every kernel compiled)."""
         validate(schedule, self.extents())
         cpu = Target.parse(target).llvm_cpu()
+        cache = KernelCache(None, cpu) if kernels is None else kernels.cache(cpu)
         exe = compile(self.graph, target, CompileOptions(   # already decomposed: no pipeline
-            optimize=False, cache=KernelCache(None, cpu),
+            optimize=False, cache=cache,
             schedules=ForcedSchedules(cpu, {self.group.name: schedule})))
         if exe.fallbacks:
             reasons = "; ".join(f"{name}: {why}" for name, why in exe.fallbacks)
             raise TuneError(f"schedule {schedule} does not build natively: {reasons}")
         arrays = [_aligned_copy(np.asarray(inputs[v])) for v in self.graph.inputs]
         return BuiltKernel(exe, arrays)
+
+
+KEPT_KERNELS = 32
+"""Compiled kernels a :class:`SessionKernels` keeps (the most recently used)."""
+
+
+class SessionKernels:
+    """The machine code compiled while measuring one task, by loop IR (the kernel's name
+    aside) and target: a candidate whose loops an earlier build of the session compiled runs
+    that code instead of compiling it again. That is the same schedule measured again (the
+    tuner's confirmation measures the default and its contenders once more, the in-process
+    runner rebuilds each time) or another schedule that lowers to the same loops (tiles
+    clipped to small extents). The code is the same LLVM would make again (a kernel's loop IR
+    determines it, as the disk cache's key says); only the last :data:`KEPT_KERNELS` are kept,
+    in memory. ``compiled`` and ``reused`` count kernels."""
+
+    def __init__(self, limit: int = KEPT_KERNELS):
+        self.limit = limit
+        self.compiled = self.reused = 0
+        self._kept: OrderedDict[tuple[CpuTarget, str], KernelArtifact] = OrderedDict()
+
+    def cache(self, target: CpuTarget) -> KernelCache:
+        """A kernel cache for one build for ``target`` (no disk) that looks in and adds to
+        the session's kernels."""
+        return _SessionCache(self, target)
+
+    def lookup(self, key: tuple[CpuTarget, str]) -> KernelArtifact | None:
+        artifact = self._kept.get(key)
+        if artifact is not None:
+            self._kept.move_to_end(key)
+            self.reused += 1
+        return artifact
+
+    def keep(self, key: tuple[CpuTarget, str], artifact: KernelArtifact) -> None:
+        self.compiled += 1
+        self._kept[key] = artifact
+        while len(self._kept) > self.limit:
+            self._kept.popitem(last=False)
+
+
+class _SessionCache(KernelCache):
+    """:meth:`KernelCache.compile` through a :class:`SessionKernels` first."""
+
+    def __init__(self, kernels: SessionKernels, target: CpuTarget):
+        super().__init__(None, target)
+        self.kernels = kernels
+        self._names: dict[tuple[CpuTarget, str], str] = {}  # this build's kernels, by key
+
+    def compile(self, fn: LoopFunction, schedule: Schedule | None,
+                function: str) -> KernelArtifact:
+        text = str(fn)
+        key = (self.target, text.replace(f"kernel {fn.name}(", "kernel (", 1))
+        first = self._names.setdefault(key, fn.name)
+        artifact = self.kernels.lookup(key)
+        if artifact is not None:   # as a build's own repeats do, the second one says whose
+            return artifact if first == fn.name else replace(artifact, shared_with=first)
+        artifact = super().compile(fn, schedule, function)
+        if artifact.shared_with is None:  # not the code of another kernel of this build
+            self.kernels.keep(key, artifact)
+        return artifact
 
 
 def _aligned_copy(array: np.ndarray) -> np.ndarray:
@@ -256,5 +319,6 @@ def node_ops(group: KernelGroup) -> tuple[str, ...]:
     return tuple(n.op.name for n in group.nodes)
 
 
-__all__ = ["BuiltKernel", "TuneError", "TuneTask", "graph_from_wire",
-           "graph_to_wire", "kernel_graph", "named_tasks", "node_ops", "tasks_from_graph"]
+__all__ = ["KEPT_KERNELS", "BuiltKernel", "SessionKernels", "TuneError", "TuneTask",
+           "graph_from_wire", "graph_to_wire", "kernel_graph", "named_tasks", "node_ops",
+           "tasks_from_graph"]
