@@ -4,8 +4,10 @@ the test starts (and stops)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,14 +23,17 @@ def local_cluster():
     tests/tune/test_tune_runner_ray.py) and import this checkout's tilefuse."""
     if ray.is_initialized():
         pytest.skip("a Ray session is already running in this process")
+    temp = tempfile.mkdtemp(prefix="tf-ray-")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_worker_niceness", "0")
         patch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=temp)  # removed after: Ray leaves its session folders
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_tune_measures_on_the_ray_cluster_at_an_address(local_cluster, small_onnx, x_file,

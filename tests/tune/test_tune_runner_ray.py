@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
+import tempfile
 
 import pytest
 from helpers_tune import matmul_candidates
@@ -20,11 +22,14 @@ def local_ray():
     """A one-CPU local Ray. Its workers run at niceness 0, not Ray's default 15: on a machine
     busy with other processes at 0 (another pytest-xdist worker, say) a niceness-15 worker got
     a few percent of a core, and good candidates ran past their 20 s timeout."""
+    temp = tempfile.mkdtemp(prefix="tf-ray-")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_worker_niceness", "0")   # read by the raylet ray.init starts
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=temp)  # removed after: Ray leaves its session folders
     yield
     ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_ray_runner_measures_and_survives_planted_failures(local_ray):
