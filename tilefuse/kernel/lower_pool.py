@@ -278,52 +278,81 @@ def _window_loop(ctx: KernelContext, node_name: str, plane: Expr, rows: _Axis, c
     return [acc, LocalStore(acc.name, const(0), fill), taps], acc.load(0)
 
 
+class PoolWindow:
+    """One ``max_pool2d`` / ``avg_pool2d`` node's window, as the CPU (a plane per task) and the
+    GPU (a thread per output, :mod:`tilefuse.kernel.lower_gpu_pool`) lowerings both walk it:
+    :meth:`value` is the pooled value of the output at (``i``, ``j``) of one plane."""
+
+    def __init__(self, node: Node, ctx: KernelContext):
+        x, y = node.inputs[0], node.outputs[0]
+        _, _, h, w = dims(x.shape)
+        self.out_shape: tuple[int, int, int, int] = dims(y.shape)  # type: ignore[assignment]
+        oh, ow = self.out_shape[2:]
+        kh, kw = node.attrs["kernel"]
+        sh, sw = node.attrs["stride"]
+        dh, dw = node.attrs.get("dilation", (1, 1))
+        top, left, bottom, right = node.attrs["padding"]
+        self.node, self.ctx, self.dtype = node, ctx, y.dtype
+        self.rows = _Axis(h, oh, kh, sh, dh, top, bottom)
+        self.cols = _Axis(w, ow, kw, sw, dw, left, right)
+        self.is_max = node.op.name == "max_pool2d"
+        self.work = y.dtype if self.is_max or y.dtype not in (DType.f16, DType.bf16) \
+            else DType.f32
+        self.out = ctx.buffers.outputs[y].name
+        self.include_pad = bool(node.attrs.get("count_include_pad", False))
+
+    @staticmethod
+    def of(group: KernelGroupLike) -> PoolWindow:
+        """The window of a one-node pooling group; CompileError for any other group."""
+        if not (len(group.nodes) == 1 and group.nodes[0].op.name in POOL_OPS):
+            raise CompileError(f"kernel {group.name}: pool lowering takes one max_pool2d or "
+                               "avg_pool2d node")
+        (node,) = group.nodes
+        if node.inputs[0] not in group.inputs or node.outputs[0] not in group.outputs:
+            raise CompileError(f"kernel {group.name}: {node.op.name} must read and write "
+                               "buffers")
+        return PoolWindow(node, KernelContext.of(group))
+
+    def value(self, plane_start: Expr, i: Expr, j: Expr) -> tuple[list[Stmt], Expr]:
+        """The statements (a tap loop over :data:`MAX_WINDOW` taps, else none) and the pooled
+        value, in the output's dtype, of output (``i``, ``j``) of the plane whose input starts
+        at ``plane_start``."""
+        h0 = i * self.rows.stride - self.rows.before
+        w0 = j * self.cols.stride - self.cols.before
+        name, taps = self.node.op.name, []
+        if self.rows.kernel * self.cols.kernel > MAX_WINDOW:
+            taps, acc = _window_loop(self.ctx, name, plane_start, self.rows, self.cols, h0, w0,
+                                     self.work)
+        else:
+            acc = _window(self.ctx, name, plane_start, self.rows, self.cols, h0, w0, self.work)
+        if not self.is_max:
+            count = binary(XOp.MUL, as_i64(self.rows.count(h0, self.include_pad)),
+                           as_i64(self.cols.count(w0, self.include_pad)))
+            acc = binary(XOp.DIV, acc, cast(count, self.work))
+        return taps, acc if acc.type.dtype == self.dtype else cast(acc, self.dtype)
+
+
 def lower_pool(group: KernelGroupLike, schedule: Schedule | None = None) -> LoopFunction:
     """The loop IR of a one-node pooling group or a tap reduction (see the module docstring);
     CompileError when the group is neither. A window over :data:`MAX_WINDOW` taps loops over
     them instead of unrolling."""
     if is_tap_reduction(group):
         return lower_taps(group, schedule)
-    if not is_pool_group(group):
-        raise CompileError(f"kernel {group.name}: pool lowering takes one max_pool2d or "
-                           "avg_pool2d node")
-    (node,) = group.nodes
-    x, y = node.inputs[0], node.outputs[0]
-    if x not in group.inputs or y not in group.outputs:
-        raise CompileError(f"kernel {group.name}: {node.op.name} must read and write buffers")
-    n, c, h, w = dims(x.shape)
-    _, _, oh, ow = dims(y.shape)
-    kh, kw = node.attrs["kernel"]
-    sh, sw = node.attrs["stride"]
-    dh, dw = node.attrs.get("dilation", (1, 1))
-    top, left, bottom, right = node.attrs["padding"]
-    rows = _Axis(h, oh, kh, sh, dh, top, bottom)
-    cols = _Axis(w, ow, kw, sw, dw, left, right)
-    is_max = node.op.name == "max_pool2d"
-    work = y.dtype if is_max or y.dtype not in (DType.f16, DType.bf16) else DType.f32
-    ctx = KernelContext.of(group)
-    out = ctx.buffers.outputs[y]
-    include_pad = bool(node.attrs.get("count_include_pad", False))
+    pool = PoolWindow.of(group)
+    n, c, oh, ow = pool.out_shape
+    h, w = pool.rows.size, pool.cols.size
+    ctx = pool.ctx
 
     def plane_body(p: Expr) -> list[Stmt]:
         i, j = ctx.names.fresh("oh"), ctx.names.fresh("ow")
-        h0, w0 = var(i) * sh - top, var(j) * sw - left
-        taps: list[Stmt] = []
-        if kh * kw > MAX_WINDOW:
-            taps, acc = _window_loop(ctx, node.op.name, p * (h * w), rows, cols, h0, w0, work)
-        else:
-            acc = _window(ctx, node.op.name, p * (h * w), rows, cols, h0, w0, work)
-        if not is_max:
-            count = binary(XOp.MUL, as_i64(rows.count(h0, include_pad)),
-                           as_i64(cols.count(w0, include_pad)))
-            acc = binary(XOp.DIV, acc, cast(count, work))
-        if acc.type.dtype != y.dtype:
-            acc = cast(acc, y.dtype)
-        store = Store(out.name, (p * oh + var(i)) * ow + var(j), acc)
+        taps, acc = pool.value(p * (h * w), var(i), var(j))
+        store = Store(pool.out, (p * oh + var(i)) * ow + var(j), acc)
         return [loop(i, 0, oh, [loop(j, 0, ow, [*taps, store])])]
 
     planes = n * c
-    threads = max(1, min(os.cpu_count() or 1, planes * oh * ow * kh * kw // PARALLEL_MIN_ELEMENTS))
+    taps_per_output = pool.rows.kernel * pool.cols.kernel
+    threads = max(1, min(os.cpu_count() or 1,
+                         planes * oh * ow * taps_per_output // PARALLEL_MIN_ELEMENTS))
     tile = -(-planes // threads) if threads > 1 and planes > 1 else None
     return ctx.function(outer_loop(ctx.names, planes, tile, plane_body))
 
@@ -332,5 +361,5 @@ def as_i64(value: Expr | int) -> Expr:
     return value if isinstance(value, Expr) else const(value)
 
 
-__all__ = ["MAX_WINDOW", "POOL_OPS", "is_pool_group", "is_tap_reduction", "lower_pool",
-           "lower_taps"]
+__all__ = ["MAX_WINDOW", "POOL_OPS", "PoolWindow", "is_pool_group", "is_tap_reduction",
+           "lower_pool", "lower_taps"]
