@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,29 +180,15 @@ class StreamProbe:
              reps: int) -> float:
         """Seconds of all threads streaming their ``bufs`` ``reps`` times at once."""
         n = bufs[0][0].size
-        barrier = threading.Barrier(self.threads)
-        spans = [0.0] * self.threads
 
-        def work(t: int) -> None:
+        def call(t: int, times: int) -> None:
             src, dst = bufs[t]
-            def call(times: int) -> None:
-                if dst is not None:
-                    self._copy(src.ctypes.data, dst.ctypes.data, n, times)
-                else:
-                    self._read(src.ctypes.data, n, times)
+            if dst is not None:
+                self._copy(src.ctypes.data, dst.ctypes.data, n, times)
+            else:
+                self._read(src.ctypes.data, n, times)
 
-            call(1)   # in cache before timing
-            barrier.wait()
-            start = time.perf_counter()
-            call(reps)
-            spans[t] = time.perf_counter() - start
-
-        workers = [threading.Thread(target=work, args=(t,)) for t in range(self.threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        return max(spans)
+        return slowest_thread_seconds(self.threads, call, 1, reps)
 
     def bandwidth(self, working_set: int, repeats: int) -> float:
         """Bytes/s (read + write) of the faster stream over ``working_set`` bytes in all,
@@ -236,4 +223,28 @@ class StreamProbe:
                 for name, size in sizes.items()]
 
 
-__all__ = ["DEFAULT_SIZES", "Level", "StreamProbe", "cache_sizes"]
+def slowest_thread_seconds(threads: int, call: Callable[[int, int], None], warm: int,
+                           reps: int) -> float:
+    """Seconds of the slowest of ``threads`` threads each running ``call(t, reps)`` at once,
+    after ``call(t, warm)`` (code, stack and data warm) and a barrier: a whole-machine rate
+    is work over this time (the peak probes of this module and :mod:`tilefuse.tune.fma_peak`)."""
+    barrier = threading.Barrier(threads)
+    spans = [0.0] * threads
+
+    def work(t: int) -> None:
+        call(t, warm)
+        barrier.wait()
+        start = time.perf_counter()
+        call(t, reps)
+        spans[t] = time.perf_counter() - start
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return max(spans)
+
+
+__all__ = ["DEFAULT_SIZES", "Level", "StreamProbe", "cache_sizes", "slowest_thread_seconds"]
+

@@ -15,10 +15,9 @@ OS gave a core to another process does not lower it.
 from __future__ import annotations
 
 import ctypes
-import threading
-import time
 
 from tilefuse.codegen.target import CpuTarget, host_target, target_machine, usable_cpus
+from tilefuse.tune.bandwidth import slowest_thread_seconds
 
 
 def fma_chains(target: CpuTarget) -> int:
@@ -96,22 +95,11 @@ class FmaProbe:
 
     def _run(self, reps: int) -> float:
         """Seconds of every thread running ``reps`` rounds at once (the slowest thread's)."""
-        barrier = threading.Barrier(self.threads)
-        spans = [0.0] * self.threads
 
-        def work(t: int) -> None:
-            self._loop(0.999, 0.001, 64)   # code and stack warm before timing
-            barrier.wait()
-            start = time.perf_counter()
-            self._loop(0.999, 0.001, reps)
-            spans[t] = time.perf_counter() - start
+        def call(_t: int, times: int) -> None:
+            self._loop(0.999, 0.001, times)
 
-        workers = [threading.Thread(target=work, args=(t,)) for t in range(self.threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        return max(spans)
+        return slowest_thread_seconds(self.threads, call, 64, reps)
 
     def flops_per_second(self, repeats: int) -> float:
         """FLOP/s of all threads together, the best of ``repeats`` timed runs."""
