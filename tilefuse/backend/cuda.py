@@ -123,19 +123,8 @@ def compile_group(group: KernelGroup, target: GpuTarget) -> GpuKernel:
     """One generated kernel of ``group`` with ``target``'s knobs (CompileError if none)."""
     lowered = lower_group_gpu(group, target.row_unroll, target.elementwise_unroll,
                               target.register_row, target.long_row_block)
-    fn = lowered.fn
-    buffers = kernel_buffers(group.inputs, group.outputs)
-    by_name = {p.name: v for v, p in [*buffers.inputs.items(), *buffers.outputs.items()]}
-    missing = [b.name for b in fn.buffers if b.name not in by_name]
-    if missing:
-        raise CompileError(f"kernel {fn.name}: unbound buffers {missing}")
-    extent = launch_extent(fn)
-    block = lowered.block or target.block_threads
-    grid = STRIDE_BLOCKS if extent is None else \
-        max(1, min(target.max_blocks, -(-extent * lowered.simt_width // block)))
-    return GpuKernel(group, fn, compile_ptx(fn, target, lowered.simt_width),
-                     tuple(by_name[b.name] for b in fn.buffers), grid, block,
-                     lowered.simt_width)
+    return kernel_step(group, lowered.fn, target, simt_width=lowered.simt_width,
+                       block=lowered.block)
 
 
 def _contraction_steps(group: KernelGroup, target: GpuTarget) -> list[GpuStep]:
@@ -171,10 +160,12 @@ def _contraction_steps(group: KernelGroup, target: GpuTarget) -> list[GpuStep]:
 
 
 def kernel_step(group: KernelGroup, fn: LoopFunction, target: GpuTarget,
-                named_by: KernelGroup | None = None) -> GpuKernel:
-    """``fn`` (a thread an iteration of its parallel loops) as a launch of ``group``'s step;
-    its buffers are bound by name to the values ``kernel_buffers`` gives the inputs and outputs
-    of ``named_by`` (default ``group``): the group ``fn`` was lowered from."""
+                named_by: KernelGroup | None = None, simt_width: int = 1,
+                block: int | None = None) -> GpuKernel:
+    """``fn`` (``simt_width`` threads an iteration of its parallel loops; blocks of ``block``
+    threads, default the target's) as a launch of ``group``'s step; its buffers are bound by
+    name to the values ``kernel_buffers`` gives the inputs and outputs of ``named_by`` (default
+    ``group``): the group ``fn`` was lowered from."""
     source = group if named_by is None else named_by
     buffers = kernel_buffers(source.inputs, source.outputs)
     by_name = {p.name: v for v, p in [*buffers.inputs.items(), *buffers.outputs.items()]}
@@ -182,12 +173,11 @@ def kernel_step(group: KernelGroup, fn: LoopFunction, target: GpuTarget,
     if missing:
         raise CompileError(f"kernel {fn.name}: unbound buffers {missing}")
     extent = launch_extent(fn)
+    block = block or target.block_threads
     grid = STRIDE_BLOCKS if extent is None else \
-        max(1, min(target.max_blocks, -(-extent // target.block_threads)))
-    return GpuKernel(group, fn, compile_ptx(fn, target), tuple(by_name[b.name]
-                                                               for b in fn.buffers),
-                     grid, target.block_threads)
-
+        max(1, min(target.max_blocks, -(-extent * simt_width // block)))
+    return GpuKernel(group, fn, compile_ptx(fn, target, simt_width),
+                     tuple(by_name[b.name] for b in fn.buffers), grid, block, simt_width)
 
 def _scatter_steps(group: KernelGroup, target: GpuTarget) -> list[GpuStep]:
     """A scatter group's kernels (:mod:`tilefuse.kernel.lower_gpu_scatter`): one for
